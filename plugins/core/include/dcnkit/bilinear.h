@@ -1,0 +1,152 @@
+// Bilinear sampling, the two boundary rules of ../shared/OPS.md, written once for every backend.
+//
+// Each rule turns a sampling point into `Taps`: the four neighbours' linear indices into an H x W map,
+// their interpolation weights, and the weights' derivatives with respect to the point's coordinates
+// (the bilinear form on the cell that contains the point). A neighbour that does not contribute has
+// weight 0, derivative 0 and index 0, so a caller may read all four taps unconditionally: every index
+// is inside [0, H*W) whatever the coordinates, NaN and infinities included (they sample as outside).
+#pragma once
+
+#include <cmath>
+
+#include "dcnkit/common.h"
+
+namespace dcnkit {
+
+template <typename Acc>
+struct Taps {
+  int64_t idx[4];  // (y0, x0), (y0, x1), (y1, x0), (y1, x1) as y * W + x
+  Acc w[4];        // interpolation weights
+  Acc dwy[4];      // d w / d y
+  Acc dwx[4];      // d w / d x
+  bool inside;     // false: the point samples as 0 and has no neighbours
+};
+
+template <typename Acc>
+DCNKIT_HD void taps_clear(Taps<Acc>& t) {
+  for (int i = 0; i < 4; ++i) {
+    t.idx[i] = 0;
+    t.w[i] = Acc(0);
+    t.dwy[i] = Acc(0);
+    t.dwx[i] = Acc(0);
+  }
+  t.inside = false;
+}
+
+// Fills the taps of the cell with corners (y0, x0) .. (y1, x1) and fractional parts ly, lx; `ok[i]` says
+// whether neighbour i exists in the map.
+template <typename Acc>
+DCNKIT_HD void taps_fill(Taps<Acc>& t, int64_t W, int64_t y0, int64_t x0, int64_t y1, int64_t x1,
+                         Acc ly, Acc lx, const bool ok[4]) {
+  const Acc hy = Acc(1) - ly, hx = Acc(1) - lx;
+  const int64_t ys[4] = {y0, y0, y1, y1};
+  const int64_t xs[4] = {x0, x1, x0, x1};
+  const Acc w[4] = {hy * hx, hy * lx, ly * hx, ly * lx};
+  const Acc dy[4] = {-hx, -lx, hx, lx};
+  const Acc dx[4] = {-hy, hy, -ly, ly};
+  for (int i = 0; i < 4; ++i) {
+    t.idx[i] = ok[i] ? ys[i] * W + xs[i] : 0;
+    t.w[i] = ok[i] ? w[i] : Acc(0);
+    t.dwy[i] = ok[i] ? dy[i] : Acc(0);
+    t.dwx[i] = ok[i] ? dx[i] : Acc(0);
+  }
+  t.inside = true;
+}
+
+// Corner sampling S_dcn (deformable convolution, DCNv2 rule): 0 when py <= -1, py >= H, px <= -1 or
+// px >= W; otherwise the four integer neighbours of (floor(py), floor(px)), each outside the map
+// contributing 0.
+template <typename Acc>
+DCNKIT_HD Taps<Acc> dcn_taps(Acc py, Acc px, int64_t H, int64_t W) {
+  Taps<Acc> t;
+  // Written so that NaN fails the test and samples as outside.
+  if (!(py > Acc(-1) && py < Acc(H) && px > Acc(-1) && px < Acc(W))) {
+    taps_clear(t);
+    return t;
+  }
+  const Acc fy = std::floor(py), fx = std::floor(px);
+  const int64_t y0 = static_cast<int64_t>(fy), x0 = static_cast<int64_t>(fx);
+  const int64_t y1 = y0 + 1, x1 = x0 + 1;
+  const bool y0ok = y0 >= 0, x0ok = x0 >= 0, y1ok = y1 <= H - 1, x1ok = x1 <= W - 1;
+  const bool ok[4] = {y0ok && x0ok, y0ok && x1ok, y1ok && x0ok, y1ok && x1ok};
+  taps_fill(t, W, y0, x0, y1, x1, py - fy, px - fx, ok);
+  return t;
+}
+
+// Clamped sampling S_roi (RoIAlign family): 0 when y < -1, y > H, x < -1 or x > W; else clamp to >= 0,
+// and a point at or past the last row/column samples that row/column.
+template <typename Acc>
+DCNKIT_HD Taps<Acc> roi_taps(Acc y, Acc x, int64_t H, int64_t W) {
+  Taps<Acc> t;
+  if (!(y >= Acc(-1) && y <= Acc(H) && x >= Acc(-1) && x <= Acc(W)) || H <= 0 || W <= 0) {
+    taps_clear(t);
+    return t;
+  }
+  if (y < Acc(0)) y = Acc(0);
+  if (x < Acc(0)) x = Acc(0);
+  int64_t y0 = static_cast<int64_t>(std::floor(y)), x0 = static_cast<int64_t>(std::floor(x));
+  int64_t y1, x1;
+  if (y0 >= H - 1) {
+    y0 = y1 = H - 1;
+    y = Acc(y0);
+  } else {
+    y1 = y0 + 1;
+  }
+  if (x0 >= W - 1) {
+    x0 = x1 = W - 1;
+    x = Acc(x0);
+  } else {
+    x1 = x0 + 1;
+  }
+  const bool ok[4] = {true, true, true, true};
+  taps_fill(t, W, y0, x0, y1, x1, y - Acc(y0), x - Acc(x0), ok);
+  return t;
+}
+
+// Sampling of deformable PS RoI pooling (R-FCN): skipped (inside = false) when w < -0.5, w > W - 0.5,
+// h < -0.5 or h > H - 0.5; else clamped to [0, W-1] x [0, H-1] and interpolated between floor and ceil.
+template <typename Acc>
+DCNKIT_HD Taps<Acc> psroi_taps(Acc h, Acc w, int64_t H, int64_t W) {
+  Taps<Acc> t;
+  if (!(w >= Acc(-0.5) && w <= Acc(W) - Acc(0.5) && h >= Acc(-0.5) && h <= Acc(H) - Acc(0.5)) ||
+      H <= 0 || W <= 0) {
+    taps_clear(t);
+    return t;
+  }
+  h = h < Acc(0) ? Acc(0) : (h > Acc(H - 1) ? Acc(H - 1) : h);
+  w = w < Acc(0) ? Acc(0) : (w > Acc(W - 1) ? Acc(W - 1) : w);
+  const Acc fy = std::floor(h), fx = std::floor(w);
+  const int64_t y0 = static_cast<int64_t>(fy), x0 = static_cast<int64_t>(fx);
+  const int64_t y1 = static_cast<int64_t>(std::ceil(h)), x1 = static_cast<int64_t>(std::ceil(w));
+  const bool ok[4] = {true, true, true, true};
+  taps_fill(t, W, y0, x0, y1, x1, h - fy, w - fx, ok);
+  return t;
+}
+
+// Converts a stored element to the accumulation type (float for half and bfloat16 on the device).
+template <typename Acc, typename T>
+DCNKIT_HD Acc to_acc(const T& v) {
+  return static_cast<Acc>(v);
+}
+
+// Interpolated value of `img` (an H x W map) at the taps.
+template <typename Acc, typename T>
+DCNKIT_HD Acc taps_value(const T* img, const Taps<Acc>& t) {
+  Acc v = Acc(0);
+  for (int i = 0; i < 4; ++i) v += t.w[i] * to_acc<Acc>(img[t.idx[i]]);
+  return v;
+}
+
+// d value / d y and d value / d x at the taps.
+template <typename Acc, typename T>
+DCNKIT_HD void taps_coord_grad(const T* img, const Taps<Acc>& t, Acc& gy, Acc& gx) {
+  gy = Acc(0);
+  gx = Acc(0);
+  for (int i = 0; i < 4; ++i) {
+    const Acc v = to_acc<Acc>(img[t.idx[i]]);
+    gy += t.dwy[i] * v;
+    gx += t.dwx[i] * v;
+  }
+}
+
+}  // namespace dcnkit

@@ -1,0 +1,153 @@
+// dcnkit core: shared definitions for every operator and every front end.
+//
+// The core knows no framework. Front ends (PyTorch, ONNX Runtime, TensorRT) describe tensors by their
+// shapes, fill an op's params struct through its `make_*_params` function (which validates everything
+// once), size a workspace with `*_workspace_size`, and call a launcher with raw pointers.
+// Errors come back as a Status whose message names the argument, the expected and the actual value;
+// each front end re-raises that message in its own error type.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#if defined(__CUDACC__)
+#define DCNKIT_HD __host__ __device__ __forceinline__
+#else
+#define DCNKIT_HD inline
+#endif
+
+namespace dcnkit {
+
+// ---------------------------------------------------------------------------------------------
+// Status
+
+enum class StatusCode : int { kOk = 0, kInvalidArgument = 1, kDeviceError = 2, kInternal = 3 };
+
+class Status {
+ public:
+  Status() = default;
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  static Status Ok() { return Status(); }
+  static Status Invalid(std::string message) {
+    return Status(StatusCode::kInvalidArgument, std::move(message));
+  }
+  static Status DeviceError(std::string message) {
+    return Status(StatusCode::kDeviceError, std::move(message));
+  }
+  static Status Internal(std::string message) {
+    return Status(StatusCode::kInternal, std::move(message));
+  }
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+#define DCNKIT_RETURN_IF_ERROR(expr)          \
+  do {                                        \
+    ::dcnkit::Status _dcnkit_status = (expr); \
+    if (!_dcnkit_status.ok()) return _dcnkit_status; \
+  } while (0)
+
+// ---------------------------------------------------------------------------------------------
+// Shapes and error messages
+
+using Shape = std::vector<int64_t>;
+
+inline std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+template <typename T>
+inline std::string to_str(const T& v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// The one message format of the project: "<op>: <argument>: expected <expected>, got <actual>".
+inline Status arg_error(const char* op, const std::string& arg, const std::string& expected,
+                        const std::string& actual) {
+  return Status::Invalid(std::string(op) + ": " + arg + ": expected " + expected + ", got " + actual);
+}
+
+// Checks that `shape` has `rank` dimensions.
+inline Status check_rank(const char* op, const char* arg, const Shape& shape, size_t rank,
+                         const char* layout) {
+  if (shape.size() != rank) {
+    return arg_error(op, arg, std::to_string(rank) + "-D tensor " + layout,
+                     std::to_string(shape.size()) + "-D tensor of shape " + shape_str(shape));
+  }
+  return Status::Ok();
+}
+
+// Checks shape[dim] == value.
+inline Status check_dim(const char* op, const char* arg, const Shape& shape, size_t dim,
+                        int64_t value, const std::string& what) {
+  if (shape[dim] != value) {
+    return arg_error(op, arg, "size " + std::to_string(value) + " at dim " + std::to_string(dim) +
+                                  " (" + what + ")",
+                     std::to_string(shape[dim]) + " (shape " + shape_str(shape) + ")");
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element types (the front ends map theirs onto these; half and bfloat16 are IEEE binary16 and
+// bfloat16 bit layouts, identical in CUDA, ATen, ONNX Runtime and TensorRT).
+
+enum class DType : int { kFloat32 = 0, kFloat64 = 1, kFloat16 = 2, kBFloat16 = 3 };
+
+inline const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat64: return "float64";
+    case DType::kFloat16: return "float16";
+    case DType::kBFloat16: return "bfloat16";
+  }
+  return "unknown";
+}
+
+inline size_t dtype_size(DType t) {
+  return (t == DType::kFloat64) ? 8 : (t == DType::kFloat32) ? 4 : 2;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM, provided by the front end (ATen, OpenBLAS, cuBLAS): strided-batched, row-major.
+//   for b in [0, batch): C_b[m, n] = alpha * op(A_b)[m, k] * op(B_b)[k, n] + beta * C_b[m, n]
+// with A_b = a + b * stride_a (elements), op(X) = X^T when trans_x. Leading dimensions are row-major
+// (the distance in elements between consecutive rows of the matrix as stored).
+
+struct GemmArgs {
+  DType dtype = DType::kFloat32;
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.f, beta = 0.f;
+  const void* a = nullptr;
+  int64_t lda = 0;
+  int64_t stride_a = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  int64_t stride_b = 0;
+  void* c = nullptr;
+  int64_t ldc = 0;
+  int64_t stride_c = 0;
+  int64_t batch = 1;
+};
+
+using GemmFn = Status (*)(void* self, const GemmArgs& args);
+
+}  // namespace dcnkit

@@ -1,0 +1,80 @@
+// DeformConv2d (DCNv1) and modulated DeformConv2d (DCNv2): one operator, mask optional. See OPS.md.
+//
+// Tensor order everywhere in dcnkit (torch op, ONNX custom node, ORT kernel, TensorRT plugin):
+//   input (N, Cin, H, W), offset (N, 2*Gd*kh*kw, Ho, Wo), weight (Cout, Cin/groups, kh, kw),
+//   bias (Cout) optional, mask (N, Gd*kh*kw, Ho, Wo) optional  ->  output (N, Cout, Ho, Wo)
+#pragma once
+
+#include "dcnkit/common.h"
+#include "dcnkit/context.h"
+
+namespace dcnkit {
+
+struct DeformConv2dAttrs {
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+  int64_t groups = 1;
+  int64_t deformable_groups = 1;
+};
+
+struct DeformConv2dParams {
+  DeformConv2dAttrs attrs;
+  int64_t batch = 0, in_channels = 0, height = 0, width = 0;
+  int64_t out_channels = 0, kernel_h = 0, kernel_w = 0;
+  int64_t out_h = 0, out_w = 0;
+  bool has_bias = false, has_mask = false;
+
+  int64_t kernel_size() const { return kernel_h * kernel_w; }
+  int64_t in_per_group() const { return in_channels / attrs.groups; }
+  int64_t out_per_group() const { return out_channels / attrs.groups; }
+  int64_t in_per_deformable_group() const { return in_channels / attrs.deformable_groups; }
+  int64_t out_spatial() const { return out_h * out_w; }
+  Shape output_shape() const { return {batch, out_channels, out_h, out_w}; }
+};
+
+// Validates shapes and attributes (OPS.md: "Bad input") and fills `p`. `mask`/`bias` may be null.
+// `op` names the entry point in error messages (e.g. "deform_conv2d").
+Status make_deform_conv2d_params(const char* op, const Shape& input, const Shape& offset,
+                                 const Shape& weight, const Shape* bias, const Shape* mask,
+                                 const DeformConv2dAttrs& attrs, DeformConv2dParams* p);
+
+// Output spatial size, also used by shape inference: floor((H + 2p - (d(k-1)+1)) / s) + 1.
+inline int64_t deform_conv2d_out_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
+  return (in + 2 * p - (d * (k - 1) + 1)) / s + 1;
+}
+
+// ---- CPU (float32, float64) ----------------------------------------------------------------------
+// Workspace bytes for forward / backward with `ctx.num_threads` tasks.
+size_t deform_conv2d_forward_workspace_cpu(const DeformConv2dParams& p, DType dtype, int num_threads);
+size_t deform_conv2d_backward_workspace_cpu(const DeformConv2dParams& p, DType dtype, int num_threads);
+
+template <typename T>
+Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, const T* offset,
+                                 const T* weight, const T* bias, const T* mask, T* output,
+                                 void* workspace, const CpuContext& ctx);
+
+// Any grad_* pointer may be null (not wanted). Gradients are written, not accumulated.
+template <typename T>
+Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_output, const T* input,
+                                  const T* offset, const T* weight, const T* mask, T* grad_input,
+                                  T* grad_offset, T* grad_weight, T* grad_bias, T* grad_mask,
+                                  void* workspace, const CpuContext& ctx);
+
+// ---- CUDA (forward: float32, float64, float16, bfloat16; backward: float32, float64) ---------------
+// The dtype is passed explicitly and pointers are untyped so this header needs no CUDA headers.
+size_t deform_conv2d_forward_workspace_cuda(const DeformConv2dParams& p, DType dtype);
+size_t deform_conv2d_backward_workspace_cuda(const DeformConv2dParams& p, DType dtype);
+
+Status deform_conv2d_forward_cuda(const DeformConv2dParams& p, DType dtype, const void* input,
+                                  const void* offset, const void* weight, const void* bias,
+                                  const void* mask, void* output, void* workspace,
+                                  const CudaContext& ctx);
+
+Status deform_conv2d_backward_cuda(const DeformConv2dParams& p, DType dtype, const void* grad_output,
+                                   const void* input, const void* offset, const void* weight,
+                                   const void* mask, void* grad_input, void* grad_offset,
+                                   void* grad_weight, void* grad_bias, void* grad_mask,
+                                   void* workspace, const CudaContext& ctx);
+
+}  // namespace dcnkit

@@ -1,0 +1,131 @@
+// The one definition of every operator's interface: input order, attribute names, kinds and defaults.
+// Read by the ONNX Runtime kernels and the TensorRT plugin creators (through these tables), and by
+// the Python exporter and ONNX schemas (through dcnkit_op_defs_json(), exported by every dcnkit
+// library). Names follow DESIGN.md: snake_case ops, CamelCase ONNX op types / plugin names.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dcnkit {
+
+enum class AttrKind : int { kInt = 0, kInts = 1, kFloat = 2, kString = 3 };
+
+struct AttrDef {
+  const char* name;
+  AttrKind kind;
+  const char* default_value;  // as written in ONNX/JSON ("1", "[1, 1]", "0.1", "avg")
+  const char* doc;
+};
+
+struct TensorDef {
+  const char* name;
+  bool optional;
+  const char* doc;
+};
+
+struct OpDef {
+  const char* name;       // snake_case: torch op and Python function
+  const char* onnx_type;  // op type in the "dcnkit" ONNX domain, TensorRT plugin name
+  const TensorDef* inputs;
+  size_t num_inputs;
+  const TensorDef* outputs;
+  size_t num_outputs;
+  const AttrDef* attrs;
+  size_t num_attrs;
+};
+
+constexpr const char* kOnnxDomain = "dcnkit";
+constexpr int kOpsetVersion = 1;
+
+// ---- DeformConv2d -----------------------------------------------------------------------------
+constexpr TensorDef kDeformConv2dInputs[] = {
+    {"input", false, "(N, Cin, H, W)"},
+    {"offset", false, "(N, 2*deformable_groups*kh*kw, Ho, Wo), (dy, dx) pairs"},
+    {"weight", false, "(Cout, Cin/groups, kh, kw)"},
+    {"bias", true, "(Cout)"},
+    {"mask", true, "(N, deformable_groups*kh*kw, Ho, Wo); absent for DCNv1"},
+};
+constexpr TensorDef kDeformConv2dOutputs[] = {{"output", false, "(N, Cout, Ho, Wo)"}};
+constexpr AttrDef kDeformConv2dAttrs[] = {
+    {"stride", AttrKind::kInts, "[1, 1]", "(sh, sw)"},
+    {"padding", AttrKind::kInts, "[0, 0]", "(ph, pw)"},
+    {"dilation", AttrKind::kInts, "[1, 1]", "(dh, dw)"},
+    {"groups", AttrKind::kInt, "1", "convolution groups"},
+    {"deformable_groups", AttrKind::kInt, "1", "offset groups"},
+};
+
+// ---- RoIAlign ---------------------------------------------------------------------------------
+constexpr TensorDef kRoIAlignInputs[] = {
+    {"input", false, "(N, C, H, W)"},
+    {"rois", false, "(K, 5) rows [batch_index, x1, y1, x2, y2]"},
+};
+constexpr TensorDef kRoIAlignOutputs[] = {{"output", false, "(K, C, oh, ow)"}};
+constexpr AttrDef kRoIAlignAttrs[] = {
+    {"output_size", AttrKind::kInts, "[1, 1]", "(oh, ow)"},
+    {"spatial_scale", AttrKind::kFloat, "1.0", "scale from image to feature coordinates"},
+    {"sampling_ratio", AttrKind::kInt, "0", "samples per bin and axis; <= 0: adaptive"},
+    {"aligned", AttrKind::kInt, "0", "1: shift by half a pixel (pixel-center convention)"},
+    {"pool_mode", AttrKind::kString, "avg", "avg | max"},
+};
+
+// ---- DeformRoIPool ----------------------------------------------------------------------------
+constexpr TensorDef kDeformRoIPoolInputs[] = {
+    {"input", false, "(N, C, H, W)"},
+    {"rois", false, "(K, 5) rows [batch_index, x1, y1, x2, y2]"},
+    {"offset", true, "(K, 2, oh, ow)"},
+};
+constexpr TensorDef kDeformRoIPoolOutputs[] = {{"output", false, "(K, C, oh, ow)"}};
+constexpr AttrDef kDeformRoIPoolAttrs[] = {
+    {"output_size", AttrKind::kInts, "[1, 1]", "(oh, ow)"},
+    {"spatial_scale", AttrKind::kFloat, "1.0", "scale from image to feature coordinates"},
+    {"sampling_ratio", AttrKind::kInt, "0", "samples per bin and axis; <= 0: adaptive"},
+    {"gamma", AttrKind::kFloat, "0.1", "offset scale"},
+};
+
+// ---- DeformPSRoIPool --------------------------------------------------------------------------
+constexpr TensorDef kDeformPSRoIPoolInputs[] = {
+    {"input", false, "(N, output_dim*group_size^2, H, W)"},
+    {"rois", false, "(K, 5) rows [batch_index, x1, y1, x2, y2]"},
+    {"trans", true, "(K, 2*num_classes, part_size, part_size); absent when no_trans"},
+};
+constexpr TensorDef kDeformPSRoIPoolOutputs[] = {
+    {"output", false, "(K, output_dim, P, P)"},
+    {"count", true, "(K, output_dim, P, P) samples taken per bin"},
+};
+constexpr AttrDef kDeformPSRoIPoolAttrs[] = {
+    {"spatial_scale", AttrKind::kFloat, "1.0", "scale from image to feature coordinates"},
+    {"output_size", AttrKind::kInt, "7", "P"},
+    {"output_dim", AttrKind::kInt, "1", "output channels"},
+    {"group_size", AttrKind::kInt, "1", "position-sensitive groups per axis"},
+    {"part_size", AttrKind::kInt, "0", "trans grid size; <= 0: output_size"},
+    {"sample_per_part", AttrKind::kInt, "4", "samples per bin and axis"},
+    {"trans_std", AttrKind::kFloat, "0.0", "scale of trans"},
+    {"no_trans", AttrKind::kInt, "0", "1: no trans input"},
+};
+
+#define DCNKIT_N(a) (sizeof(a) / sizeof((a)[0]))
+constexpr OpDef kOpDefs[] = {
+    {"deform_conv2d", "DeformConv2d", kDeformConv2dInputs, DCNKIT_N(kDeformConv2dInputs),
+     kDeformConv2dOutputs, DCNKIT_N(kDeformConv2dOutputs), kDeformConv2dAttrs,
+     DCNKIT_N(kDeformConv2dAttrs)},
+    {"roi_align", "RoIAlign", kRoIAlignInputs, DCNKIT_N(kRoIAlignInputs), kRoIAlignOutputs,
+     DCNKIT_N(kRoIAlignOutputs), kRoIAlignAttrs, DCNKIT_N(kRoIAlignAttrs)},
+    {"deform_roi_pool", "DeformRoIPool", kDeformRoIPoolInputs, DCNKIT_N(kDeformRoIPoolInputs),
+     kDeformRoIPoolOutputs, DCNKIT_N(kDeformRoIPoolOutputs), kDeformRoIPoolAttrs,
+     DCNKIT_N(kDeformRoIPoolAttrs)},
+    {"deform_psroi_pool", "DeformPSRoIPool", kDeformPSRoIPoolInputs,
+     DCNKIT_N(kDeformPSRoIPoolInputs), kDeformPSRoIPoolOutputs, DCNKIT_N(kDeformPSRoIPoolOutputs),
+     kDeformPSRoIPoolAttrs, DCNKIT_N(kDeformPSRoIPoolAttrs)},
+};
+constexpr size_t kNumOpDefs = DCNKIT_N(kOpDefs);
+#undef DCNKIT_N
+
+// Looks an op up by snake_case name or ONNX type; nullptr when unknown.
+const OpDef* find_op_def(const char* name);
+
+}  // namespace dcnkit
+
+// JSON of all OpDefs: {"domain": "dcnkit", "opset": 1, "ops": [{"name", "onnx_type", "inputs": [...],
+// "outputs": [...], "attrs": [{"name", "kind", "default", "doc"}]}]}. Exported by every dcnkit library.
+extern "C" const char* dcnkit_op_defs_json();

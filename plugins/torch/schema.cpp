@@ -1,0 +1,57 @@
+// The dcnkit torch operator schemas (namespace "dcnkit"). Kernels are registered per operator file
+// (one function for CPU and CUDA); fake kernels and autograd are registered in Python
+// (python/dcnkit/ops/_meta.py and _autograd.py) through torch.library.
+#include <torch/library.h>
+
+TORCH_LIBRARY(dcnkit, m) {
+  m.def(
+      "deform_conv2d(Tensor input, Tensor offset, Tensor weight, Tensor? bias, Tensor? mask, "
+      "int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, "
+      "int groups, int deformable_groups) -> Tensor");
+  // Returns (grad_input, grad_offset, grad_weight, grad_bias, grad_mask); grad_bias / grad_mask are
+  // empty (numel 0) when bias / mask are None.
+  m.def(
+      "_deform_conv2d_backward(Tensor grad_output, Tensor input, Tensor offset, Tensor weight, "
+      "Tensor? bias, Tensor? mask, int stride_h, int stride_w, int pad_h, int pad_w, "
+      "int dilation_h, int dilation_w, int groups, int deformable_groups) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+
+  m.def(
+      "roi_align(Tensor input, Tensor rois, int pooled_h, int pooled_w, float spatial_scale, "
+      "int sampling_ratio, bool aligned, str pool_mode) -> Tensor");
+  m.def(
+      "_roi_align_backward(Tensor grad_output, Tensor input, Tensor rois, int pooled_h, "
+      "int pooled_w, float spatial_scale, int sampling_ratio, bool aligned, str pool_mode) -> Tensor");
+
+  m.def(
+      "deform_roi_pool(Tensor input, Tensor rois, Tensor? offset, int pooled_h, int pooled_w, "
+      "float spatial_scale, int sampling_ratio, float gamma) -> Tensor");
+  // Returns (grad_input, grad_offset); grad_offset is empty when offset is None.
+  m.def(
+      "_deform_roi_pool_backward(Tensor grad_output, Tensor input, Tensor rois, Tensor? offset, "
+      "int pooled_h, int pooled_w, float spatial_scale, int sampling_ratio, float gamma) "
+      "-> (Tensor, Tensor)");
+
+  // Returns (output, count).
+  m.def(
+      "deform_psroi_pool(Tensor input, Tensor rois, Tensor? trans, float spatial_scale, "
+      "int output_size, int output_dim, int group_size, int part_size, int sample_per_part, "
+      "float trans_std) -> (Tensor, Tensor)");
+  // Returns (grad_input, grad_trans); grad_trans is empty when trans is None.
+  m.def(
+      "_deform_psroi_pool_backward(Tensor grad_output, Tensor input, Tensor rois, Tensor? trans, "
+      "Tensor count, float spatial_scale, int output_size, int output_dim, int group_size, "
+      "int part_size, int sample_per_part, float trans_std) -> (Tensor, Tensor)");
+}
+
+namespace {
+bool cuda_compiled() {
+#ifdef DCNKIT_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(dcnkit, m) { m.def("_cuda_compiled() -> bool", &cuda_compiled); }

@@ -1,0 +1,94 @@
+// Helpers shared by the PyTorch bindings: tensors -> shapes and raw pointers, core Status -> TORCH_CHECK,
+// and the execution contexts (ATen's thread pool and GEMM on the CPU; the current stream and ATen's
+// GEMM on CUDA). Nothing here knows an operator.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+
+#include "dcnkit/common.h"
+#include "dcnkit/context.h"
+
+namespace dcnkit::torch_binding {
+
+inline Shape shape_of(const at::Tensor& t) { return Shape(t.sizes().begin(), t.sizes().end()); }
+
+// Raises the core's message as a c10::Error (ValueError in Python for invalid arguments).
+inline void throw_if_error(const Status& s) {
+  if (s.ok()) return;
+  if (s.code() == StatusCode::kInvalidArgument) {
+    TORCH_CHECK_VALUE(false, s.message());
+  }
+  TORCH_CHECK(false, s.message());
+}
+
+inline DType dtype_of(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kDouble: return DType::kFloat64;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    default: break;
+  }
+  TORCH_CHECK_TYPE(false, "unsupported dtype ", t.scalar_type());
+  return DType::kFloat32;
+}
+
+// Checks that `t` is a floating tensor on `device` with dtype `dtype` (naming the argument).
+inline void check_tensor(const char* op, const char* arg, const at::Tensor& t,
+                         const at::Tensor& like) {
+  TORCH_CHECK_VALUE(t.device() == like.device(), op, ": ", arg, ": expected a tensor on ",
+                    like.device(), " (the device of input), got ", t.device());
+  TORCH_CHECK_TYPE(t.scalar_type() == like.scalar_type(), op, ": ", arg, ": expected dtype ",
+                   like.scalar_type(), " (the dtype of input), got ", t.scalar_type());
+}
+
+// Checks the dtypes a device supports: CPU float32/float64; CUDA forward also float16/bfloat16.
+inline void check_dtype_supported(const char* op, const at::Tensor& input, bool backward) {
+  const auto st = input.scalar_type();
+  const bool base = st == at::kFloat || st == at::kDouble;
+  const bool half = st == at::kHalf || st == at::kBFloat16;
+  const bool ok = base || (input.is_cuda() && half && !backward);
+  TORCH_CHECK_TYPE(ok, op, ": input: expected dtype ",
+                   input.is_cuda() ? (backward ? "float32 or float64 (CUDA backward)"
+                                               : "float32, float64, float16 or bfloat16 (CUDA)")
+                                   : "float32 or float64 (CPU)",
+                   ", got ", st);
+}
+
+inline at::Tensor contiguous_or_undefined(const std::optional<at::Tensor>& t) {
+  return (t.has_value() && t->defined()) ? t->contiguous() : at::Tensor();
+}
+
+template <typename T>
+inline const T* ptr_or_null(const at::Tensor& t) {
+  return t.defined() ? t.const_data_ptr<T>() : nullptr;
+}
+template <typename T>
+inline T* mut_ptr_or_null(const at::Tensor& t) {
+  return t.defined() ? t.mutable_data_ptr<T>() : nullptr;
+}
+inline const void* vptr_or_null(const at::Tensor& t) { return t.defined() ? t.const_data_ptr() : nullptr; }
+inline void* mut_vptr_or_null(const at::Tensor& t) { return t.defined() ? t.mutable_data_ptr() : nullptr; }
+
+// GEMM through ATen on tensors wrapping the raw pointers (CPU or CUDA, any dtype ATen supports).
+Status aten_gemm(void* device_options, const GemmArgs& g);
+
+// ATen's intra-op thread pool and GEMM.
+CpuContext cpu_context();
+
+// Workspace of `bytes` bytes on the device of `like` (kept alive by the returned tensor).
+inline at::Tensor workspace_for(const at::Tensor& like, size_t bytes) {
+  return at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+}
+
+#ifdef DCNKIT_WITH_CUDA
+// The current CUDA stream of `like`'s device and ATen's GEMM on it.
+CudaContext cuda_context(const at::Tensor& like);
+#endif
+
+}  // namespace dcnkit::torch_binding

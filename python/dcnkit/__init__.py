@@ -1,0 +1,39 @@
+"""dcnkit: deformable convolution and RoI pooling that ship.
+
+PyTorch operators with autograd (``dcnkit.ops``, ``dcnkit.nn``), ONNX export (``dcnkit.export``),
+an ONNX Runtime custom-op library (``dcnkit.ort_library()``) and the tools around them.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from dcnkit._lib import find_library, op_defs  # noqa: F401
+
+
+def ort_library() -> str:
+    """Absolute path of the ONNX Runtime custom-op library shipped in this package.
+
+    Register it with ``onnxruntime.SessionOptions().register_custom_ops_library(path)``, or use
+    :func:`dcnkit.runtime.ort_session`.
+    """
+    return str(find_library("dcnkit_ort"))
+
+
+def cuda_compiled() -> bool:
+    """True when the PyTorch operators were built with their CUDA kernels."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    from dcnkit import ops  # noqa: F401  (loads the library)
+
+    return bool(torch.ops.dcnkit._cuda_compiled())
+
+
+try:  # The PyTorch side is optional: deployment with ONNX Runtime alone needs no torch.
+    import torch as _torch  # noqa: F401
+except ImportError:  # pragma: no cover
+    pass
+else:
+    from dcnkit import ops  # noqa: F401,E402
+    from dcnkit import nn  # noqa: F401,E402

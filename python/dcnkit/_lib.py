@@ -1,0 +1,64 @@
+"""Locating dcnkit's native libraries (installed under ``dcnkit/lib`` by the build)."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+_LIB_DIR_ENV = "DCNKIT_LIB_DIR"
+
+
+def _candidate_dirs() -> list[Path]:
+    dirs = []
+    if os.environ.get(_LIB_DIR_ENV):
+        dirs.append(Path(os.environ[_LIB_DIR_ENV]))
+    dirs.append(Path(__file__).resolve().parent / "lib")
+    # Editable installs keep the Python sources in the repository and the built libraries in
+    # site-packages: ask the installed distribution where its files are.
+    try:
+        from importlib import metadata
+
+        dist = metadata.distribution("dcnkit")
+        for f in dist.files or []:
+            if f.parent.name == "lib" and f.parent.parent.name == "dcnkit":
+                dirs.append(Path(f.locate()).resolve().parent)
+                break
+    except Exception:  # pragma: no cover - not installed as a distribution
+        pass
+    return dirs
+
+
+def find_library(stem: str) -> Path:
+    """Absolute path of ``lib<stem>.so``; raises FileNotFoundError with the places searched."""
+    name = f"lib{stem}.so"
+    searched = []
+    for d in _candidate_dirs():
+        p = d / name
+        searched.append(str(p))
+        if p.is_file():
+            return p.resolve()
+    raise FileNotFoundError(
+        f"dcnkit: native library {name} not found (searched: {', '.join(searched)}). "
+        "Build dcnkit first: bash scripts/setup.sh"
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def op_defs() -> dict:
+    """The operator definitions (input order, attribute names, defaults) from the C++ core."""
+    import ctypes
+
+    for stem in ("dcnkit_ort", "dcnkit_torch"):
+        try:
+            path = find_library(stem)
+        except FileNotFoundError:
+            continue
+        try:
+            lib = ctypes.CDLL(str(path), mode=getattr(os, "RTLD_LAZY", 1) | ctypes.RTLD_LOCAL)
+        except OSError:
+            continue
+        fn = lib.dcnkit_op_defs_json
+        fn.restype = ctypes.c_char_p
+        return json.loads(fn().decode())
+    raise FileNotFoundError("dcnkit: no native library with the operator definitions was found")

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Sets up a development/CI environment from scratch on a fresh machine:
+#   - a virtual environment in .venv with PyTorch, ONNX, ONNX Runtime and the tools,
+#   - ONNX Runtime C/C++ headers (Debian trixie's libonnxruntime-dev, headers only) in .deps/,
+#   - dcnkit itself, built by scikit-build-core (CPU + CUDA when nvcc is present).
+# Idempotent: a second run reuses what is there and only rebuilds dcnkit.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+venv="$root/.venv"
+py="$venv/bin/python"
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+if [ ! -x "$py" ]; then
+  log "creating $venv"
+  python3 -m venv "$venv"
+fi
+"$py" -m pip install -q --upgrade pip
+if ! "$py" -c "import torch, torchvision" 2>/dev/null; then
+  log "installing torch 2.14.1 + torchvision 0.29.1"
+  "$py" -m pip install -q torch==2.14.1 torchvision==0.29.1
+fi
+log "installing python dependencies"
+"$py" -m pip install -q -r "$root/requirements-dev.txt"
+
+# ---- ONNX Runtime headers (the pip wheel ships none) ----
+ort_inc="$root/.deps/onnxruntime/include"
+if [ ! -f "$ort_inc/onnxruntime_cxx_api.h" ]; then
+  log "fetching ONNX Runtime headers (Debian trixie libonnxruntime-dev)"
+  work="$root/.deps/apt"
+  mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/deb"
+  echo "deb http://deb.debian.org/debian trixie main" > "$work/sources.list"
+  apt_opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
+            -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "APT::Get::List-Cleanup=0")
+  apt-get "${apt_opts[@]}" -qq update
+  (cd "$work/deb" && apt-get "${apt_opts[@]}" -qq download libonnxruntime-dev)
+  rm -rf "$work/x" && mkdir -p "$work/x"
+  dpkg -x "$work"/deb/libonnxruntime-dev_*.deb "$work/x"
+  mkdir -p "$ort_inc"
+  cp -r "$work/x/usr/include/onnxruntime/." "$ort_inc/"
+fi
+
+# ---- build and install dcnkit ----
+export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-7.5;8.0;9.0}"
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+export DCNKIT_ORT_INCLUDE_DIR="$ort_inc"
+log "building and installing dcnkit"
+"$py" -m pip install -q --no-build-isolation --no-deps -e "$root"
+log "done: $("$py" -c 'import dcnkit; print("dcnkit", dcnkit.__version__, "cuda compiled:", dcnkit.cuda_compiled())')"
