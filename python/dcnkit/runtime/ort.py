@@ -1,0 +1,5 @@
+"""Placeholder: being written (ort_session)."""
+
+
+def ort_session(model, providers=None, **options):
+    raise NotImplementedError("ort_session: being written")
