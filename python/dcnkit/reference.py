@@ -1,0 +1,247 @@
+"""Slow, obviously-correct NumPy references of the four operators, written straight from OPS.md.
+
+They compute in float64 with plain loops (vectorised only over whole feature maps or channels), share no
+code with the C++ core, and are what the tests, `dcnkit compare` and the Polygraphy reference runner
+check every backend against. Forward only; gradients are checked with gradcheck.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["deform_conv2d", "roi_align", "deform_roi_pool", "deform_psroi_pool", "sample_dcn", "sample_roi"]
+
+
+def _pair(v) -> tuple[int, int]:
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2:
+            raise ValueError(f"expected an int or a pair, got {v!r}")
+        return int(v[0]), int(v[1])
+    return int(v), int(v)
+
+
+def _f64(a):
+    return None if a is None else np.asarray(a, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------------------
+# Sampling rules
+
+
+def sample_dcn(img: np.ndarray, py: np.ndarray, px: np.ndarray) -> np.ndarray:
+    """S_dcn: corner sampling of the H x W map `img` at every (py, px) (arrays of one shape)."""
+    H, W = img.shape
+    py = np.asarray(py, dtype=np.float64)
+    px = np.asarray(px, dtype=np.float64)
+    out = np.zeros(py.shape)
+    with np.errstate(invalid="ignore"):
+        valid = (py > -1) & (py < H) & (px > -1) & (px < W)  # NaN compares False: outside
+    y, x = py[valid], px[valid]
+    y0, x0 = np.floor(y), np.floor(x)
+    ly, lx = y - y0, x - x0
+    acc = np.zeros(y.shape)
+    for dy, dx, w in ((0, 0, (1 - ly) * (1 - lx)), (0, 1, (1 - ly) * lx), (1, 0, ly * (1 - lx)), (1, 1, ly * lx)):
+        yy, xx = y0 + dy, x0 + dx
+        inside = (yy >= 0) & (yy <= H - 1) & (xx >= 0) & (xx <= W - 1)
+        v = np.zeros(y.shape)
+        v[inside] = img[yy[inside].astype(np.int64), xx[inside].astype(np.int64)]
+        acc += w * v
+    out[valid] = acc
+    return out
+
+
+def sample_roi(img: np.ndarray, y: float, x: float) -> np.ndarray:
+    """S_roi: clamped sampling of `img` (C, H, W) at one point; returns the (C,) values."""
+    C, H, W = img.shape
+    if not (-1.0 <= y <= H and -1.0 <= x <= W):  # NaN fails: empty
+        return np.zeros(C)
+    y, x = max(y, 0.0), max(x, 0.0)
+    y_low, x_low = int(math.floor(y)), int(math.floor(x))
+    if y_low >= H - 1:
+        y_low = y_high = H - 1
+        y = float(y_low)
+    else:
+        y_high = y_low + 1
+    if x_low >= W - 1:
+        x_low = x_high = W - 1
+        x = float(x_low)
+    else:
+        x_high = x_low + 1
+    ly, lx = y - y_low, x - x_low
+    hy, hx = 1.0 - ly, 1.0 - lx
+    return (hy * hx * img[:, y_low, x_low] + hy * lx * img[:, y_low, x_high]
+            + ly * hx * img[:, y_high, x_low] + ly * lx * img[:, y_high, x_high])
+
+
+def _sample_psroi(img: np.ndarray, h: float, w: float):
+    """R-FCN sampling of the (H, W) map `img`: None when skipped, else the interpolated value."""
+    H, W = img.shape
+    if not (-0.5 <= w <= W - 0.5 and -0.5 <= h <= H - 0.5):
+        return None
+    h = min(max(h, 0.0), H - 1.0)
+    w = min(max(w, 0.0), W - 1.0)
+    y1, y2 = int(math.floor(h)), int(math.ceil(h))
+    x1, x2 = int(math.floor(w)), int(math.ceil(w))
+    dy, dx = h - y1, w - x1
+    return ((1 - dy) * (1 - dx) * img[y1, x1] + (1 - dy) * dx * img[y1, x2]
+            + dy * (1 - dx) * img[y2, x1] + dy * dx * img[y2, x2])
+
+
+def _batch_index(rois: np.ndarray, k: int, n: int) -> int:
+    b = rois[k, 0]
+    if not (0 <= b < n):
+        raise ValueError(f"rois: expected batch indices in [0, {n}), got {b} in row {k}")
+    return int(b)
+
+
+def _c_round(v: float) -> float:
+    """C's round(): halves away from zero."""
+    return math.copysign(math.floor(abs(v) + 0.5), v)
+
+
+# --------------------------------------------------------------------------------------------------
+# Operators
+
+
+def deform_conv2d(x, offset, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), mask=None):
+    """DeformConv2d (mask None) / modulated DeformConv2d, per OPS.md. Groups inferred from shapes."""
+    x, offset, weight, bias, mask = map(_f64, (x, offset, weight, bias, mask))
+    sh, sw = _pair(stride)
+    ph, pw = _pair(padding)
+    dh, dw = _pair(dilation)
+    N, Cin, H, W = x.shape
+    Cout, Cg, kh, kw = weight.shape
+    K = kh * kw
+    groups = Cin // Cg
+    Gd = offset.shape[1] // (2 * K)
+    Ho = (H + 2 * ph - (dh * (kh - 1) + 1)) // sh + 1
+    Wo = (W + 2 * pw - (dw * (kw - 1) + 1)) // sw + 1
+    ho = np.arange(Ho, dtype=np.float64)[:, None]
+    wo = np.arange(Wo, dtype=np.float64)[None, :]
+    out = np.zeros((N, Cout, Ho, Wo))
+    for n in range(N):
+        cols = np.zeros((Cin, kh, kw, Ho, Wo))
+        for ci in range(Cin):
+            g = ci // (Cin // Gd)
+            for i in range(kh):
+                for j in range(kw):
+                    k = i * kw + j
+                    py = ho * sh - ph + i * dh + offset[n, g * 2 * K + 2 * k]
+                    px = wo * sw - pw + j * dw + offset[n, g * 2 * K + 2 * k + 1]
+                    m = mask[n, g * K + k] if mask is not None else 1.0
+                    cols[ci, i, j] = m * sample_dcn(x[n, ci], py, px)
+        for co in range(Cout):
+            grp = co // (Cout // groups)
+            out[n, co] = np.einsum("cij,cijhw->hw", weight[co], cols[grp * Cg:(grp + 1) * Cg])
+            if bias is not None:
+                out[n, co] += bias[co]
+    return out
+
+
+def roi_align(x, rois, output_size, spatial_scale=1.0, sampling_ratio=0, aligned=False, pool_mode="avg"):
+    """RoIAlign (avg | max), per OPS.md. rois (K, 5) rows [batch_index, x1, y1, x2, y2]."""
+    if pool_mode not in ("avg", "max"):
+        raise ValueError(f"pool_mode: expected 'avg' or 'max', got {pool_mode!r}")
+    x, rois = _f64(x), _f64(rois)
+    oh, ow = _pair(output_size)
+    N, C, H, W = x.shape
+    out = np.zeros((rois.shape[0], C, oh, ow))
+    o = 0.5 if aligned else 0.0
+    for k in range(rois.shape[0]):
+        b = _batch_index(rois, k, N)
+        x_start, y_start = rois[k, 1] * spatial_scale - o, rois[k, 2] * spatial_scale - o
+        roi_w = rois[k, 3] * spatial_scale - o - x_start
+        roi_h = rois[k, 4] * spatial_scale - o - y_start
+        if not aligned:
+            roi_w, roi_h = max(roi_w, 1.0), max(roi_h, 1.0)
+        bin_h, bin_w = roi_h / oh, roi_w / ow
+        gh = sampling_ratio if sampling_ratio > 0 else int(math.ceil(roi_h / oh))
+        gw = sampling_ratio if sampling_ratio > 0 else int(math.ceil(roi_w / ow))
+        gh, gw = max(gh, 0), max(gw, 0)
+        for p in range(oh):
+            for q in range(ow):
+                samples = [sample_roi(x[b], y_start + p * bin_h + (iy + 0.5) * bin_h / gh,
+                                      x_start + q * bin_w + (ix + 0.5) * bin_w / gw)
+                           for iy in range(gh) for ix in range(gw)]
+                if not samples:
+                    continue
+                stack = np.stack(samples)
+                out[k, :, p, q] = stack.mean(axis=0) if pool_mode == "avg" else stack.max(axis=0)
+    return out
+
+
+def deform_roi_pool(x, rois, offset, output_size, spatial_scale=1.0, sampling_ratio=0, gamma=0.1):
+    """DeformRoIPool (mmcv semantics), per OPS.md. offset (K, 2, oh, ow) or None."""
+    x, rois, offset = _f64(x), _f64(rois), _f64(offset)
+    oh, ow = _pair(output_size)
+    N, C, H, W = x.shape
+    out = np.zeros((rois.shape[0], C, oh, ow))
+    for k in range(rois.shape[0]):
+        b = _batch_index(rois, k, N)
+        x_start, y_start = rois[k, 1] * spatial_scale - 0.5, rois[k, 2] * spatial_scale - 0.5
+        roi_w = rois[k, 3] * spatial_scale - 0.5 - x_start
+        roi_h = rois[k, 4] * spatial_scale - 0.5 - y_start
+        bin_h, bin_w = roi_h / oh, roi_w / ow
+        gh = sampling_ratio if sampling_ratio > 0 else int(math.ceil(roi_h / oh))
+        gw = sampling_ratio if sampling_ratio > 0 else int(math.ceil(roi_w / ow))
+        gh, gw = max(gh, 0), max(gw, 0)
+        for p in range(oh):
+            for q in range(ow):
+                sx, sy = x_start + q * bin_w, y_start + p * bin_h
+                if offset is not None:
+                    sx += gamma * roi_w * offset[k, 0, p, q]
+                    sy += gamma * roi_h * offset[k, 1, p, q]
+                samples = [sample_roi(x[b], sy + (iy + 0.5) * bin_h / gh, sx + (ix + 0.5) * bin_w / gw)
+                           for iy in range(gh) for ix in range(gw)]
+                if samples:
+                    out[k, :, p, q] = np.stack(samples).mean(axis=0)
+    return out
+
+
+def deform_psroi_pool(x, rois, trans, spatial_scale, output_size, output_dim, group_size=1, part_size=None,
+                      sample_per_part=4, trans_std=0.0):
+    """DeformPSRoIPool (R-FCN), per OPS.md. trans None means no_trans. Returns (output, count)."""
+    x, rois, trans = _f64(x), _f64(rois), _f64(trans)
+    P = int(output_size)
+    part_size = P if part_size is None or part_size <= 0 else int(part_size)
+    N, C, H, W = x.shape
+    K = rois.shape[0]
+    num_classes = trans.shape[1] // 2 if trans is not None else 1
+    per_class = output_dim // num_classes
+    out = np.zeros((K, output_dim, P, P))
+    count = np.zeros((K, output_dim, P, P))
+    for k in range(K):
+        b = _batch_index(rois, k, N)
+        x_start = _c_round(rois[k, 1]) * spatial_scale - 0.5
+        y_start = _c_round(rois[k, 2]) * spatial_scale - 0.5
+        x_end = (_c_round(rois[k, 3]) + 1.0) * spatial_scale - 0.5
+        y_end = (_c_round(rois[k, 4]) + 1.0) * spatial_scale - 0.5
+        roi_w, roi_h = max(x_end - x_start, 0.1), max(y_end - y_start, 0.1)
+        bin_w, bin_h = roi_w / P, roi_h / P
+        sub_w, sub_h = bin_w / sample_per_part, bin_h / sample_per_part
+        for ctop in range(output_dim):
+            class_id = ctop // per_class
+            for p in range(P):
+                for q in range(P):
+                    # floor(p / P * part_size), computed exactly in integers
+                    part_h, part_w = (p * part_size) // P, (q * part_size) // P
+                    tx = ty = 0.0
+                    if trans is not None:
+                        tx = trans[k, 2 * class_id, part_h, part_w] * trans_std
+                        ty = trans[k, 2 * class_id + 1, part_h, part_w] * trans_std
+                    w0 = q * bin_w + x_start + tx * roi_w
+                    h0 = p * bin_h + y_start + ty * roi_h
+                    gw = min(max((q * group_size) // P, 0), group_size - 1)
+                    gh = min(max((p * group_size) // P, 0), group_size - 1)
+                    c = (ctop * group_size + gh) * group_size + gw
+                    total, cnt = 0.0, 0
+                    for ih in range(sample_per_part):
+                        for iw in range(sample_per_part):
+                            v = _sample_psroi(x[b, c], h0 + ih * sub_h, w0 + iw * sub_w)
+                            if v is not None:
+                                total += v
+                                cnt += 1
+                    out[k, ctop, p, q] = total / cnt if cnt else 0.0
+                    count[k, ctop, p, q] = cnt
+    return out, count
