@@ -1,0 +1,317 @@
+"""A slow, independent runner for whole ONNX models: ``onnx.reference`` + the kit's NumPy references.
+
+Every standard node runs in ONNX's own reference evaluator (``onnx.reference.ReferenceEvaluator``). The
+deformable / RoI nodes run in :mod:`dcnkit.reference`, the slow NumPy loops written straight from OPS.md that
+the test-suite also uses:
+
+- ``dcnkit`` domain: ``DeformConv2d``, ``RoIAlign``, ``DeformRoIPool``, ``DeformPSRoIPool``;
+- standard domain: ``DeformConv`` (opset 19) and ``RoiAlign`` (opset 10/16) are replaced too, so a model
+  exported with ``standard_ops=True`` is checked against the same contract as one with custom nodes.
+
+No ONNX Runtime and no native library is involved, which is what makes it a useful partner in a comparison.
+
+>>> from dcnkit.runtime.reference_runner import ReferenceRunner
+>>> with ReferenceRunner("model.onnx") as r:
+...     outputs = r.run({"input": x})
+
+:class:`PolygraphyReferenceRunner` is the same as a ``polygraphy.backend.base.BaseRunner`` (for
+``polygraphy.comparator.Comparator.run``); ``polygraphy run --dcnkit-reference`` uses it.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+
+from dcnkit.runtime.runners import Runner, TensorInfo, load_model, value_infos
+
+DCNKIT_DOMAIN = "dcnkit"
+
+
+def _ref():
+    from dcnkit import reference
+
+    return reference
+
+
+def _attr(op: OpRun, name: str, default):
+    v = getattr(op, name, None)
+    if v is None:
+        return default
+    if isinstance(v, bytes):
+        v = v.decode()
+    if isinstance(v, np.ndarray):
+        v = v.tolist()
+    return v
+
+
+def _pair(v, name: str, op: str) -> tuple[int, int]:
+    if isinstance(v, (int, np.integer)):
+        return int(v), int(v)
+    v = [int(a) for a in v]
+    if len(v) == 1:
+        return v[0], v[0]
+    if len(v) != 2:
+        raise ValueError(f"{op}: {name}: expected 2 values, got {v}")
+    return v[0], v[1]
+
+
+def _f32(*arrays):
+    return [None if a is None else np.asarray(a) for a in arrays]
+
+
+def _check_groups(op: str, x, weight, offset, groups: int, deformable_groups: int):
+    cin = x.shape[1]
+    kh, kw = weight.shape[2], weight.shape[3]
+    if weight.shape[1] * groups != cin:
+        raise ValueError(f"{op}: weight: expected Cin/groups = {cin}/{groups} channels, got shape {weight.shape}")
+    if offset.shape[1] != 2 * deformable_groups * kh * kw:
+        raise ValueError(
+            f"{op}: offset: expected {2 * deformable_groups * kh * kw} channels "
+            f"(2*deformable_groups*kh*kw), got shape {offset.shape}"
+        )
+
+
+def _deform_conv(x, offset, weight, bias, mask, stride, padding, dilation):
+    out = _ref().deform_conv2d(
+        x, offset, weight, bias, stride=stride, padding=padding, dilation=dilation, mask=mask
+    )
+    return np.asarray(out).astype(x.dtype, copy=False)
+
+
+# ------------------------------------------------------------------------------------------------
+# dcnkit domain
+# ------------------------------------------------------------------------------------------------
+class DeformConv2d(OpRun):
+    op_domain = DCNKIT_DOMAIN
+
+    def _run(self, x, offset, weight, bias=None, mask=None, **_):
+        name = "DeformConv2d"
+        x, offset, weight, bias, mask = _f32(x, offset, weight, bias, mask)
+        stride = _pair(_attr(self, "stride", [1, 1]), "stride", name)
+        padding = _pair(_attr(self, "padding", [0, 0]), "padding", name)
+        dilation = _pair(_attr(self, "dilation", [1, 1]), "dilation", name)
+        _check_groups(name, x, weight, offset, int(_attr(self, "groups", 1)),
+                      int(_attr(self, "deformable_groups", 1)))
+        return (_deform_conv(x, offset, weight, bias, mask, stride, padding, dilation),)
+
+
+class RoIAlign(OpRun):
+    op_domain = DCNKIT_DOMAIN
+
+    def _run(self, x, rois, **_):
+        x, rois = _f32(x, rois)
+        out = _ref().roi_align(
+            x,
+            rois,
+            _pair(_attr(self, "output_size", [1, 1]), "output_size", "RoIAlign"),
+            spatial_scale=float(_attr(self, "spatial_scale", 1.0)),
+            sampling_ratio=int(_attr(self, "sampling_ratio", 0)),
+            aligned=bool(_attr(self, "aligned", 0)),
+            pool_mode=str(_attr(self, "pool_mode", "avg")),
+        )
+        return (np.asarray(out).astype(x.dtype, copy=False),)
+
+
+class DeformRoIPool(OpRun):
+    op_domain = DCNKIT_DOMAIN
+
+    def _run(self, x, rois, offset=None, **_):
+        x, rois, offset = _f32(x, rois, offset)
+        out = _ref().deform_roi_pool(
+            x,
+            rois,
+            offset,
+            _pair(_attr(self, "output_size", [1, 1]), "output_size", "DeformRoIPool"),
+            spatial_scale=float(_attr(self, "spatial_scale", 1.0)),
+            sampling_ratio=int(_attr(self, "sampling_ratio", 0)),
+            gamma=float(_attr(self, "gamma", 0.1)),
+        )
+        return (np.asarray(out).astype(x.dtype, copy=False),)
+
+
+class DeformPSRoIPool(OpRun):
+    op_domain = DCNKIT_DOMAIN
+
+    def _run(self, x, rois, trans=None, **_):
+        x, rois, trans = _f32(x, rois, trans)
+        no_trans = bool(_attr(self, "no_trans", 0))
+        part_size = int(_attr(self, "part_size", 0))
+        out, count = _ref().deform_psroi_pool(
+            x,
+            rois,
+            None if no_trans else trans,
+            float(_attr(self, "spatial_scale", 1.0)),
+            int(_attr(self, "output_size", 7)),
+            int(_attr(self, "output_dim", 1)),
+            group_size=int(_attr(self, "group_size", 1)),
+            part_size=part_size if part_size > 0 else None,
+            sample_per_part=int(_attr(self, "sample_per_part", 4)),
+            trans_std=float(_attr(self, "trans_std", 0.0)),
+        )
+        out = np.asarray(out).astype(x.dtype, copy=False)
+        count = np.asarray(count).astype(x.dtype, copy=False)
+        n_out = len(self.onnx_node.output)
+        return (out, count) if n_out > 1 else (out,)
+
+
+# ------------------------------------------------------------------------------------------------
+# Standard domain replacements (same contract, other attribute spellings)
+# ------------------------------------------------------------------------------------------------
+class DeformConv(OpRun):
+    """ONNX ``DeformConv`` (opset 19): inputs X, W, offset, B, mask; pads [top, left, bottom, right]."""
+
+    op_domain = ""
+
+    def _run(self, X, W, offset, B=None, mask=None, **_):
+        name = "DeformConv"
+        X, W, offset, B, mask = _f32(X, W, offset, B, mask)
+        if X.ndim != 4:
+            raise ValueError(f"{name}: X: expected a 4-D (N, C, H, W) tensor, got shape {X.shape}")
+        strides = _pair(_attr(self, "strides", [1, 1]), "strides", name)
+        dilations = _pair(_attr(self, "dilations", [1, 1]), "dilations", name)
+        pads = [int(p) for p in _attr(self, "pads", [0, 0, 0, 0])]
+        if len(pads) != 4:
+            raise ValueError(f"{name}: pads: expected 4 values, got {pads}")
+        ks = _attr(self, "kernel_shape", None)
+        if ks is not None and tuple(int(k) for k in ks) != tuple(W.shape[2:]):
+            raise ValueError(f"{name}: kernel_shape: expected {tuple(W.shape[2:])} (from W), got {ks}")
+        _check_groups(name, X, W, offset, int(_attr(self, "group", 1)), int(_attr(self, "offset_group", 1)))
+        top, left, bottom, right = pads
+        if (top, left) == (bottom, right):
+            padding = (top, left)
+        else:
+            # Zero padding is exactly what corner sampling sees outside the map, so pad explicitly.
+            X = np.pad(X, ((0, 0), (0, 0), (top, bottom), (left, right)))
+            padding = (0, 0)
+        return (_deform_conv(X, offset, W, B, mask, strides, padding, dilations),)
+
+
+class RoiAlign(OpRun):
+    """ONNX ``RoiAlign``: inputs X, rois (K, 4) [x1, y1, x2, y2], batch_indices (K,)."""
+
+    op_domain = ""
+
+    def _run(self, X, rois, batch_indices, **_):
+        X, rois, batch_indices = _f32(X, rois, batch_indices)
+        # opset 16 defaults to half_pixel; opset 10 had no attribute and behaved as output_half_pixel.
+        version = int(getattr(self, "_onnx_opset", 16) or 16)
+        mode = _attr(self, "coordinate_transformation_mode", "half_pixel" if version >= 16 else "output_half_pixel")
+        if mode not in ("half_pixel", "output_half_pixel"):
+            raise ValueError(
+                f"RoiAlign: coordinate_transformation_mode: expected half_pixel or output_half_pixel, got {mode!r}"
+            )
+        rois5 = np.concatenate([batch_indices.reshape(-1, 1).astype(rois.dtype), rois.reshape(-1, 4)], axis=1)
+        out = _ref().roi_align(
+            X,
+            rois5,
+            (int(_attr(self, "output_height", 1)), int(_attr(self, "output_width", 1))),
+            spatial_scale=float(_attr(self, "spatial_scale", 1.0)),
+            sampling_ratio=int(_attr(self, "sampling_ratio", 0)),
+            aligned=(mode == "half_pixel"),
+            pool_mode=str(_attr(self, "mode", "avg")),
+        )
+        return (np.asarray(out).astype(X.dtype, copy=False),)
+
+
+CUSTOM_OPS = (DeformConv2d, RoIAlign, DeformRoIPool, DeformPSRoIPool, DeformConv, RoiAlign)
+
+
+def reference_evaluator(model, verbose: int = 0) -> ReferenceEvaluator:
+    """An ``onnx.reference.ReferenceEvaluator`` for ``model`` with the kit's op implementations."""
+    proto = load_model(model)
+    opsets = {o.domain: o.version for o in proto.opset_import}
+    ops = list(CUSTOM_OPS)
+    if opsets.get("", opsets.get("ai.onnx", 16)) < 16:
+        # RoiAlign's default coordinate mode changed in opset 16.
+        class RoiAlignV10(RoiAlign):
+            _onnx_opset = 10
+
+        RoiAlignV10.__name__ = "RoiAlign"
+        ops = [op for op in ops if op is not RoiAlign] + [RoiAlignV10]
+    return ReferenceEvaluator(proto, new_ops=ops, verbose=verbose)
+
+
+class ReferenceRunner(Runner):
+    """The ``reference`` backend: the whole model through :func:`reference_evaluator`."""
+
+    name = "reference"
+
+    def __init__(self, model, **options):
+        if options:
+            raise ValueError(f"options: expected none for the reference backend, got {sorted(options)}")
+        self.model = load_model(model)
+        self._inputs = value_infos(
+            [v for v in self.model.graph.input if v.name not in {i.name for i in self.model.graph.initializer}]
+        )
+        self._outputs = value_infos(self.model.graph.output)
+        self.evaluator = reference_evaluator(self.model)
+
+    def inputs(self):
+        return list(self._inputs)
+
+    def outputs(self):
+        return list(self._outputs)
+
+    def run(self, feeds):
+        feeds = self._check_feeds(feeds)
+        names = [o.name for o in self._outputs]
+        res = self.evaluator.run(names, feeds)
+        return {n: np.asarray(r) for n, r in zip(names, res)}
+
+    def close(self):
+        self.evaluator = None
+
+
+def _polygraphy_runner_class():
+    from polygraphy.backend.base import BaseRunner
+    from polygraphy.common import TensorMetadata
+
+    class PolygraphyReferenceRunner(BaseRunner):
+        """Polygraphy runner over :class:`ReferenceRunner` (name prefix ``dcnkit-reference``)."""
+
+        def __init__(self, model, name=None):
+            """``model``: path, bytes, ModelProto, or a callable returning one (a Polygraphy loader)."""
+            super().__init__(name=name, prefix="dcnkit-reference-runner")
+            self._model = model
+
+        def activate_impl(self):
+            model = self._model() if callable(self._model) else self._model
+            if isinstance(model, tuple):  # some Polygraphy loaders return (value, owned)
+                model = model[0]
+            self._runner = ReferenceRunner(model)
+
+        def get_input_metadata_impl(self):
+            meta = TensorMetadata()
+            for info in self._runner.inputs():
+                meta.add(info.name, dtype=info.dtype, shape=[d if d is not None else -1 for d in info.shape])
+            return meta
+
+        def infer_impl(self, feed_dict):
+            import time
+
+            feeds = {k: np.asarray(v) for k, v in feed_dict.items()}
+            start = time.time()
+            out = self._runner.run(feeds)
+            self.inference_time = time.time() - start
+            return OrderedDict(out)
+
+        def deactivate_impl(self):
+            self._runner.close()
+            del self._runner
+
+    return PolygraphyReferenceRunner
+
+
+def __getattr__(name):
+    # Polygraphy is optional: the class is built on first access.
+    if name == "PolygraphyReferenceRunner":
+        cls = _polygraphy_runner_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(name)
+
+
+__all__ = ["ReferenceRunner", "PolygraphyReferenceRunner", "reference_evaluator", "CUSTOM_OPS"]
