@@ -1,14 +1,211 @@
-"""Placeholder: being written (roi_align, deform_roi_pool, deform_psroi_pool)."""
+"""RoI operators: ``roi_align`` (torchvision's signature plus ``pool_mode``), ``deform_roi_pool`` (mmcv's)
+and ``deform_psroi_pool`` (R-FCN, mmcv/mmdet v1). See OPS.md for the exact contract.
+
+The kernels are ``torch.ops.dcnkit.*`` (C++/CUDA); this module registers their fake kernels (for
+``torch.compile`` / ``torch.export``) and their autograd formulas (through the ``_*_backward`` ops).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from dcnkit.ops import _loader  # noqa: F401  (loads libdcnkit_torch.so)
+
+__all__ = ["roi_align", "deform_roi_pool", "deform_psroi_pool"]
+
+_POOL_MODES = ("avg", "max")
 
 
-def roi_align(input, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, aligned=False, pool_mode="avg"):
-    raise NotImplementedError("roi_align: being written")
+def _pair(v, name: str) -> Tuple[int, int]:
+    if isinstance(v, int):
+        return int(v), int(v)
+    if isinstance(v, (tuple, list)) and len(v) == 2:
+        return int(v[0]), int(v[1])
+    if isinstance(v, torch.Size) and len(v) == 2:
+        return int(v[0]), int(v[1])
+    raise ValueError(f"{name}: expected an int or a pair (h, w), got {v!r}")
 
 
-def deform_roi_pool(input, rois, offset, output_size, spatial_scale=1.0, sampling_ratio=0, gamma=0.1):
-    raise NotImplementedError("deform_roi_pool: being written")
+def _boxes_to_rois(boxes: Union[Tensor, Sequence[Tensor]]) -> Tensor:
+    """torchvision's two box forms -> (K, 5) rows [batch_index, x1, y1, x2, y2]."""
+    if isinstance(boxes, Tensor):
+        if boxes.dim() != 2 or boxes.size(1) != 5:
+            raise ValueError(
+                f"roi_align: boxes: expected a Tensor[K, 5] or a list of Tensor[L, 4], "
+                f"got a tensor of shape {list(boxes.shape)}")
+        return boxes
+    if isinstance(boxes, (list, tuple)):
+        for i, b in enumerate(boxes):
+            if not isinstance(b, Tensor) or b.dim() != 2 or b.size(1) != 4:
+                shape = list(b.shape) if isinstance(b, Tensor) else type(b).__name__
+                raise ValueError(f"roi_align: boxes[{i}]: expected a Tensor[L, 4], got {shape}")
+        if len(boxes) == 0:
+            raise ValueError("roi_align: boxes: expected a non-empty list of Tensor[L, 4], got []")
+        concat = torch.cat(list(boxes), dim=0)
+        ids = torch.cat([torch.full_like(b[:, :1], i) for i, b in enumerate(boxes)], dim=0)
+        return torch.cat([ids, concat], dim=1)
+    raise ValueError(
+        f"roi_align: boxes: expected a Tensor[K, 5] or a list of Tensor[L, 4], got {type(boxes).__name__}")
 
 
-def deform_psroi_pool(input, rois, trans, spatial_scale, output_size, output_dim, group_size=1,
-                      part_size=None, sample_per_part=4, trans_std=0.0):
-    raise NotImplementedError("deform_psroi_pool: being written")
+# ------------------------------------------------------------------------------------------------
+# Public functions
+
+
+def roi_align(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size, spatial_scale: float = 1.0,
+              sampling_ratio: int = -1, aligned: bool = False, pool_mode: str = "avg") -> Tensor:
+    """RoIAlign (torchvision.ops.roi_align, plus ``pool_mode`` "avg" | "max" as in mmcv).
+
+    boxes: Tensor[K, 5] rows [batch_index, x1, y1, x2, y2], or a list of Tensor[L, 4] (one per image).
+    sampling_ratio <= 0: adaptive, ceil(roi_size / output_size) samples per bin and axis.
+    """
+    if pool_mode not in _POOL_MODES:
+        raise ValueError(f"roi_align: pool_mode: expected 'avg' or 'max', got {pool_mode!r}")
+    oh, ow = _pair(output_size, "roi_align: output_size")
+    rois = _boxes_to_rois(boxes)
+    return torch.ops.dcnkit.roi_align(input, rois, oh, ow, float(spatial_scale), int(sampling_ratio),
+                                      bool(aligned), pool_mode)
+
+
+def deform_roi_pool(input: Tensor, rois: Tensor, offset: Optional[Tensor], output_size,
+                    spatial_scale: float = 1.0, sampling_ratio: int = 0, gamma: float = 0.1) -> Tensor:
+    """mmcv's deform_roi_pool: aligned RoIAlign (avg) whose bins move by gamma * roi_size * offset.
+
+    offset: (K, 2, oh, ow) with offset[:, 0] along x and offset[:, 1] along y, or None.
+    """
+    oh, ow = _pair(output_size, "deform_roi_pool: output_size")
+    return torch.ops.dcnkit.deform_roi_pool(input, rois, offset, oh, ow, float(spatial_scale),
+                                            int(sampling_ratio), float(gamma))
+
+
+def deform_psroi_pool(input: Tensor, rois: Tensor, trans: Optional[Tensor], spatial_scale: float,
+                      output_size: int, output_dim: int, group_size: int = 1,
+                      part_size: Optional[int] = None, sample_per_part: int = 4,
+                      trans_std: float = 0.0) -> Tensor:
+    """Deformable position-sensitive RoI pooling (R-FCN). trans None means no_trans.
+
+    input (N, output_dim * group_size^2, H, W), trans (K, 2 * num_classes, part_size, part_size);
+    returns (K, output_dim, output_size, output_size).
+    """
+    out, _count = torch.ops.dcnkit.deform_psroi_pool(
+        input, rois, trans, float(spatial_scale), int(output_size), int(output_dim), int(group_size),
+        0 if part_size is None else int(part_size), int(sample_per_part), float(trans_std))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Fake kernels (shapes only; outputs are contiguous like the real kernels')
+
+
+@torch.library.register_fake("dcnkit::roi_align")
+def _roi_align_fake(input, rois, pooled_h, pooled_w, spatial_scale, sampling_ratio, aligned, pool_mode):
+    torch._check(input.dim() == 4, lambda: "roi_align: input: expected a 4-D tensor")
+    torch._check(rois.dim() == 2 and rois.size(1) == 5, lambda: "roi_align: rois: expected (K, 5)")
+    return input.new_empty((rois.size(0), input.size(1), pooled_h, pooled_w))
+
+
+@torch.library.register_fake("dcnkit::_roi_align_backward")
+def _roi_align_backward_fake(grad_output, input, rois, pooled_h, pooled_w, spatial_scale, sampling_ratio,
+                             aligned, pool_mode):
+    return input.new_empty(input.shape)
+
+
+@torch.library.register_fake("dcnkit::deform_roi_pool")
+def _deform_roi_pool_fake(input, rois, offset, pooled_h, pooled_w, spatial_scale, sampling_ratio, gamma):
+    torch._check(input.dim() == 4, lambda: "deform_roi_pool: input: expected a 4-D tensor")
+    torch._check(rois.dim() == 2 and rois.size(1) == 5, lambda: "deform_roi_pool: rois: expected (K, 5)")
+    return input.new_empty((rois.size(0), input.size(1), pooled_h, pooled_w))
+
+
+@torch.library.register_fake("dcnkit::_deform_roi_pool_backward")
+def _deform_roi_pool_backward_fake(grad_output, input, rois, offset, pooled_h, pooled_w, spatial_scale,
+                                   sampling_ratio, gamma):
+    grad_offset = offset.new_empty(offset.shape) if offset is not None else input.new_empty((0,))
+    return input.new_empty(input.shape), grad_offset
+
+
+@torch.library.register_fake("dcnkit::deform_psroi_pool")
+def _deform_psroi_pool_fake(input, rois, trans, spatial_scale, output_size, output_dim, group_size,
+                            part_size, sample_per_part, trans_std):
+    torch._check(input.dim() == 4, lambda: "deform_psroi_pool: input: expected a 4-D tensor")
+    torch._check(rois.dim() == 2 and rois.size(1) == 5, lambda: "deform_psroi_pool: rois: expected (K, 5)")
+    shape = (rois.size(0), output_dim, output_size, output_size)
+    return input.new_empty(shape), input.new_empty(shape)
+
+
+@torch.library.register_fake("dcnkit::_deform_psroi_pool_backward")
+def _deform_psroi_pool_backward_fake(grad_output, input, rois, trans, count, spatial_scale, output_size,
+                                     output_dim, group_size, part_size, sample_per_part, trans_std):
+    grad_trans = trans.new_empty(trans.shape) if trans is not None else input.new_empty((0,))
+    return input.new_empty(input.shape), grad_trans
+
+
+# ------------------------------------------------------------------------------------------------
+# Autograd (gradients for input and offset / trans; none for rois or attributes)
+
+
+def _roi_align_setup(ctx, inputs, output):
+    input, rois, *attrs = inputs
+    ctx.save_for_backward(input, rois)
+    ctx.attrs = attrs
+
+
+def _roi_align_backward(ctx, grad_output):
+    input, rois = ctx.saved_tensors
+    grad_input = None
+    if ctx.needs_input_grad[0]:
+        grad_input = torch.ops.dcnkit._roi_align_backward(grad_output, input, rois, *ctx.attrs)
+    return (grad_input, None) + (None,) * len(ctx.attrs)
+
+
+torch.library.register_autograd("dcnkit::roi_align", _roi_align_backward, setup_context=_roi_align_setup)
+
+
+def _deform_roi_pool_setup(ctx, inputs, output):
+    input, rois, offset, *attrs = inputs
+    ctx.save_for_backward(input, rois, offset)
+    ctx.attrs = attrs
+
+
+def _deform_roi_pool_backward(ctx, grad_output):
+    input, rois, offset = ctx.saved_tensors
+    grad_input = grad_offset = None
+    if ctx.needs_input_grad[0] or (offset is not None and ctx.needs_input_grad[2]):
+        grad_input, grad_offset = torch.ops.dcnkit._deform_roi_pool_backward(
+            grad_output, input, rois, offset, *ctx.attrs)
+        if not ctx.needs_input_grad[0]:
+            grad_input = None
+        if offset is None or not ctx.needs_input_grad[2]:
+            grad_offset = None
+    return (grad_input, None, grad_offset) + (None,) * len(ctx.attrs)
+
+
+torch.library.register_autograd("dcnkit::deform_roi_pool", _deform_roi_pool_backward,
+                                setup_context=_deform_roi_pool_setup)
+
+
+def _deform_psroi_pool_setup(ctx, inputs, output):
+    input, rois, trans, *attrs = inputs
+    _out, count = output
+    ctx.mark_non_differentiable(count)
+    ctx.save_for_backward(input, rois, trans, count)
+    ctx.attrs = attrs
+
+
+def _deform_psroi_pool_backward(ctx, grad_output, _grad_count):
+    input, rois, trans, count = ctx.saved_tensors
+    grad_input = grad_trans = None
+    if ctx.needs_input_grad[0] or (trans is not None and ctx.needs_input_grad[2]):
+        grad_input, grad_trans = torch.ops.dcnkit._deform_psroi_pool_backward(
+            grad_output, input, rois, trans, count, *ctx.attrs)
+        if not ctx.needs_input_grad[0]:
+            grad_input = None
+        if trans is None or not ctx.needs_input_grad[2]:
+            grad_trans = None
+    return (grad_input, None, grad_trans) + (None,) * len(ctx.attrs)
+
+
+torch.library.register_autograd("dcnkit::deform_psroi_pool", _deform_psroi_pool_backward,
+                                setup_context=_deform_psroi_pool_setup)

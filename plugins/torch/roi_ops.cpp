@@ -1,0 +1,346 @@
+// PyTorch kernels of roi_align, deform_roi_pool and deform_psroi_pool (and their backward ops): one
+// function per op for CPU and CUDA, dispatching on the device. Schemas: schema.cpp; fake kernels and
+// autograd: python/dcnkit/ops/roi_ops.py.
+#include <c10/core/DeviceGuard.h>
+
+#include <string>
+
+#include "dcnkit/deform_psroi_pool.h"
+#include "dcnkit/deform_roi_pool.h"
+#include "dcnkit/roi_align.h"
+#include "torch_common.h"
+
+namespace dcnkit::torch_binding {
+namespace {
+
+// Common checks: supported dtype of input, every other tensor on input's device with input's dtype.
+void check_inputs(const char* op, const at::Tensor& input, bool backward,
+                  std::initializer_list<std::pair<const char*, const at::Tensor*>> others) {
+  check_dtype_supported(op, input, backward);
+  for (const auto& o : others) {
+    if (o.second != nullptr && o.second->defined()) check_tensor(op, o.first, *o.second, input);
+  }
+}
+
+void check_grad_output(const char* op, const at::Tensor& grad_output, const Shape& expected) {
+  TORCH_CHECK_VALUE(shape_of(grad_output) == expected, op, ": grad_output: expected shape ",
+                    shape_str(expected), ", got ", shape_str(shape_of(grad_output)));
+}
+
+// ---- roi_align --------------------------------------------------------------------------------
+
+RoIAlignParams roi_align_params(const char* op, const at::Tensor& input, const at::Tensor& rois,
+                                int64_t pooled_h, int64_t pooled_w, double spatial_scale,
+                                int64_t sampling_ratio, bool aligned, c10::string_view pool_mode) {
+  RoIAlignAttrs a;
+  a.pooled_h = pooled_h;
+  a.pooled_w = pooled_w;
+  a.spatial_scale = spatial_scale;
+  a.sampling_ratio = sampling_ratio;
+  a.aligned = aligned;
+  throw_if_error(parse_pool_mode(op, std::string(pool_mode.data(), pool_mode.size()), &a.mode));
+  RoIAlignParams p;
+  throw_if_error(make_roi_align_params(op, shape_of(input), shape_of(rois), a, &p));
+  return p;
+}
+
+at::Tensor roi_align(const at::Tensor& input_, const at::Tensor& rois_, int64_t pooled_h,
+                     int64_t pooled_w, double spatial_scale, int64_t sampling_ratio, bool aligned,
+                     c10::string_view pool_mode) {
+  const char* op = "roi_align";
+  check_inputs(op, input_, false, {{"rois", &rois_}});
+  const RoIAlignParams p = roi_align_params(op, input_, rois_, pooled_h, pooled_w, spatial_scale,
+                                            sampling_ratio, aligned, pool_mode);
+  c10::DeviceGuard guard(input_.device());
+  const at::Tensor input = input_.contiguous(), rois = rois_.contiguous();
+  at::Tensor output = at::empty(p.output_shape(), input.options());
+  if (output.numel() == 0) return output;
+  if (input.is_cuda()) {
+#ifdef DCNKIT_WITH_CUDA
+    at::Tensor ws = workspace_for(input, roi_align_workspace_cuda(p));
+    throw_if_error(roi_align_forward_cuda(p, dtype_of(input), input.const_data_ptr(),
+                                          rois.const_data_ptr(), output.mutable_data_ptr(),
+                                          ws.mutable_data_ptr(), cuda_context(input)));
+#endif
+  } else if (input.scalar_type() == at::kFloat) {
+    throw_if_error(roi_align_forward_cpu<float>(p, input.const_data_ptr<float>(),
+                                                rois.const_data_ptr<float>(),
+                                                output.mutable_data_ptr<float>(), cpu_context()));
+  } else {
+    throw_if_error(roi_align_forward_cpu<double>(p, input.const_data_ptr<double>(),
+                                                 rois.const_data_ptr<double>(),
+                                                 output.mutable_data_ptr<double>(), cpu_context()));
+  }
+  return output;
+}
+
+at::Tensor roi_align_backward(const at::Tensor& grad_output_, const at::Tensor& input_,
+                              const at::Tensor& rois_, int64_t pooled_h, int64_t pooled_w,
+                              double spatial_scale, int64_t sampling_ratio, bool aligned,
+                              c10::string_view pool_mode) {
+  const char* op = "_roi_align_backward";
+  check_inputs(op, input_, true, {{"rois", &rois_}, {"grad_output", &grad_output_}});
+  const RoIAlignParams p = roi_align_params(op, input_, rois_, pooled_h, pooled_w, spatial_scale,
+                                            sampling_ratio, aligned, pool_mode);
+  check_grad_output(op, grad_output_, p.output_shape());
+  c10::DeviceGuard guard(input_.device());
+  const at::Tensor input = input_.contiguous(), rois = rois_.contiguous();
+  const at::Tensor grad_output = grad_output_.contiguous();
+  at::Tensor grad_input = at::empty_like(input, at::MemoryFormat::Contiguous);
+  if (grad_input.numel() == 0) return grad_input;
+  if (p.num_rois == 0) return grad_input.zero_();
+  if (input.is_cuda()) {
+#ifdef DCNKIT_WITH_CUDA
+    at::Tensor ws = workspace_for(input, roi_align_workspace_cuda(p));
+    throw_if_error(roi_align_backward_cuda(
+        p, dtype_of(input), grad_output.const_data_ptr(), input.const_data_ptr(),
+        rois.const_data_ptr(), grad_input.mutable_data_ptr(), ws.mutable_data_ptr(),
+        cuda_context(input)));
+#endif
+  } else if (input.scalar_type() == at::kFloat) {
+    throw_if_error(roi_align_backward_cpu<float>(
+        p, grad_output.const_data_ptr<float>(), input.const_data_ptr<float>(),
+        rois.const_data_ptr<float>(), grad_input.mutable_data_ptr<float>(), cpu_context()));
+  } else {
+    throw_if_error(roi_align_backward_cpu<double>(
+        p, grad_output.const_data_ptr<double>(), input.const_data_ptr<double>(),
+        rois.const_data_ptr<double>(), grad_input.mutable_data_ptr<double>(), cpu_context()));
+  }
+  return grad_input;
+}
+
+// ---- deform_roi_pool --------------------------------------------------------------------------
+
+DeformRoIPoolParams deform_roi_pool_params(const char* op, const at::Tensor& input,
+                                           const at::Tensor& rois, const at::Tensor& offset,
+                                           int64_t pooled_h, int64_t pooled_w,
+                                           double spatial_scale, int64_t sampling_ratio,
+                                           double gamma) {
+  DeformRoIPoolAttrs a;
+  a.pooled_h = pooled_h;
+  a.pooled_w = pooled_w;
+  a.spatial_scale = spatial_scale;
+  a.sampling_ratio = sampling_ratio;
+  a.gamma = gamma;
+  DeformRoIPoolParams p;
+  const Shape off = offset.defined() ? shape_of(offset) : Shape();
+  throw_if_error(make_deform_roi_pool_params(op, shape_of(input), shape_of(rois),
+                                             offset.defined() ? &off : nullptr, a, &p));
+  return p;
+}
+
+at::Tensor deform_roi_pool(const at::Tensor& input_, const at::Tensor& rois_,
+                           const std::optional<at::Tensor>& offset_, int64_t pooled_h,
+                           int64_t pooled_w, double spatial_scale, int64_t sampling_ratio,
+                           double gamma) {
+  const char* op = "deform_roi_pool";
+  const at::Tensor offset = contiguous_or_undefined(offset_);
+  check_inputs(op, input_, false, {{"rois", &rois_}, {"offset", &offset}});
+  const DeformRoIPoolParams p = deform_roi_pool_params(op, input_, rois_, offset, pooled_h,
+                                                       pooled_w, spatial_scale, sampling_ratio, gamma);
+  c10::DeviceGuard guard(input_.device());
+  const at::Tensor input = input_.contiguous(), rois = rois_.contiguous();
+  at::Tensor output = at::empty(p.output_shape(), input.options());
+  if (output.numel() == 0) return output;
+  if (input.is_cuda()) {
+#ifdef DCNKIT_WITH_CUDA
+    at::Tensor ws = workspace_for(input, deform_roi_pool_workspace_cuda(p));
+    throw_if_error(deform_roi_pool_forward_cuda(
+        p, dtype_of(input), input.const_data_ptr(), rois.const_data_ptr(), vptr_or_null(offset),
+        output.mutable_data_ptr(), ws.mutable_data_ptr(), cuda_context(input)));
+#endif
+  } else if (input.scalar_type() == at::kFloat) {
+    throw_if_error(deform_roi_pool_forward_cpu<float>(
+        p, input.const_data_ptr<float>(), rois.const_data_ptr<float>(), ptr_or_null<float>(offset),
+        output.mutable_data_ptr<float>(), cpu_context()));
+  } else {
+    throw_if_error(deform_roi_pool_forward_cpu<double>(
+        p, input.const_data_ptr<double>(), rois.const_data_ptr<double>(),
+        ptr_or_null<double>(offset), output.mutable_data_ptr<double>(), cpu_context()));
+  }
+  return output;
+}
+
+std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
+    const at::Tensor& grad_output_, const at::Tensor& input_, const at::Tensor& rois_,
+    const std::optional<at::Tensor>& offset_, int64_t pooled_h, int64_t pooled_w,
+    double spatial_scale, int64_t sampling_ratio, double gamma) {
+  const char* op = "_deform_roi_pool_backward";
+  const at::Tensor offset = contiguous_or_undefined(offset_);
+  check_inputs(op, input_, true,
+               {{"rois", &rois_}, {"offset", &offset}, {"grad_output", &grad_output_}});
+  const DeformRoIPoolParams p = deform_roi_pool_params(op, input_, rois_, offset, pooled_h,
+                                                       pooled_w, spatial_scale, sampling_ratio, gamma);
+  check_grad_output(op, grad_output_, p.output_shape());
+  c10::DeviceGuard guard(input_.device());
+  const at::Tensor input = input_.contiguous(), rois = rois_.contiguous();
+  const at::Tensor grad_output = grad_output_.contiguous();
+  at::Tensor grad_input = at::empty_like(input, at::MemoryFormat::Contiguous);
+  at::Tensor grad_offset =
+      offset.defined() ? at::empty_like(offset, at::MemoryFormat::Contiguous) : input.new_empty({0});
+  if (p.num_rois == 0 || p.channels == 0) {
+    grad_input.zero_();
+    grad_offset.zero_();
+    return {grad_input, grad_offset};
+  }
+  if (input.is_cuda()) {
+#ifdef DCNKIT_WITH_CUDA
+    at::Tensor ws = workspace_for(input, deform_roi_pool_workspace_cuda(p));
+    throw_if_error(deform_roi_pool_backward_cuda(
+        p, dtype_of(input), grad_output.const_data_ptr(), input.const_data_ptr(),
+        rois.const_data_ptr(), vptr_or_null(offset), grad_input.mutable_data_ptr(),
+        offset.defined() ? grad_offset.mutable_data_ptr() : nullptr, ws.mutable_data_ptr(),
+        cuda_context(input)));
+#endif
+  } else if (input.scalar_type() == at::kFloat) {
+    throw_if_error(deform_roi_pool_backward_cpu<float>(
+        p, grad_output.const_data_ptr<float>(), input.const_data_ptr<float>(),
+        rois.const_data_ptr<float>(), ptr_or_null<float>(offset),
+        grad_input.mutable_data_ptr<float>(),
+        offset.defined() ? grad_offset.mutable_data_ptr<float>() : nullptr, cpu_context()));
+  } else {
+    throw_if_error(deform_roi_pool_backward_cpu<double>(
+        p, grad_output.const_data_ptr<double>(), input.const_data_ptr<double>(),
+        rois.const_data_ptr<double>(), ptr_or_null<double>(offset),
+        grad_input.mutable_data_ptr<double>(),
+        offset.defined() ? grad_offset.mutable_data_ptr<double>() : nullptr, cpu_context()));
+  }
+  return {grad_input, grad_offset};
+}
+
+// ---- deform_psroi_pool ------------------------------------------------------------------------
+
+DeformPSRoIPoolParams deform_psroi_pool_params(const char* op, const at::Tensor& input,
+                                               const at::Tensor& rois, const at::Tensor& trans,
+                                               double spatial_scale, int64_t output_size,
+                                               int64_t output_dim, int64_t group_size,
+                                               int64_t part_size, int64_t sample_per_part,
+                                               double trans_std) {
+  DeformPSRoIPoolAttrs a;
+  a.spatial_scale = spatial_scale;
+  a.output_size = output_size;
+  a.output_dim = output_dim;
+  a.group_size = group_size;
+  a.part_size = part_size;
+  a.sample_per_part = sample_per_part;
+  a.trans_std = trans_std;
+  a.no_trans = !trans.defined();
+  DeformPSRoIPoolParams p;
+  const Shape tr = trans.defined() ? shape_of(trans) : Shape();
+  throw_if_error(make_deform_psroi_pool_params(op, shape_of(input), shape_of(rois),
+                                               trans.defined() ? &tr : nullptr, a, &p));
+  return p;
+}
+
+std::tuple<at::Tensor, at::Tensor> deform_psroi_pool(
+    const at::Tensor& input_, const at::Tensor& rois_, const std::optional<at::Tensor>& trans_,
+    double spatial_scale, int64_t output_size, int64_t output_dim, int64_t group_size,
+    int64_t part_size, int64_t sample_per_part, double trans_std) {
+  const char* op = "deform_psroi_pool";
+  const at::Tensor trans = contiguous_or_undefined(trans_);
+  check_inputs(op, input_, false, {{"rois", &rois_}, {"trans", &trans}});
+  const DeformPSRoIPoolParams p =
+      deform_psroi_pool_params(op, input_, rois_, trans, spatial_scale, output_size, output_dim,
+                               group_size, part_size, sample_per_part, trans_std);
+  c10::DeviceGuard guard(input_.device());
+  const at::Tensor input = input_.contiguous(), rois = rois_.contiguous();
+  at::Tensor output = at::empty(p.output_shape(), input.options());
+  at::Tensor count = at::empty(p.output_shape(), input.options());
+  if (output.numel() == 0) return {output, count};
+  if (input.is_cuda()) {
+#ifdef DCNKIT_WITH_CUDA
+    at::Tensor ws = workspace_for(input, deform_psroi_pool_workspace_cuda(p));
+    throw_if_error(deform_psroi_pool_forward_cuda(
+        p, dtype_of(input), input.const_data_ptr(), rois.const_data_ptr(), vptr_or_null(trans),
+        output.mutable_data_ptr(), count.mutable_data_ptr(), ws.mutable_data_ptr(),
+        cuda_context(input)));
+#endif
+  } else if (input.scalar_type() == at::kFloat) {
+    throw_if_error(deform_psroi_pool_forward_cpu<float>(
+        p, input.const_data_ptr<float>(), rois.const_data_ptr<float>(), ptr_or_null<float>(trans),
+        output.mutable_data_ptr<float>(), count.mutable_data_ptr<float>(), cpu_context()));
+  } else {
+    throw_if_error(deform_psroi_pool_forward_cpu<double>(
+        p, input.const_data_ptr<double>(), rois.const_data_ptr<double>(),
+        ptr_or_null<double>(trans), output.mutable_data_ptr<double>(),
+        count.mutable_data_ptr<double>(), cpu_context()));
+  }
+  return {output, count};
+}
+
+std::tuple<at::Tensor, at::Tensor> deform_psroi_pool_backward(
+    const at::Tensor& grad_output_, const at::Tensor& input_, const at::Tensor& rois_,
+    const std::optional<at::Tensor>& trans_, const at::Tensor& count_, double spatial_scale,
+    int64_t output_size, int64_t output_dim, int64_t group_size, int64_t part_size,
+    int64_t sample_per_part, double trans_std) {
+  const char* op = "_deform_psroi_pool_backward";
+  const at::Tensor trans = contiguous_or_undefined(trans_);
+  check_inputs(op, input_, true,
+               {{"rois", &rois_}, {"trans", &trans}, {"grad_output", &grad_output_},
+                {"count", &count_}});
+  const DeformPSRoIPoolParams p =
+      deform_psroi_pool_params(op, input_, rois_, trans, spatial_scale, output_size, output_dim,
+                               group_size, part_size, sample_per_part, trans_std);
+  check_grad_output(op, grad_output_, p.output_shape());
+  TORCH_CHECK_VALUE(shape_of(count_) == p.output_shape(), op, ": count: expected shape ",
+                    shape_str(p.output_shape()), ", got ", shape_str(shape_of(count_)));
+  c10::DeviceGuard guard(input_.device());
+  const at::Tensor input = input_.contiguous(), rois = rois_.contiguous();
+  const at::Tensor grad_output = grad_output_.contiguous(), count = count_.contiguous();
+  at::Tensor grad_input = at::empty_like(input, at::MemoryFormat::Contiguous);
+  at::Tensor grad_trans =
+      trans.defined() ? at::empty_like(trans, at::MemoryFormat::Contiguous) : input.new_empty({0});
+  if (p.num_rois == 0 || p.channels == 0) {
+    grad_input.zero_();
+    grad_trans.zero_();
+    return {grad_input, grad_trans};
+  }
+  if (input.is_cuda()) {
+#ifdef DCNKIT_WITH_CUDA
+    at::Tensor ws = workspace_for(input, deform_psroi_pool_workspace_cuda(p));
+    throw_if_error(deform_psroi_pool_backward_cuda(
+        p, dtype_of(input), grad_output.const_data_ptr(), input.const_data_ptr(),
+        rois.const_data_ptr(), vptr_or_null(trans), count.const_data_ptr(),
+        grad_input.mutable_data_ptr(), trans.defined() ? grad_trans.mutable_data_ptr() : nullptr,
+        ws.mutable_data_ptr(), cuda_context(input)));
+#endif
+  } else if (input.scalar_type() == at::kFloat) {
+    throw_if_error(deform_psroi_pool_backward_cpu<float>(
+        p, grad_output.const_data_ptr<float>(), input.const_data_ptr<float>(),
+        rois.const_data_ptr<float>(), ptr_or_null<float>(trans), count.const_data_ptr<float>(),
+        grad_input.mutable_data_ptr<float>(),
+        trans.defined() ? grad_trans.mutable_data_ptr<float>() : nullptr, cpu_context()));
+  } else {
+    throw_if_error(deform_psroi_pool_backward_cpu<double>(
+        p, grad_output.const_data_ptr<double>(), input.const_data_ptr<double>(),
+        rois.const_data_ptr<double>(), ptr_or_null<double>(trans), count.const_data_ptr<double>(),
+        grad_input.mutable_data_ptr<double>(),
+        trans.defined() ? grad_trans.mutable_data_ptr<double>() : nullptr, cpu_context()));
+  }
+  return {grad_input, grad_trans};
+}
+
+}  // namespace
+}  // namespace dcnkit::torch_binding
+
+TORCH_LIBRARY_IMPL(dcnkit, CPU, m) {
+  using namespace dcnkit::torch_binding;
+  m.impl("roi_align", &roi_align);
+  m.impl("_roi_align_backward", &roi_align_backward);
+  m.impl("deform_roi_pool", &deform_roi_pool);
+  m.impl("_deform_roi_pool_backward", &deform_roi_pool_backward);
+  m.impl("deform_psroi_pool", &deform_psroi_pool);
+  m.impl("_deform_psroi_pool_backward", &deform_psroi_pool_backward);
+}
+
+#ifdef DCNKIT_WITH_CUDA
+TORCH_LIBRARY_IMPL(dcnkit, CUDA, m) {
+  using namespace dcnkit::torch_binding;
+  m.impl("roi_align", &roi_align);
+  m.impl("_roi_align_backward", &roi_align_backward);
+  m.impl("deform_roi_pool", &deform_roi_pool);
+  m.impl("_deform_roi_pool_backward", &deform_roi_pool_backward);
+  m.impl("deform_psroi_pool", &deform_psroi_pool);
+  m.impl("_deform_psroi_pool_backward", &deform_psroi_pool_backward);
+}
+#endif
