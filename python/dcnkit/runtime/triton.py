@@ -1,0 +1,526 @@
+"""NVIDIA Triton Inference Server: model repositories for the kit's ONNX models, and the data types of the
+KServe v2 / Open Inference Protocol that Triton (and ``dcnkit serve``) speak.
+
+>>> from dcnkit.runtime.triton import write_repository
+>>> write_repository("dcn.onnx", "model_repository", max_batch_size=8)
+PosixPath('model_repository/dcn')
+
+writes::
+
+    model_repository/
+      dcn/
+        config.pbtxt          # platform "onnxruntime_onnx", inputs/outputs, max_batch_size, dynamic_batching,
+                              # model_operations { op_library_filename: "/models/dcn/libdcnkit_ort.so" }
+        libdcnkit_ort.so      # the kit's ONNX Runtime custom-op library (only when the model uses dcnkit ops)
+        1/model.onnx
+
+``op_library_filename`` is handed by Triton's onnxruntime backend to ``RegisterCustomOpsLibrary`` as it is,
+so it must be the path *inside the Triton container*. The default assumes the repository is mounted at
+``/models`` (``docker run -v $PWD/model_repository:/models ... tritonserver --model-repository=/models``);
+pass ``container_repository=`` for another mount point, or ``library_path=`` when the library is already in
+the image. See ``runtime/triton/README.md``.
+
+Nothing here needs ``tritonclient`` or a GPU; ``parse_config`` checks a ``config.pbtxt`` against the field
+names and types of Triton's ``model_config.proto`` (a subset, built with protobuf, which ONNX already needs).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+# ------------------------------------------------------------------------------------------------
+# Data types: NumPy <-> KServe v2 ("FP32") <-> Triton model config ("TYPE_FP32")
+# ------------------------------------------------------------------------------------------------
+_NP_TO_V2 = {
+    np.dtype(np.bool_): "BOOL",
+    np.dtype(np.uint8): "UINT8",
+    np.dtype(np.uint16): "UINT16",
+    np.dtype(np.uint32): "UINT32",
+    np.dtype(np.uint64): "UINT64",
+    np.dtype(np.int8): "INT8",
+    np.dtype(np.int16): "INT16",
+    np.dtype(np.int32): "INT32",
+    np.dtype(np.int64): "INT64",
+    np.dtype(np.float16): "FP16",
+    np.dtype(np.float32): "FP32",
+    np.dtype(np.float64): "FP64",
+}
+_V2_TO_NP = {v: k for k, v in _NP_TO_V2.items()}
+# Protocol data types that exist but that no dcnkit model uses (no NumPy type, or strings).
+V2_UNSUPPORTED = ("BYTES", "BF16")
+
+
+def v2_datatype(dtype) -> str:
+    """KServe v2 datatype name ("FP32", ...) of a NumPy dtype; ValueError for types the protocol lacks."""
+    dt = np.dtype(dtype)
+    try:
+        return _NP_TO_V2[dt]
+    except KeyError:
+        raise ValueError(f"dtype: expected one of {sorted(str(d) for d in _NP_TO_V2)}, got {dt}") from None
+
+
+def numpy_dtype(datatype: str) -> np.dtype:
+    """NumPy dtype of a KServe v2 datatype name; ValueError naming the known names otherwise."""
+    try:
+        return _V2_TO_NP[datatype]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"datatype: expected one of {', '.join(sorted(_V2_TO_NP))}, got {datatype!r}"
+        ) from None
+
+
+def triton_data_type(dtype) -> str:
+    """Triton model-config data type ("TYPE_FP32", ...) of a NumPy dtype."""
+    v2 = v2_datatype(dtype)
+    return "TYPE_STRING" if v2 == "BYTES" else f"TYPE_{v2}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Model signature and batching
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Signature:
+    """Inputs and outputs of a model as ``TensorInfo`` s (name, dtype, shape with str/None symbolic dims)."""
+
+    inputs: tuple
+    outputs: tuple
+
+    @staticmethod
+    def of(runner_or_model) -> "Signature":
+        """From a runner (``.inputs()`` / ``.outputs()``) or an ONNX model (path, bytes, ModelProto)."""
+        if hasattr(runner_or_model, "inputs") and callable(runner_or_model.inputs):
+            return Signature(tuple(normalize_infos(runner_or_model.inputs())),
+                             tuple(normalize_infos(runner_or_model.outputs())))
+        from dcnkit.runtime.runners import load_model, value_infos
+
+        m = load_model(runner_or_model)
+        init = {t.name for t in m.graph.initializer}
+        ins = [v for v in m.graph.input if v.name not in init]
+        return Signature(tuple(value_infos(ins)), tuple(value_infos(m.graph.output)))
+
+    def batch_dim(self) -> tuple[str | None, str]:
+        """The symbolic dim that every input and output has first, or (None, why not)."""
+        return shared_batch_dim(self.inputs, self.outputs)
+
+
+def normalize_infos(infos: Iterable) -> list:
+    """TensorInfo list from runner infos given as TensorInfo, objects, dicts or (name, dtype, shape) tuples."""
+    from dcnkit.runtime.runners import TensorInfo
+
+    out = []
+    for i in infos:
+        if isinstance(i, dict):
+            name, dtype, shape = i["name"], i["dtype"], i["shape"]
+        elif isinstance(i, (tuple, list)):
+            name, dtype, shape = i
+        else:
+            name, dtype, shape = i.name, i.dtype, i.shape
+        dims = []
+        for d in shape:
+            if isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0:
+                dims.append(int(d))
+            elif isinstance(d, str) and d:
+                dims.append(d)
+            else:
+                dims.append(None)
+        out.append(TensorInfo(str(name), np.dtype(dtype), tuple(dims)))
+    return out
+
+
+def shared_batch_dim(inputs: Sequence, outputs: Sequence) -> tuple[str | None, str]:
+    """Name of the symbolic first dim shared by every input and output, or ``(None, reason)``.
+
+    Requests may be concatenated along dim 0 only when that dim means the same thing in every tensor. A
+    symbolic name shared by all inputs and outputs (``batch`` / ``N``) says so; an unnamed or fixed first dim,
+    or names that differ (an RoI model: ``x`` is ``N x C x H x W`` and ``rois`` is ``K x 5``), do not.
+    """
+    tensors = [("input", t) for t in inputs] + [("output", t) for t in outputs]
+    if not inputs:
+        return None, "the model has no inputs"
+    names = set()
+    for kind, t in tensors:
+        if len(t.shape) == 0:
+            return None, f"{kind} {t.name!r} is a scalar (no batch dim)"
+        d0 = t.shape[0]
+        if not isinstance(d0, str):
+            what = "fixed" if isinstance(d0, int) else "unnamed dynamic"
+            return None, f"{kind} {t.name!r} has a {what} first dim ({d0})"
+        names.add(d0)
+    if len(names) != 1:
+        firsts = ", ".join(f"{t.name}: {t.shape[0]}" for _, t in tensors)
+        return None, f"the first dims differ ({firsts}): the tensors do not share a batch dim"
+    return names.pop(), ""
+
+
+def v2_shape(shape: Sequence) -> list[int]:
+    """A shape for the v2 protocol and Triton configs: -1 for symbolic or unknown dims."""
+    return [int(d) if isinstance(d, int) else -1 for d in shape]
+
+
+# ------------------------------------------------------------------------------------------------
+# Model configuration
+# ------------------------------------------------------------------------------------------------
+DEFAULT_MAX_BATCH_SIZE = 8
+
+
+def model_config(
+    signature: Signature,
+    name: str,
+    *,
+    max_batch_size: int | None = None,
+    max_queue_delay_us: int = 1000,
+    preferred_batch_sizes: Sequence[int] = (),
+    max_queue_size: int = 0,
+    op_libraries: Sequence[str] = (),
+    instance_kind: str | None = None,
+    instance_count: int = 1,
+    platform: str = "onnxruntime_onnx",
+) -> dict:
+    """Triton model configuration as a dict (the JSON form of ``ModelConfig``).
+
+    ``max_batch_size=None`` picks :data:`DEFAULT_MAX_BATCH_SIZE` when the tensors share a batch dim and 0
+    otherwise; a positive value for a model whose tensors do not share one is a ValueError (Triton would
+    concatenate unrelated dims). With batching the batch dim is left out of ``dims`` as Triton requires.
+    """
+    batch_name, why = signature.batch_dim()
+    if max_batch_size is None:
+        max_batch_size = DEFAULT_MAX_BATCH_SIZE if batch_name else 0
+    if not isinstance(max_batch_size, int) or max_batch_size < 0:
+        raise ValueError(f"max_batch_size: expected an integer >= 0, got {max_batch_size!r}")
+    if max_batch_size > 0 and batch_name is None:
+        raise ValueError(
+            f"max_batch_size: expected 0 for this model ({why}), got {max_batch_size}"
+        )
+    if instance_kind not in (None, "KIND_CPU", "KIND_GPU", "KIND_AUTO"):
+        raise ValueError(f"instance_kind: expected KIND_CPU, KIND_GPU or KIND_AUTO, got {instance_kind!r}")
+
+    def tensors(infos):
+        out = []
+        for t in infos:
+            dims = v2_shape(t.shape[1:] if max_batch_size > 0 else t.shape)
+            if not dims:  # Triton wants at least one dim; [1] reshaped to [] is its idiom for scalars.
+                out.append({"name": t.name, "data_type": triton_data_type(t.dtype), "dims": [1],
+                            "reshape": {"shape": []}})
+            else:
+                out.append({"name": t.name, "data_type": triton_data_type(t.dtype), "dims": dims})
+        return out
+
+    cfg: dict = {
+        "name": name,
+        "platform": platform,
+        "max_batch_size": max_batch_size,
+        "input": tensors(signature.inputs),
+        "output": tensors(signature.outputs),
+    }
+    if max_batch_size > 0:
+        db: dict = {"max_queue_delay_microseconds": int(max_queue_delay_us)}
+        pref = [int(p) for p in preferred_batch_sizes]
+        bad = [p for p in pref if p < 1 or p > max_batch_size]
+        if bad:
+            raise ValueError(f"preferred_batch_sizes: expected values in [1, {max_batch_size}], got {bad}")
+        if pref:
+            db["preferred_batch_size"] = pref
+        if max_queue_size:
+            db["default_queue_policy"] = {"max_queue_size": int(max_queue_size)}
+        cfg["dynamic_batching"] = db
+    if instance_kind:
+        cfg["instance_group"] = [{"kind": instance_kind, "count": int(instance_count)}]
+    if op_libraries:
+        cfg["model_operations"] = {"op_library_filename": list(op_libraries)}
+    return cfg
+
+
+def _pbtxt_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str) and (v.startswith("TYPE_") or v.startswith("KIND_")):
+        return v  # enum
+    s = str(v).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{s}"'
+
+
+def to_pbtxt(cfg: dict, indent: int = 0) -> str:
+    """Protobuf text format of a config dict (lists of scalars as ``[a, b]``, lists of messages repeated)."""
+    pad = "  " * indent
+    lines = []
+    for key, val in cfg.items():
+        if isinstance(val, dict):
+            lines.append(f"{pad}{key} {{")
+            lines.append(to_pbtxt(val, indent + 1))
+            lines.append(f"{pad}}}")
+        elif isinstance(val, list) and val and all(isinstance(x, dict) for x in val):
+            lines.append(f"{pad}{key} [")
+            for j, item in enumerate(val):
+                lines.append(f"{pad}  {{")
+                lines.append(to_pbtxt(item, indent + 2))
+                lines.append(f"{pad}  }}{',' if j + 1 < len(val) else ''}")
+            lines.append(f"{pad}]")
+        elif isinstance(val, list):
+            lines.append(f"{pad}{key}: [ {', '.join(_pbtxt_value(x) for x in val)} ]")
+        else:
+            lines.append(f"{pad}{key}: {_pbtxt_value(val)}")
+    return "\n".join(line for line in lines if line != "")
+
+
+# ------------------------------------------------------------------------------------------------
+# Repository writer
+# ------------------------------------------------------------------------------------------------
+LIBRARY_FILENAME = "libdcnkit_ort.so"
+DEFAULT_CONTAINER_REPOSITORY = "/models"
+
+
+def write_repository(
+    model,
+    output_dir,
+    name: str | None = None,
+    *,
+    max_batch_size: int | None = None,
+    backend: str = "onnxruntime",
+    max_queue_delay_us: int = 1000,
+    preferred_batch_sizes: Sequence[int] = (),
+    max_queue_size: int = 0,
+    instance_kind: str | None = None,
+    instance_count: int = 1,
+    container_repository: str = DEFAULT_CONTAINER_REPOSITORY,
+    library_path: str | None = None,
+    version: int = 1,
+    overwrite: bool = False,
+) -> Path:
+    """Writes ``output_dir/<name>/{config.pbtxt, 1/model.onnx[, libdcnkit_ort.so]}``; returns the model dir.
+
+    ``model`` is an ONNX path, bytes or ``onnx.ModelProto``; ``name`` defaults to the file's stem. When the
+    model has ``dcnkit``-domain nodes the kit's ONNX Runtime library is copied next to the config and
+    referenced as ``<container_repository>/<name>/libdcnkit_ort.so`` (or ``library_path`` verbatim, then
+    nothing is copied). ``backend="tensorrt"`` is not available yet (ValueError saying so).
+    """
+    import onnx
+
+    from dcnkit.runtime.runners import load_model, uses_custom_ops
+
+    if backend == "tensorrt":
+        raise ValueError(
+            "backend: 'tensorrt' model repositories (a serialized engine + the kit's TensorRT plugin library "
+            "via LD_PRELOAD) are not implemented yet; use backend='onnxruntime' (Triton's onnxruntime backend "
+            "can also run the model with its TensorRT execution provider)"
+        )
+    if backend != "onnxruntime":
+        raise ValueError(f"backend: expected 'onnxruntime' or 'tensorrt', got {backend!r}")
+    if name is None:
+        if isinstance(model, (str, os.PathLike)):
+            name = Path(os.fspath(model)).stem
+        else:
+            raise ValueError("name: expected a model name when the model is not given as a file path, got None")
+    if not name or "/" in name or name in (".", "..") or name.strip() != name:
+        raise ValueError(f"name: expected a plain directory name, got {name!r}")
+    if not isinstance(version, int) or version < 1:
+        raise ValueError(f"version: expected an integer >= 1, got {version!r}")
+    if not str(container_repository).startswith("/"):
+        raise ValueError(f"container_repository: expected an absolute path, got {container_repository!r}")
+
+    m = load_model(model)
+    signature = Signature.of(m)
+    custom = uses_custom_ops(m)
+    libs: list[str] = []
+    lib_src = None
+    if custom:
+        if library_path:
+            libs = [library_path]
+        else:
+            import dcnkit
+
+            lib_src = Path(dcnkit.ort_library())  # FileNotFoundError with the places searched
+            libs = [f"{container_repository.rstrip('/')}/{name}/{LIBRARY_FILENAME}"]
+    cfg = model_config(
+        signature, name,
+        max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
+        preferred_batch_sizes=preferred_batch_sizes, max_queue_size=max_queue_size,
+        op_libraries=libs, instance_kind=instance_kind, instance_count=instance_count,
+    )
+
+    model_dir = Path(output_dir) / name
+    if model_dir.exists():
+        if not overwrite:
+            raise FileExistsError(f"output: {model_dir} exists (pass overwrite=True / --overwrite to replace it)")
+        shutil.rmtree(model_dir)
+    (model_dir / str(version)).mkdir(parents=True)
+    onnx.save_model(m, str(model_dir / str(version) / "model.onnx"))
+    if lib_src is not None:
+        shutil.copy2(lib_src, model_dir / LIBRARY_FILENAME)
+    header = (
+        "# Written by dcnkit triton-repo. Triton model configuration (protobuf text format).\n"
+        + (f"# op_library_filename is the library's path inside the Triton container.\n" if libs else "")
+    )
+    (model_dir / "config.pbtxt").write_text(header + to_pbtxt(cfg) + "\n")
+    return model_dir
+
+
+# ------------------------------------------------------------------------------------------------
+# Checking a config.pbtxt against Triton's schema
+# ------------------------------------------------------------------------------------------------
+_SCHEMA = None
+
+# (message, [(field, number, type, label, type_name)]) mirroring triton-inference-server/common
+# protobuf/model_config.proto (field names, numbers and types; only the messages a dcnkit config uses).
+_MESSAGES = [
+    ("ModelTensorReshape", [("shape", 1, "int64", "repeated", None)]),
+    ("ModelInput", [
+        ("name", 1, "string", "optional", None), ("data_type", 2, "enum", "optional", "DataType"),
+        ("format", 3, "enum", "optional", "ModelInput.Format"), ("dims", 4, "int64", "repeated", None),
+        ("reshape", 5, "message", "optional", "ModelTensorReshape"),
+        ("is_shape_tensor", 6, "bool", "optional", None), ("allow_ragged_batch", 7, "bool", "optional", None),
+        ("optional", 8, "bool", "optional", None),
+    ]),
+    ("ModelOutput", [
+        ("name", 1, "string", "optional", None), ("data_type", 2, "enum", "optional", "DataType"),
+        ("dims", 3, "int64", "repeated", None), ("label_filename", 4, "string", "optional", None),
+        ("reshape", 5, "message", "optional", "ModelTensorReshape"),
+        ("is_shape_tensor", 6, "bool", "optional", None),
+    ]),
+    ("ModelInstanceGroup", [
+        ("name", 1, "string", "optional", None), ("count", 2, "int32", "optional", None),
+        ("gpus", 3, "int32", "repeated", None), ("kind", 4, "enum", "optional", "ModelInstanceGroup.Kind"),
+    ]),
+    ("ModelQueuePolicy", [
+        ("default_timeout_microseconds", 2, "uint64", "optional", None),
+        ("allow_timeout_override", 3, "bool", "optional", None),
+        ("max_queue_size", 4, "uint32", "optional", None),
+    ]),
+    ("ModelDynamicBatching", [
+        ("preferred_batch_size", 1, "int32", "repeated", None),
+        ("max_queue_delay_microseconds", 2, "uint64", "optional", None),
+        ("preserve_ordering", 3, "bool", "optional", None),
+        ("default_queue_policy", 6, "message", "optional", "ModelQueuePolicy"),
+    ]),
+    ("ModelOperations", [("op_library_filename", 1, "string", "repeated", None)]),
+    ("ModelConfig", [
+        ("name", 1, "string", "optional", None), ("platform", 2, "string", "optional", None),
+        ("max_batch_size", 4, "int32", "optional", None), ("input", 5, "message", "repeated", "ModelInput"),
+        ("output", 6, "message", "repeated", "ModelOutput"),
+        ("instance_group", 7, "message", "repeated", "ModelInstanceGroup"),
+        ("default_model_filename", 8, "string", "optional", None),
+        ("dynamic_batching", 11, "message", "optional", "ModelDynamicBatching"),
+        ("backend", 17, "string", "optional", None),
+        ("model_operations", 18, "message", "optional", "ModelOperations"),
+    ]),
+]
+_DATA_TYPES = ["TYPE_INVALID", "TYPE_BOOL", "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64",
+               "TYPE_INT8", "TYPE_INT16", "TYPE_INT32", "TYPE_INT64", "TYPE_FP16", "TYPE_FP32", "TYPE_FP64",
+               "TYPE_STRING", "TYPE_BF16"]
+
+
+def _schema():
+    global _SCHEMA
+    if _SCHEMA is not None:
+        return _SCHEMA
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    fd = descriptor_pb2.FileDescriptorProto(name="dcnkit_triton_model_config.proto", package="inference",
+                                            syntax="proto3")
+    en = fd.enum_type.add(name="DataType")
+    for i, n in enumerate(_DATA_TYPES):
+        en.value.add(name=n, number=i)
+    types = {
+        "string": descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+        "int64": descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
+        "int32": descriptor_pb2.FieldDescriptorProto.TYPE_INT32,
+        "uint64": descriptor_pb2.FieldDescriptorProto.TYPE_UINT64,
+        "uint32": descriptor_pb2.FieldDescriptorProto.TYPE_UINT32,
+        "bool": descriptor_pb2.FieldDescriptorProto.TYPE_BOOL,
+        "enum": descriptor_pb2.FieldDescriptorProto.TYPE_ENUM,
+        "message": descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+    }
+    labels = {"optional": descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
+              "repeated": descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED}
+    for msg_name, fields in _MESSAGES:
+        msg = fd.message_type.add(name=msg_name)
+        if msg_name == "ModelInput":
+            e = msg.enum_type.add(name="Format")
+            for i, n in enumerate(["FORMAT_NONE", "FORMAT_NHWC", "FORMAT_NCHW"]):
+                e.value.add(name=n, number=i)
+        if msg_name == "ModelInstanceGroup":
+            e = msg.enum_type.add(name="Kind")
+            for i, n in enumerate(["KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL"]):
+                e.value.add(name=n, number=i)
+        for fname, num, ftype, label, tname in fields:
+            f = msg.field.add(name=fname, number=num, type=types[ftype], label=labels[label])
+            if tname:
+                f.type_name = f".inference.{tname}"
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fd)
+    _SCHEMA = message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelConfig"))
+    return _SCHEMA
+
+
+def parse_config(text: str):
+    """Parses a ``config.pbtxt`` into a ``ModelConfig`` message (subset of Triton's schema).
+
+    Unknown fields, wrong types and bad enum names raise ``google.protobuf.text_format.ParseError``.
+    """
+    from google.protobuf import text_format
+
+    return text_format.Parse(text, _schema()())
+
+
+def check_repository(model_dir) -> list[str]:
+    """Problems Triton would report when loading ``model_dir`` with the onnxruntime backend ([] if none)."""
+    model_dir = Path(model_dir)
+    problems = []
+    cfg_path = model_dir / "config.pbtxt"
+    if not cfg_path.is_file():
+        return [f"{cfg_path}: missing"]
+    try:
+        cfg = parse_config(cfg_path.read_text())
+    except Exception as e:  # ParseError
+        return [f"{cfg_path}: {e}"]
+    if cfg.name and cfg.name != model_dir.name:
+        problems.append(f"name: expected the directory name {model_dir.name!r}, got {cfg.name!r}")
+    if cfg.platform != "onnxruntime_onnx" and cfg.backend != "onnxruntime":
+        problems.append(f"platform/backend: expected onnxruntime_onnx / onnxruntime, got {cfg.platform!r} / "
+                        f"{cfg.backend!r}")
+    versions = [p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+    if not versions:
+        problems.append(f"{model_dir}: no numeric version directory")
+    for v in versions:
+        if not (v / (cfg.default_model_filename or "model.onnx")).is_file():
+            problems.append(f"{v}: missing {cfg.default_model_filename or 'model.onnx'}")
+    for kind, items in (("input", cfg.input), ("output", cfg.output)):
+        if not items:
+            problems.append(f"{kind}: none declared")
+        for t in items:
+            if not t.name:
+                problems.append(f"{kind}: an entry has no name")
+            if t.data_type == 0:
+                problems.append(f"{kind} {t.name!r}: data_type missing")
+            if not len(t.dims):
+                problems.append(f"{kind} {t.name!r}: dims missing")
+            if any(d < -1 or d == 0 for d in t.dims):
+                problems.append(f"{kind} {t.name!r}: dims must be -1 or positive, got {list(t.dims)}")
+    if cfg.HasField("dynamic_batching") and cfg.max_batch_size <= 0:
+        problems.append("dynamic_batching: needs max_batch_size > 0")
+    return problems
+
+
+__all__ = [
+    "Signature",
+    "shared_batch_dim",
+    "normalize_infos",
+    "v2_datatype",
+    "v2_shape",
+    "numpy_dtype",
+    "triton_data_type",
+    "model_config",
+    "to_pbtxt",
+    "write_repository",
+    "parse_config",
+    "check_repository",
+    "LIBRARY_FILENAME",
+    "DEFAULT_CONTAINER_REPOSITORY",
+    "DEFAULT_MAX_BATCH_SIZE",
+]
