@@ -151,9 +151,143 @@ class DcnkitReferenceRunnerArgs(BaseRunnerArgs):
         script.add_runner(make_invocable("PolygraphyReferenceRunner", onnx_name))
 
 
+def polygraphy_runner(model, backend: str, name: str | None = None, **options):
+    """A Polygraphy ``BaseRunner`` for one of the kit's backends.
+
+    ``ort-*``: Polygraphy's own ``OnnxrtRunner`` over a session with the kit's library; ``reference``:
+    :class:`~dcnkit.runtime.reference_runner.PolygraphyReferenceRunner`; other backends: an adapter over
+    :func:`~dcnkit.runtime.runners.make_runner`. The session / engine is created when the runner activates.
+    """
+    from polygraphy.backend.onnxrt import OnnxrtRunner
+
+    from dcnkit.runtime import runners as R
+    from dcnkit.runtime.reference_runner import PolygraphyReferenceRunner
+
+    R.check_backend(backend)
+    name = name or backend
+    if backend in ("ort-cpu", "ort-cuda"):
+        return OnnxrtRunner(lambda: R.make_runner(model, backend, **options).session, name=name)
+    if backend == "reference":
+        return PolygraphyReferenceRunner(model, name=name)
+    return _adapter_class()(model, backend, name=name, **options)
+
+
+def _adapter_class():
+    from collections import OrderedDict
+    import time
+
+    from polygraphy.backend.base import BaseRunner
+    from polygraphy.common import TensorMetadata
+
+    class DcnkitRunner(BaseRunner):
+        def __init__(self, model, backend, name=None, **options):
+            super().__init__(name=name, prefix=f"dcnkit-{backend}-runner")
+            self._args = (model, backend, options)
+
+        def activate_impl(self):
+            from dcnkit.runtime.runners import make_runner
+
+            model, backend, options = self._args
+            self._runner = make_runner(model, backend, **options)
+
+        def get_input_metadata_impl(self):
+            meta = TensorMetadata()
+            for i in self._runner.inputs():
+                meta.add(i.name, dtype=i.dtype, shape=[d if d is not None else -1 for d in i.shape])
+            return meta
+
+        def infer_impl(self, feed_dict):
+            start = time.time()
+            out = self._runner.run({k: util.array.to_numpy(v) for k, v in feed_dict.items()})
+            self.inference_time = time.time() - start
+            return OrderedDict(out)
+
+        def deactivate_impl(self):
+            self._runner.close()
+            del self._runner
+
+    return DcnkitRunner
+
+
+def error_stats(results, reference_index: int = 0) -> list[dict]:
+    """Per output and runner pair (each runner vs the runner at ``reference_index``) over all iterations:
+    ``max_abs``, ``mean_abs``, ``max_rel``, ``mean_rel`` (relative to |reference|, zeros skipped)."""
+    import numpy as np
+
+    names = [r[0] for r in results]
+    ref_name, ref_iters = results[reference_index]
+    rows = []
+    for i, (name, iters) in enumerate(results):
+        if i == reference_index:
+            continue
+        per_out: dict[str, list] = {}
+        for it_ref, it in zip(ref_iters, iters):
+            for out_name in it_ref.keys():
+                if out_name not in it:
+                    continue
+                a = util.array.to_numpy(it[out_name]).astype(np.float64)
+                b = util.array.to_numpy(it_ref[out_name]).astype(np.float64)
+                if a.shape != b.shape:
+                    per_out.setdefault(out_name, []).append(None)
+                    continue
+                per_out.setdefault(out_name, []).append((a, b))
+        for out_name, pairs in per_out.items():
+            if any(p is None for p in pairs):
+                rows.append(dict(output=out_name, runner=name, reference=ref_name, shape_mismatch=True))
+                continue
+            diff = np.concatenate([np.abs(a - b).ravel() for a, b in pairs])
+            mag = np.concatenate([np.abs(b).ravel() for a, b in pairs])
+            nz = mag > 0
+            rel = diff[nz] / mag[nz]
+            rows.append(
+                dict(
+                    output=out_name,
+                    runner=name,
+                    reference=ref_name,
+                    max_abs=float(diff.max()) if diff.size else 0.0,
+                    mean_abs=float(diff.mean()) if diff.size else 0.0,
+                    max_rel=float(rel.max()) if rel.size else 0.0,
+                    mean_rel=float(rel.mean()) if rel.size else 0.0,
+                    nan=bool(np.isnan(diff).any()),
+                )
+            )
+    del names
+    return rows
+
+
+def compare_backends(model, backends, feeds, atol: float = 1e-5, rtol: float = 1e-5, quiet: bool = True):
+    """Runs ``model`` on ``backends`` (names) with ``feeds`` (a list of feed dicts) through Polygraphy's
+    ``Comparator.run`` and checks every backend against the first with ``CompareFunc.simple(atol, rtol)``.
+
+    Returns ``(passed, stats, results)``: ``passed`` is Polygraphy's verdict (bool), ``stats`` the rows of
+    :func:`error_stats`, ``results`` Polygraphy's ``RunResults``.
+    """
+    from polygraphy.comparator import Comparator, CompareFunc
+
+    runners = [polygraphy_runner(model, b, name=b) for b in backends]
+    import contextlib
+
+    with G_LOGGER.verbosity(G_LOGGER.ERROR) if quiet else contextlib.nullcontext():
+        results = Comparator.run(runners, data_loader=list(feeds))
+        accuracy = Comparator.compare_accuracy(
+            results,
+            compare_func=CompareFunc.simple(atol=atol, rtol=rtol),
+            comparisons=[(0, i) for i in range(1, len(runners))],
+        )
+    return bool(accuracy), error_stats(results), results
+
+
 def arg_groups():
     """Entry point of the ``polygraphy.run.plugins`` group: the argument groups this extension adds."""
     return [DcnkitArgs(), DcnkitReferenceRunnerArgs()]
 
 
-__all__ = ["arg_groups", "DcnkitArgs", "DcnkitReferenceRunnerArgs", "SessionFromOnnxWithDcnkit"]
+__all__ = [
+    "arg_groups",
+    "DcnkitArgs",
+    "DcnkitReferenceRunnerArgs",
+    "SessionFromOnnxWithDcnkit",
+    "polygraphy_runner",
+    "compare_backends",
+    "error_stats",
+]
