@@ -1,0 +1,432 @@
+#include "ort_common.h"
+
+#include <cblas.h>  // scipy-openblas32: scipy_-prefixed symbols
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+namespace dcnkit::ort {
+
+namespace {
+const OrtApi* g_api = nullptr;
+}  // namespace
+
+const OrtApi& api() { return *g_api; }
+void set_api(const OrtApi* a) { g_api = a; }
+
+OrtStatus* to_ort(const Status& s, const std::string& prefix) {
+  if (s.ok()) return nullptr;
+  const OrtErrorCode code = s.code() == StatusCode::kInvalidArgument ? ORT_INVALID_ARGUMENT : ORT_FAIL;
+  return api().CreateStatus(code, (prefix + s.message()).c_str());
+}
+
+Status from_ort(OrtStatus* s, const std::string& what) {
+  if (s == nullptr) return Status::Ok();
+  std::string msg = what + ": " + api().GetErrorMessage(s);
+  const OrtErrorCode code = api().GetErrorCode(s);
+  api().ReleaseStatus(s);
+  return code == ORT_INVALID_ARGUMENT ? Status::Invalid(msg) : Status::Internal(msg);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attributes
+
+namespace {
+
+const char* kind_name(AttrKind k) {
+  switch (k) {
+    case AttrKind::kInt: return "an int";
+    case AttrKind::kInts: return "2 ints";
+    case AttrKind::kFloat: return "a float";
+    case AttrKind::kString: return "a string";
+  }
+  return "?";
+}
+
+// Parses an AttrDef default ("1", "[1, 1]", "0.1", "avg").
+AttrValue parse_default(const AttrDef& d) {
+  AttrValue v;
+  const std::string s = d.default_value;
+  switch (d.kind) {
+    case AttrKind::kString: v.s = s; break;
+    case AttrKind::kFloat: v.f = std::strtod(s.c_str(), nullptr); break;
+    case AttrKind::kInt: v.ints = {std::strtoll(s.c_str(), nullptr, 10)}; break;
+    case AttrKind::kInts: {
+      const char* p = s.c_str();
+      while (*p) {
+        if ((*p >= '0' && *p <= '9') || *p == '-') {
+          char* end = nullptr;
+          v.ints.push_back(std::strtoll(p, &end, 10));
+          p = end;
+        } else {
+          ++p;
+        }
+      }
+      break;
+    }
+  }
+  return v;
+}
+
+// What a node attribute holds, read through the typed KernelInfo getters.
+struct RawAttr {
+  enum Type { kAbsent, kInt, kFloat, kInts, kFloats, kString, kOther } type = kAbsent;
+  int64_t i = 0;
+  double f = 0;
+  std::vector<int64_t> ints;
+  std::vector<float> floats;
+  std::string s;
+};
+
+bool status_ok(OrtStatus* st, std::string* msg = nullptr) {
+  if (st == nullptr) return true;
+  if (msg) *msg = api().GetErrorMessage(st);
+  api().ReleaseStatus(st);
+  return false;
+}
+
+RawAttr read_raw(const OrtKernelInfo* info, const char* name) {
+  RawAttr r;
+  const OrtApi& a = api();
+  std::string missing_msg;
+  if (status_ok(a.KernelInfoGetAttribute_int64(info, name, &r.i), &missing_msg)) {
+    r.type = RawAttr::kInt;
+    return r;
+  }
+  float f = 0;
+  if (status_ok(a.KernelInfoGetAttribute_float(info, name, &f))) {
+    r.type = RawAttr::kFloat;
+    r.f = f;
+    return r;
+  }
+  size_t n = 0;
+  if (status_ok(a.KernelInfoGetAttributeArray_int64(info, name, nullptr, &n))) {
+    r.ints.resize(n);
+    if (n == 0 || status_ok(a.KernelInfoGetAttributeArray_int64(info, name, r.ints.data(), &n))) {
+      r.type = RawAttr::kInts;
+      return r;
+    }
+  }
+  n = 0;
+  if (status_ok(a.KernelInfoGetAttributeArray_float(info, name, nullptr, &n))) {
+    r.floats.resize(n);
+    if (n == 0 || status_ok(a.KernelInfoGetAttributeArray_float(info, name, r.floats.data(), &n))) {
+      r.type = RawAttr::kFloats;
+      return r;
+    }
+  }
+  n = 0;
+  if (status_ok(a.KernelInfoGetAttribute_string(info, name, nullptr, &n))) {
+    std::string buf(n + 1, '\0');
+    if (status_ok(a.KernelInfoGetAttribute_string(info, name, buf.data(), &n))) {
+      buf.resize(std::strlen(buf.c_str()));
+      r.type = RawAttr::kString;
+      r.s = buf;
+      return r;
+    }
+  }
+  // ONNX Runtime says "No attribute with name:'x'is defined." when the node lacks it.
+  r.type = (missing_msg.find("No attribute") != std::string::npos) ? RawAttr::kAbsent : RawAttr::kOther;
+  return r;
+}
+
+std::string raw_str(const RawAttr& r) {
+  switch (r.type) {
+    case RawAttr::kAbsent: return "nothing";
+    case RawAttr::kInt: return "int " + std::to_string(r.i);
+    case RawAttr::kFloat: return "float " + to_str(r.f);
+    case RawAttr::kInts: return std::to_string(r.ints.size()) + " ints " + shape_str(r.ints);
+    case RawAttr::kFloats: {
+      std::string s = std::to_string(r.floats.size()) + " floats [";
+      for (size_t i = 0; i < r.floats.size(); ++i) s += (i ? ", " : "") + to_str(r.floats[i]);
+      return s + "]";
+    }
+    case RawAttr::kString: return "string \"" + r.s + "\"";
+    case RawAttr::kOther: return "an attribute of another type";
+  }
+  return "?";
+}
+
+// An integer from an int attribute, or (loose) from a float attribute holding an integer.
+bool as_int(const RawAttr& r, bool loose, int64_t* v) {
+  if (r.type == RawAttr::kInt) {
+    *v = r.i;
+    return true;
+  }
+  if (loose && r.type == RawAttr::kFloat && std::isfinite(r.f) && r.f == std::floor(r.f) &&
+      std::fabs(r.f) < 9.0e15) {
+    *v = static_cast<int64_t>(r.f);
+    return true;
+  }
+  if (loose && r.type == RawAttr::kInts && r.ints.size() == 1) {
+    *v = r.ints[0];
+    return true;
+  }
+  return false;
+}
+
+Status convert(const char* op, const char* onnx_name, const AttrDef& def, int element, bool loose,
+               const RawAttr& r, AttrValue* out) {
+  const std::string arg = std::string("attribute ") + onnx_name;
+  if (element >= 0) {  // one element of a canonical pair
+    int64_t v = 0;
+    if (!as_int(r, loose, &v)) return arg_error(op, arg, "an int", raw_str(r));
+    if (out->ints.size() <= static_cast<size_t>(element)) out->ints.resize(element + 1, 0);
+    out->ints[element] = v;
+    return Status::Ok();
+  }
+  switch (def.kind) {
+    case AttrKind::kInt: {
+      int64_t v = 0;
+      if (!as_int(r, loose, &v)) return arg_error(op, arg, "an int", raw_str(r));
+      out->ints = {v};
+      return Status::Ok();
+    }
+    case AttrKind::kFloat:
+      if (r.type == RawAttr::kFloat) {
+        out->f = r.f;
+      } else if (r.type == RawAttr::kInt && loose) {
+        out->f = static_cast<double>(r.i);
+      } else {
+        return arg_error(op, arg, "a float", raw_str(r));
+      }
+      return Status::Ok();
+    case AttrKind::kString:
+      if (r.type != RawAttr::kString) return arg_error(op, arg, "a string", raw_str(r));
+      out->s = r.s;
+      return Status::Ok();
+    case AttrKind::kInts: {
+      if (r.type == RawAttr::kInts && r.ints.size() == 2) {
+        out->ints = r.ints;
+        return Status::Ok();
+      }
+      if (loose) {
+        int64_t v = 0;
+        if (as_int(r, true, &v)) {  // one value for both axes
+          out->ints = {v, v};
+          return Status::Ok();
+        }
+        if (r.type == RawAttr::kInts && r.ints.size() == 4) {
+          const auto& p = r.ints;
+          // mmdeploy writes paddings as [ph, ph, pw, pw]; ONNX pads are [ph, pw, ph, pw].
+          if (p[0] == p[1] && p[2] == p[3]) {
+            out->ints = {p[0], p[2]};
+            return Status::Ok();
+          }
+          if (p[0] == p[2] && p[1] == p[3]) {
+            out->ints = {p[0], p[1]};
+            return Status::Ok();
+          }
+          return arg_error(op, arg, "symmetric 4 ints ([h, h, w, w] or [h, w, h, w])", raw_str(r));
+        }
+        return arg_error(op, arg, "an int or 2 ints (h, w)", raw_str(r));
+      }
+      return arg_error(op, arg, "2 ints (h, w)", raw_str(r));
+    }
+  }
+  return Status::Internal("unknown attribute kind");
+}
+
+}  // namespace
+
+Status read_attrs(const OrtKernelInfo* info, const OpVariant& variant, std::vector<AttrValue>* out) {
+  const OpDef& def = op_def(variant.kind);
+  out->clear();
+  for (size_t i = 0; i < def.num_attrs; ++i) out->push_back(parse_default(def.attrs[i]));
+
+  auto canonical_index = [&](const char* name) -> int {
+    for (size_t i = 0; i < def.num_attrs; ++i)
+      if (std::strcmp(def.attrs[i].name, name) == 0) return static_cast<int>(i);
+    return -1;
+  };
+  auto apply = [&](const char* onnx_name, const char* canonical, int element) -> Status {
+    const int idx = canonical_index(canonical);
+    if (idx < 0) return Status::Internal(std::string("unknown canonical attribute ") + canonical);
+    const RawAttr r = read_raw(info, onnx_name);
+    if (r.type == RawAttr::kAbsent) return Status::Ok();
+    return convert(variant.op_type, onnx_name, def.attrs[idx], element, variant.loose_attrs, r,
+                   &(*out)[idx]);
+  };
+  if (variant.aliases.empty()) {
+    for (size_t i = 0; i < def.num_attrs; ++i)
+      DCNKIT_RETURN_IF_ERROR(apply(def.attrs[i].name, def.attrs[i].name, -1));
+  } else {
+    for (const AttrAlias& a : variant.aliases)
+      DCNKIT_RETURN_IF_ERROR(apply(a.onnx_name, a.canonical, a.element));
+  }
+  (void)kind_name;
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensors
+
+const char* onnx_type_name(ONNXTensorElementDataType t) {
+  switch (t) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return "float32";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return "float16";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE: return "float64";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return "bfloat16";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return "int64";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return "int32";
+    default: return "another element type";
+  }
+}
+
+Status tensor_view(const OrtValue* v, TensorView* t) {
+  *t = TensorView();
+  if (v == nullptr) return Status::Ok();
+  const OrtApi& a = api();
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  DCNKIT_RETURN_IF_ERROR(from_ort(a.GetTensorTypeAndShape(v, &info), "GetTensorTypeAndShape"));
+  size_t rank = 0;
+  Status s = from_ort(a.GetDimensionsCount(info, &rank), "GetDimensionsCount");
+  if (s.ok()) {
+    t->shape.resize(rank);
+    s = from_ort(a.GetDimensions(info, t->shape.data(), rank), "GetDimensions");
+  }
+  if (s.ok()) s = from_ort(a.GetTensorElementType(info, &t->type), "GetTensorElementType");
+  a.ReleaseTensorTypeAndShapeInfo(info);
+  DCNKIT_RETURN_IF_ERROR(s);
+  void* data = nullptr;
+  DCNKIT_RETURN_IF_ERROR(from_ort(a.GetTensorMutableData(const_cast<OrtValue*>(v), &data), "GetTensorData"));
+  t->value = v;
+  t->data = data;
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU context
+
+namespace {
+
+struct ChunkJob {
+  int64_t n;
+  int64_t chunks;
+  void (*body)(void*, int64_t, int64_t);
+  void* body_ctx;
+};
+
+void run_chunk(void* p, size_t i) {
+  const auto* j = static_cast<const ChunkJob*>(p);
+  const int64_t b = j->n * static_cast<int64_t>(i) / j->chunks;
+  const int64_t e = j->n * (static_cast<int64_t>(i) + 1) / j->chunks;
+  if (e > b) j->body(j->body_ctx, b, e);
+}
+
+void ort_parallel_for(void* self, int64_t n, void (*body)(void*, int64_t, int64_t), void* body_ctx) {
+  if (n <= 0) return;
+  auto* run = static_cast<CpuRun*>(self);
+  const int64_t max_chunks = static_cast<int64_t>(cpu_task_count()) * run->chunks_per_thread;
+  ChunkJob job{n, std::min<int64_t>(n, std::max<int64_t>(max_chunks, 1)), body, body_ctx};
+  if (job.chunks > 1 && run->context != nullptr) {
+    OrtStatus* st = api().KernelContext_ParallelFor(run->context, &run_chunk,
+                                                    static_cast<size_t>(job.chunks), 0, &job);
+    if (st == nullptr) return;
+    api().ReleaseStatus(st);  // no thread pool available: run on this thread
+  }
+  body(body_ctx, 0, n);
+}
+
+}  // namespace
+
+int cpu_task_count() {
+  static const int n = [] {
+    const unsigned hc = std::thread::hardware_concurrency();
+    return static_cast<int>(std::clamp<unsigned>(hc == 0 ? 1u : hc, 1u, 256u));
+  }();
+  return n;
+}
+
+Status openblas_gemm(void*, const GemmArgs& g) {
+  if (g.m <= 0 || g.n <= 0) return Status::Ok();
+  const int64_t limit = INT_MAX;
+  if (g.m > limit || g.n > limit || g.k > limit || g.lda > limit || g.ldb > limit || g.ldc > limit) {
+    return Status::Invalid("gemm: matrix too large for 32-bit BLAS indices");
+  }
+  const bool f64 = g.dtype == DType::kFloat64;
+  if (!f64 && g.dtype != DType::kFloat32) {
+    return Status::Internal(std::string("gemm: unsupported dtype ") + dtype_name(g.dtype));
+  }
+  const size_t es = f64 ? 8 : 4;
+  for (int64_t b = 0; b < g.batch; ++b) {
+    char* c = static_cast<char*>(g.c) + b * g.stride_c * es;
+    if (g.k <= 0) {  // C = beta * C (no product)
+      for (int64_t i = 0; i < g.m; ++i) {
+        for (int64_t j = 0; j < g.n; ++j) {
+          if (f64) {
+            double* p = reinterpret_cast<double*>(c) + i * g.ldc + j;
+            *p = g.beta == 0.f ? 0.0 : *p * g.beta;
+          } else {
+            float* p = reinterpret_cast<float*>(c) + i * g.ldc + j;
+            *p = g.beta == 0.f ? 0.f : *p * g.beta;
+          }
+        }
+      }
+      continue;
+    }
+    const char* a = static_cast<const char*>(g.a) + b * g.stride_a * es;
+    const char* bb = static_cast<const char*>(g.b) + b * g.stride_b * es;
+    const auto ta = g.trans_a ? CblasTrans : CblasNoTrans;
+    const auto tb = g.trans_b ? CblasTrans : CblasNoTrans;
+    const blasint m = static_cast<blasint>(g.m), n = static_cast<blasint>(g.n),
+                  k = static_cast<blasint>(g.k);
+    // Row-major leading dimensions must cover the stored rows.
+    const int64_t need_a = g.trans_a ? g.m : g.k, need_b = g.trans_b ? g.k : g.n;
+    if (g.lda < need_a || g.ldb < need_b || g.ldc < g.n) {
+      return Status::Internal("gemm: leading dimension smaller than the matrix width");
+    }
+    if (f64) {
+      scipy_cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, g.alpha, reinterpret_cast<const double*>(a),
+                        static_cast<blasint>(g.lda), reinterpret_cast<const double*>(bb),
+                        static_cast<blasint>(g.ldb), g.beta, reinterpret_cast<double*>(c),
+                        static_cast<blasint>(g.ldc));
+    } else {
+      scipy_cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, g.alpha, reinterpret_cast<const float*>(a),
+                        static_cast<blasint>(g.lda), reinterpret_cast<const float*>(bb),
+                        static_cast<blasint>(g.ldb), g.beta, reinterpret_cast<float*>(c),
+                        static_cast<blasint>(g.ldc));
+    }
+  }
+  return Status::Ok();
+}
+
+CpuContext cpu_context(CpuRun* run) {
+  // The kernels run inside ONNX Runtime's pool: OpenBLAS itself stays single-threaded.
+  static std::once_flag once;
+  std::call_once(once, [] { scipy_openblas_set_num_threads(1); });
+  CpuContext ctx;
+  ctx.num_threads = cpu_task_count();
+  ctx.parallel_for = &ort_parallel_for;
+  ctx.parallel_self = run;
+  ctx.gemm = &openblas_gemm;
+  ctx.gemm_self = nullptr;
+  return ctx;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workspace
+
+Workspace::~Workspace() {
+  if (allocator_ != nullptr && data_ != nullptr) {
+    OrtStatus* st = api().AllocatorFree(allocator_, data_);
+    if (st) api().ReleaseStatus(st);
+  }
+  if (allocator_ != nullptr) api().ReleaseAllocator(allocator_);
+}
+
+Status Workspace::allocate(const OrtKernelContext* ctx, const OrtMemoryInfo* mem_info, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  DCNKIT_RETURN_IF_ERROR(
+      from_ort(api().KernelContext_GetAllocator(ctx, mem_info, &allocator_), "KernelContext_GetAllocator"));
+  DCNKIT_RETURN_IF_ERROR(from_ort(api().AllocatorAlloc(allocator_, bytes, &data_),
+                                  "workspace allocation of " + std::to_string(bytes) + " bytes"));
+  return Status::Ok();
+}
+
+}  // namespace dcnkit::ort

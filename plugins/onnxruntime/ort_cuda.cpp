@@ -1,0 +1,184 @@
+// CUDA execution-provider kernels (libdcnkit_ort_cuda.so only): the core CUDA launchers on ONNX Runtime's
+// compute stream, GEMM through cuBLAS on that stream, workspace from ONNX Runtime's device allocator.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <memory>
+
+#include "ort_kernels.h"
+
+namespace dcnkit::ort {
+
+struct CudaState {
+  cublasHandle_t handle = nullptr;
+  int device = -1;
+  cudaStream_t stream = nullptr;
+};
+
+void destroy_cuda_state(CudaState* s) {
+  if (s == nullptr) return;
+  if (s->handle != nullptr) cublasDestroy(s->handle);
+  delete s;
+}
+
+namespace {
+
+Status cublas_status(cublasStatus_t st, const char* where) {
+  if (st == CUBLAS_STATUS_SUCCESS) return Status::Ok();
+  return Status::DeviceError(std::string(where) + ": cuBLAS status " + std::to_string(static_cast<int>(st)));
+}
+
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
+Status cublas_gemm(void* self, const GemmArgs& g) {
+  auto* s = static_cast<CudaState*>(self);
+  if (g.m <= 0 || g.n <= 0 || g.batch <= 0) return Status::Ok();
+  const int64_t lim = INT_MAX;
+  if (g.m > lim || g.n > lim || g.k > lim || g.lda > lim || g.ldb > lim || g.ldc > lim || g.batch > lim) {
+    return Status::Invalid("gemm: matrix too large for cuBLAS 32-bit sizes");
+  }
+  DCNKIT_RETURN_IF_ERROR(cublas_status(cublasSetStream(s->handle, s->stream), "cublasSetStream"));
+  const cublasOperation_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
+  const int lda = static_cast<int>(g.lda > 0 ? g.lda : 1), ldb = static_cast<int>(g.ldb > 0 ? g.ldb : 1),
+            ldc = static_cast<int>(g.ldc > 0 ? g.ldc : 1), batch = static_cast<int>(g.batch);
+  const float alpha = g.alpha, beta = g.beta;
+  switch (g.dtype) {
+    case DType::kFloat32:
+      return cublas_status(
+          cublasSgemmStridedBatched(s->handle, tb, ta, n, m, k, &alpha, static_cast<const float*>(g.b), ldb,
+                                    g.stride_b, static_cast<const float*>(g.a), lda, g.stride_a, &beta,
+                                    static_cast<float*>(g.c), ldc, g.stride_c, batch),
+          "cublasSgemmStridedBatched");
+    case DType::kFloat16:
+      return cublas_status(
+          cublasGemmStridedBatchedEx(s->handle, tb, ta, n, m, k, &alpha, g.b, CUDA_R_16F, ldb, g.stride_b, g.a,
+                                     CUDA_R_16F, lda, g.stride_a, &beta, g.c, CUDA_R_16F, ldc, g.stride_c, batch,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmStridedBatchedEx(float16)");
+    case DType::kFloat64: {
+      const double a64 = g.alpha, b64 = g.beta;
+      return cublas_status(
+          cublasDgemmStridedBatched(s->handle, tb, ta, n, m, k, &a64, static_cast<const double*>(g.b), ldb,
+                                    g.stride_b, static_cast<const double*>(g.a), lda, g.stride_a, &b64,
+                                    static_cast<double*>(g.c), ldc, g.stride_c, batch),
+          "cublasDgemmStridedBatched");
+    }
+    default:
+      return Status::Internal(std::string("gemm: unsupported dtype ") + dtype_name(g.dtype));
+  }
+}
+
+Status prepare(Kernel& k, OrtKernelContext* ctx, CudaContext* out) {
+  void* stream = nullptr;
+  DCNKIT_RETURN_IF_ERROR(from_ort(api().KernelContext_GetGPUComputeStream(ctx, &stream), "GetGPUComputeStream"));
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return Status::DeviceError("cudaGetDevice failed");
+  if (k.cuda_state == nullptr) k.cuda_state = new CudaState();
+  CudaState* s = k.cuda_state;
+  if (s->handle == nullptr || s->device != device) {
+    if (s->handle != nullptr) cublasDestroy(s->handle);
+    s->handle = nullptr;
+    DCNKIT_RETURN_IF_ERROR(cublas_status(cublasCreate(&s->handle), "cublasCreate"));
+    s->device = device;
+  }
+  s->stream = static_cast<cudaStream_t>(stream);
+  out->stream = stream;
+  out->gemm = &cublas_gemm;
+  out->gemm_self = s;
+  return Status::Ok();
+}
+
+DType dtype_of(const Kernel& k) {
+  return k.dtype == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ? DType::kFloat16 : DType::kFloat32;
+}
+
+Status output_tensor(OrtKernelContext* ctx, size_t index, const Shape& shape, void** data) {
+  OrtValue* out = nullptr;
+  DCNKIT_RETURN_IF_ERROR(
+      from_ort(api().KernelContext_GetOutput(ctx, index, shape.data(), shape.size(), &out), "KernelContext_GetOutput"));
+  *data = nullptr;
+  if (out == nullptr) return Status::Ok();
+  return from_ort(api().GetTensorMutableData(out, data), "GetTensorMutableData");
+}
+
+const void* ptr(const TensorView& t) { return t.present() ? t.data : nullptr; }
+
+}  // namespace
+
+Status compute_cuda(Kernel& k, OrtKernelContext* ctx) {
+  std::lock_guard<std::mutex> lock(k.mutex);
+  TensorView in[kMaxInputs];
+  DCNKIT_RETURN_IF_ERROR(gather_inputs(k, ctx, in, kMaxInputs));
+  CudaContext cuda;
+  DCNKIT_RETURN_IF_ERROR(prepare(k, ctx, &cuda));
+  const char* op = k.variant->op_type;
+  const DType dt = dtype_of(k);
+  // Workspace on the device the inputs live on.
+  const OrtMemoryInfo* mem = nullptr;
+  DCNKIT_RETURN_IF_ERROR(from_ort(api().GetTensorMemoryInfo(in[kDcInput].value, &mem), "GetTensorMemoryInfo"));
+
+  switch (k.variant->kind) {
+    case OpKind::kDeformConv2d: {
+      const TensorView &x = in[kDcInput], &off = in[kDcOffset], &w = in[kDcWeight], &b = in[kDcBias],
+                       &m = in[kDcMask];
+      DeformConv2dParams p;
+      DCNKIT_RETURN_IF_ERROR(make_deform_conv2d_params(op, x.shape, off.shape, w.shape,
+                                                       b.present() ? &b.shape : nullptr,
+                                                       m.present() ? &m.shape : nullptr, k.dcn, &p));
+      void* y = nullptr;
+      DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 0, p.output_shape(), &y));
+      Workspace ws;
+      DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, deform_conv2d_forward_workspace_cuda(p, dt)));
+      return deform_conv2d_forward_cuda(p, dt, ptr(x), ptr(off), ptr(w), ptr(b), ptr(m), y,
+                                        ws.data(), cuda);
+    }
+    case OpKind::kRoIAlign: {
+      RoIAlignParams p;
+      DCNKIT_RETURN_IF_ERROR(make_roi_align_params(op, in[kRaInput].shape, in[kRaRois].shape, k.roi, &p));
+      void* y = nullptr;
+      DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 0, p.output_shape(), &y));
+      Workspace ws;
+      DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, roi_align_workspace_cuda(p)));
+      return roi_align_forward_cuda(p, dt, ptr(in[kRaInput]), ptr(in[kRaRois]), y, ws.data(), cuda);
+    }
+    case OpKind::kDeformRoIPool: {
+      DeformRoIPoolParams p;
+      DCNKIT_RETURN_IF_ERROR(make_deform_roi_pool_params(op, in[kDrInput].shape, in[kDrRois].shape,
+                                                         in[kDrOffset].present() ? &in[kDrOffset].shape : nullptr,
+                                                         k.droi, &p));
+      void* y = nullptr;
+      DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 0, p.output_shape(), &y));
+      Workspace ws;
+      DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, deform_roi_pool_workspace_cuda(p)));
+      return deform_roi_pool_forward_cuda(p, dt, ptr(in[kDrInput]), ptr(in[kDrRois]), ptr(in[kDrOffset]), y, ws.data(), cuda);
+    }
+    case OpKind::kDeformPSRoIPool: {
+      DeformPSRoIPoolParams p;
+      DCNKIT_RETURN_IF_ERROR(make_deform_psroi_pool_params(op, in[kPsInput].shape, in[kPsRois].shape,
+                                                           in[kPsTrans].present() ? &in[kPsTrans].shape : nullptr,
+                                                           k.psroi, &p));
+      void* y = nullptr;
+      DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 0, p.output_shape(), &y));
+      size_t nout = 0;
+      DCNKIT_RETURN_IF_ERROR(from_ort(api().KernelContext_GetOutputCount(ctx, &nout), "GetOutputCount"));
+      void* count = nullptr;
+      if (nout > 1) DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 1, p.output_shape(), &count));
+      // The launcher always writes the count: give it device scratch when the model does not want it.
+      int64_t numel = 1;
+      for (int64_t d : p.output_shape()) numel *= d;
+      const size_t count_bytes = count == nullptr ? align_up(static_cast<size_t>(numel) * dtype_size(dt)) : 0;
+      const size_t ws_bytes = deform_psroi_pool_workspace_cuda(p);
+      Workspace ws;
+      DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, count_bytes + ws_bytes));
+      if (count == nullptr) count = ws.data();
+      void* launcher_ws = ws_bytes ? static_cast<char*>(ws.data()) + count_bytes : nullptr;
+      return deform_psroi_pool_forward_cuda(p, dt, ptr(in[kPsInput]), ptr(in[kPsRois]), ptr(in[kPsTrans]), y, count, launcher_ws,
+                                            cuda);
+    }
+  }
+  return Status::Internal("unknown op kind");
+}
+
+}  // namespace dcnkit::ort

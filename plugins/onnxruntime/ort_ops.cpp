@@ -1,0 +1,467 @@
+// The operators as ONNX Runtime custom ops: the kit's own (domain "dcnkit") and the names mmdeploy and
+// mmcv 1.x export. Attributes are read once per node (errors at session creation), shapes are
+// checked by the core's make_*_params on every run, and the kernels are the core launchers.
+#include <climits>
+#include <cstring>
+#include <type_traits>
+
+#include "ort_kernels.h"
+
+namespace dcnkit::ort {
+
+namespace {
+
+std::vector<InputSlot> canonical_inputs(const OpDef& d) {
+  std::vector<InputSlot> v;
+  for (size_t i = 0; i < d.num_inputs; ++i) v.push_back({static_cast<int>(i), d.inputs[i].optional});
+  return v;
+}
+
+std::vector<OpVariant> build_variants() {
+  std::vector<OpVariant> v;
+  // The kit's own operators: names, input order and defaults straight from op_defs.h.
+  const OpKind kinds[] = {OpKind::kDeformConv2d, OpKind::kRoIAlign, OpKind::kDeformRoIPool,
+                          OpKind::kDeformPSRoIPool};
+  for (OpKind k : kinds) {
+    const OpDef& d = op_def(k);
+    v.push_back({kOnnxDomain, d.onnx_type, k, canonical_inputs(d), {}, false, false});
+  }
+  // mmcv 1.x / mmdeploy exports. ModulatedDeformConv2d: (input, offset, mask, weight[, bias]),
+  // attributes stride, padding, dilation, groups, deform_groups.
+  const std::vector<AttrAlias> dcn_aliases = {
+      {"stride", kDeformConv2dAttrs[kDcStride].name, -1},
+      {"padding", kDeformConv2dAttrs[kDcPadding].name, -1},
+      {"dilation", kDeformConv2dAttrs[kDcDilation].name, -1},
+      {"groups", kDeformConv2dAttrs[kDcGroups].name, -1},
+      {"deform_groups", kDeformConv2dAttrs[kDcDeformGroups].name, -1},
+  };
+  const std::vector<InputSlot> mdcn_inputs = {
+      {kDcInput, false}, {kDcOffset, false}, {kDcMask, false}, {kDcWeight, false}, {kDcBias, true}};
+  const std::vector<InputSlot> dcn_inputs = {{kDcInput, false}, {kDcOffset, false}, {kDcWeight, false}};
+  for (const char* domain : {"mmdeploy", "mmcv"}) {
+    v.push_back({domain, "MMCVModulatedDeformConv2d", OpKind::kDeformConv2d, mdcn_inputs, dcn_aliases,
+                 true, true});
+    // mmcv 1.x DeformConv2d also writes bias (always 0) and im2col_step: ignored.
+    v.push_back({domain, "MMCVDeformConv2d", OpKind::kDeformConv2d, dcn_inputs, dcn_aliases, true, true});
+  }
+  // mmcv::MMCVRoiAlign: output_height, output_width, spatial_scale, sampling_ratio, mode, aligned.
+  v.push_back({"mmcv",
+               "MMCVRoiAlign",
+               OpKind::kRoIAlign,
+               {{kRaInput, false}, {kRaRois, false}},
+               {{"output_height", kRoIAlignAttrs[kRaOutputSize].name, 0},
+                {"output_width", kRoIAlignAttrs[kRaOutputSize].name, 1},
+                {"spatial_scale", kRoIAlignAttrs[kRaScale].name, -1},
+                {"sampling_ratio", kRoIAlignAttrs[kRaSampling].name, -1},
+                {"mode", kRoIAlignAttrs[kRaPoolMode].name, -1},
+                {"aligned", kRoIAlignAttrs[kRaAligned].name, -1}},
+               true,
+               true});
+  // mmcv::MMCVDeformRoIPool: (input, rois[, offset]); pooled_height, pooled_width, spatial_scale,
+  // sampling_ratio (written as a float by mmcv), gamma.
+  v.push_back({"mmcv",
+               "MMCVDeformRoIPool",
+               OpKind::kDeformRoIPool,
+               {{kDrInput, false}, {kDrRois, false}, {kDrOffset, true}},
+               {{"pooled_height", kDeformRoIPoolAttrs[kDrOutputSize].name, 0},
+                {"pooled_width", kDeformRoIPoolAttrs[kDrOutputSize].name, 1},
+                {"spatial_scale", kDeformRoIPoolAttrs[kDrScale].name, -1},
+                {"sampling_ratio", kDeformRoIPoolAttrs[kDrSampling].name, -1},
+                {"gamma", kDeformRoIPoolAttrs[kDrGamma].name, -1}},
+               true,
+               true});
+  return v;
+}
+
+}  // namespace
+
+const OpDef& op_def(OpKind kind) { return kOpDefs[static_cast<int>(kind)]; }
+
+const std::vector<OpVariant>& op_variants() {
+  static const std::vector<OpVariant> v = build_variants();
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attributes -> core attrs, checked once at kernel creation with shapes built to fit them.
+
+namespace {
+
+Status set_attrs(Kernel& k, const std::vector<AttrValue>& a) {
+  const char* op = k.variant->op_type;
+  switch (k.variant->kind) {
+    case OpKind::kDeformConv2d: {
+      DeformConv2dAttrs& d = k.dcn;
+      d.stride_h = a[kDcStride].ints[0];
+      d.stride_w = a[kDcStride].ints[1];
+      d.pad_h = a[kDcPadding].ints[0];
+      d.pad_w = a[kDcPadding].ints[1];
+      d.dilation_h = a[kDcDilation].ints[0];
+      d.dilation_w = a[kDcDilation].ints[1];
+      d.groups = a[kDcGroups].ints[0];
+      d.deformable_groups = a[kDcDeformGroups].ints[0];
+      // Shapes that fit the attributes: any error left is the attributes'.
+      const int64_t g = d.groups > 0 ? d.groups : 1, dg = d.deformable_groups > 0 ? d.deformable_groups : 1;
+      const int64_t cin = g * dg, hw = 16;
+      const int64_t ho = (d.stride_h > 0 && d.dilation_h > 0 && d.pad_h >= 0)
+                             ? deform_conv2d_out_size(hw, 1, d.stride_h, d.pad_h, d.dilation_h) : 1;
+      const int64_t wo = (d.stride_w > 0 && d.dilation_w > 0 && d.pad_w >= 0)
+                             ? deform_conv2d_out_size(hw, 1, d.stride_w, d.pad_w, d.dilation_w) : 1;
+      DeformConv2dParams p;
+      return make_deform_conv2d_params(op, {1, cin, hw, hw}, {1, 2 * dg, ho, wo}, {g, dg, 1, 1}, nullptr,
+                                       nullptr, d, &p);
+    }
+    case OpKind::kRoIAlign: {
+      RoIAlignAttrs& r = k.roi;
+      r.pooled_h = a[kRaOutputSize].ints[0];
+      r.pooled_w = a[kRaOutputSize].ints[1];
+      r.spatial_scale = a[kRaScale].f;
+      r.sampling_ratio = a[kRaSampling].ints[0];
+      r.aligned = a[kRaAligned].ints[0] != 0;
+      DCNKIT_RETURN_IF_ERROR(parse_pool_mode(op, a[kRaPoolMode].s, &r.mode));
+      RoIAlignParams p;
+      return make_roi_align_params(op, {1, 1, 16, 16}, {1, 5}, r, &p);
+    }
+    case OpKind::kDeformRoIPool: {
+      DeformRoIPoolAttrs& r = k.droi;
+      r.pooled_h = a[kDrOutputSize].ints[0];
+      r.pooled_w = a[kDrOutputSize].ints[1];
+      r.spatial_scale = a[kDrScale].f;
+      r.sampling_ratio = a[kDrSampling].ints[0];
+      r.gamma = a[kDrGamma].f;
+      DeformRoIPoolParams p;
+      return make_deform_roi_pool_params(op, {1, 1, 16, 16}, {1, 5}, nullptr, r, &p);
+    }
+    case OpKind::kDeformPSRoIPool: {
+      DeformPSRoIPoolAttrs& r = k.psroi;
+      r.spatial_scale = a[kPsScale].f;
+      r.output_size = a[kPsOutputSize].ints[0];
+      r.output_dim = a[kPsOutputDim].ints[0];
+      r.group_size = a[kPsGroupSize].ints[0];
+      r.part_size = a[kPsPartSize].ints[0];
+      r.sample_per_part = a[kPsSamplePerPart].ints[0];
+      r.trans_std = a[kPsTransStd].f;
+      r.no_trans = a[kPsNoTrans].ints[0] != 0;
+      const int64_t od = r.output_dim > 0 ? r.output_dim : 1, gs = r.group_size > 0 ? r.group_size : 1;
+      const int64_t ps = r.part_size > 0 ? r.part_size : (r.output_size > 0 ? r.output_size : 1);
+      const Shape trans = {1, 2, ps, ps};
+      DeformPSRoIPoolParams p;
+      return make_deform_psroi_pool_params(op, {1, od * gs * gs, 16, 16}, {1, 5},
+                                           r.no_trans ? nullptr : &trans, r, &p);
+    }
+  }
+  return Status::Internal("unknown op kind");
+}
+
+std::string node_name(const OrtKernelInfo* info) {
+  size_t n = 0;
+  OrtStatus* st = api().KernelInfo_GetNodeName(info, nullptr, &n);
+  if (st != nullptr) {
+    api().ReleaseStatus(st);
+    return "";
+  }
+  std::string s(n + 1, '\0');
+  st = api().KernelInfo_GetNodeName(info, s.data(), &n);
+  if (st != nullptr) {
+    api().ReleaseStatus(st);
+    return "";
+  }
+  s.resize(std::strlen(s.c_str()));
+  return s;
+}
+
+}  // namespace
+
+Status gather_inputs(const Kernel& k, const OrtKernelContext* ctx, TensorView* inputs, size_t max_inputs) {
+  for (size_t i = 0; i < max_inputs; ++i) inputs[i] = TensorView();
+  size_t count = 0;
+  DCNKIT_RETURN_IF_ERROR(from_ort(api().KernelContext_GetInputCount(ctx, &count), "KernelContext_GetInputCount"));
+  const auto& slots = k.variant->inputs;
+  const OpDef& def = op_def(k.variant->kind);
+  for (size_t i = 0; i < slots.size() && i < count; ++i) {
+    const OrtValue* v = nullptr;
+    DCNKIT_RETURN_IF_ERROR(from_ort(api().KernelContext_GetInput(ctx, i, &v), "KernelContext_GetInput"));
+    TensorView t;
+    DCNKIT_RETURN_IF_ERROR(tensor_view(v, &t));
+    if (!t.present()) continue;
+    const char* name = def.inputs[slots[i].canonical].name;
+    if (t.type != k.dtype) {
+      return arg_error(k.variant->op_type, name, std::string("element type ") + onnx_type_name(k.dtype) +
+                                                   " (the type of input)",
+                       onnx_type_name(t.type));
+    }
+    if (k.variant->empty_input_is_absent && slots[i].optional) {
+      int64_t numel = 1;
+      for (int64_t d : t.shape) numel *= d;
+      if (numel == 0) continue;
+    }
+    inputs[slots[i].canonical] = t;
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (!slots[i].optional && !inputs[slots[i].canonical].present()) {
+      return arg_error(k.variant->op_type, def.inputs[slots[i].canonical].name, "a tensor", "no input");
+    }
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU compute
+
+namespace {
+
+Status output_tensor(OrtKernelContext* ctx, size_t index, const Shape& shape, void** data) {
+  OrtValue* out = nullptr;
+  DCNKIT_RETURN_IF_ERROR(
+      from_ort(api().KernelContext_GetOutput(ctx, index, shape.data(), shape.size(), &out), "KernelContext_GetOutput"));
+  *data = nullptr;
+  if (out == nullptr) return Status::Ok();
+  return from_ort(api().GetTensorMutableData(out, data), "GetTensorMutableData");
+}
+
+size_t output_count(OrtKernelContext* ctx) {
+  size_t n = 0;
+  OrtStatus* st = api().KernelContext_GetOutputCount(ctx, &n);
+  if (st) api().ReleaseStatus(st);
+  return n;
+}
+
+template <typename T>
+const T* ptr(const TensorView& t) {
+  return t.present() ? static_cast<const T*>(t.data) : nullptr;
+}
+
+}  // namespace
+
+Status compute_cpu(Kernel& k, OrtKernelContext* ctx) {
+  TensorView in[kMaxInputs];
+  DCNKIT_RETURN_IF_ERROR(gather_inputs(k, ctx, in, kMaxInputs));
+  const char* op = k.variant->op_type;
+  CpuRun run;
+  run.context = ctx;
+  const CpuContext cpu = cpu_context(&run);
+  OrtMemoryInfo* mem = nullptr;
+  DCNKIT_RETURN_IF_ERROR(
+      from_ort(api().CreateCpuMemoryInfo(OrtArenaAllocator, OrtMemTypeDefault, &mem), "CreateCpuMemoryInfo"));
+  std::unique_ptr<OrtMemoryInfo, void (*)(OrtMemoryInfo*)> mem_guard(mem, [](OrtMemoryInfo* m) {
+    api().ReleaseMemoryInfo(m);
+  });
+
+  switch (k.variant->kind) {
+    case OpKind::kDeformConv2d: {
+      const TensorView &x = in[kDcInput], &off = in[kDcOffset], &w = in[kDcWeight], &b = in[kDcBias],
+                       &m = in[kDcMask];
+      DeformConv2dParams p;
+      DCNKIT_RETURN_IF_ERROR(make_deform_conv2d_params(op, x.shape, off.shape, w.shape,
+                                                       b.present() ? &b.shape : nullptr,
+                                                       m.present() ? &m.shape : nullptr, k.dcn, &p));
+      void* y = nullptr;
+      DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 0, p.output_shape(), &y));
+      Workspace ws;
+      DCNKIT_RETURN_IF_ERROR(
+          ws.allocate(ctx, mem, deform_conv2d_forward_workspace_cpu(p, DType::kFloat32, cpu.num_threads)));
+      return deform_conv2d_forward_cpu<float>(p, ptr<float>(x), ptr<float>(off), ptr<float>(w), ptr<float>(b),
+                                              ptr<float>(m), static_cast<float*>(y), ws.data(), cpu);
+    }
+    case OpKind::kRoIAlign: {
+      RoIAlignParams p;
+      DCNKIT_RETURN_IF_ERROR(make_roi_align_params(op, in[kRaInput].shape, in[kRaRois].shape, k.roi, &p));
+      void* y = nullptr;
+      DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 0, p.output_shape(), &y));
+      return roi_align_forward_cpu<float>(p, ptr<float>(in[kRaInput]), ptr<float>(in[kRaRois]),
+                                          static_cast<float*>(y), cpu);
+    }
+    case OpKind::kDeformRoIPool: {
+      const TensorView& off = in[kDrOffset];
+      DeformRoIPoolParams p;
+      DCNKIT_RETURN_IF_ERROR(make_deform_roi_pool_params(op, in[kDrInput].shape, in[kDrRois].shape,
+                                                         off.present() ? &off.shape : nullptr, k.droi, &p));
+      void* y = nullptr;
+      DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 0, p.output_shape(), &y));
+      return deform_roi_pool_forward_cpu<float>(p, ptr<float>(in[kDrInput]), ptr<float>(in[kDrRois]),
+                                                ptr<float>(off), static_cast<float*>(y), cpu);
+    }
+    case OpKind::kDeformPSRoIPool: {
+      const TensorView& tr = in[kPsTrans];
+      DeformPSRoIPoolParams p;
+      DCNKIT_RETURN_IF_ERROR(make_deform_psroi_pool_params(op, in[kPsInput].shape, in[kPsRois].shape,
+                                                           tr.present() ? &tr.shape : nullptr, k.psroi, &p));
+      void* y = nullptr;
+      DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 0, p.output_shape(), &y));
+      // The count output is optional in the model, not in the launcher.
+      void* count = nullptr;
+      std::vector<float> own_count;
+      if (output_count(ctx) > 1) DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 1, p.output_shape(), &count));
+      if (count == nullptr) {
+        int64_t n = 1;
+        for (int64_t d : p.output_shape()) n *= d;
+        own_count.resize(static_cast<size_t>(n));
+        count = own_count.data();
+      }
+      return deform_psroi_pool_forward_cpu<float>(p, ptr<float>(in[kPsInput]), ptr<float>(in[kPsRois]),
+                                                  ptr<float>(tr), static_cast<float*>(y),
+                                                  static_cast<float*>(count), cpu);
+    }
+  }
+  return Status::Internal("unknown op kind");
+}
+
+// ---------------------------------------------------------------------------------------------
+// OrtCustomOp
+
+namespace {
+
+constexpr const char* kCudaProvider = "CUDAExecutionProvider";
+
+struct CustomOp : OrtCustomOp {
+  const OpVariant* variant = nullptr;
+  bool cuda = false;
+  ONNXTensorElementDataType dtype = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+};
+
+const CustomOp& self(const OrtCustomOp* op) { return *static_cast<const CustomOp*>(op); }
+
+OrtStatusPtr ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*, const OrtKernelInfo* info,
+                                        void** kernel) {
+  const CustomOp& o = self(op);
+  auto k = std::make_unique<Kernel>();
+  k->variant = o.variant;
+  k->dtype = o.dtype;
+  k->cuda = o.cuda;
+  const std::string name = node_name(info);
+  k->prefix = std::string(o.variant->domain) + "::" + o.variant->op_type + " node '" + name + "': ";
+  std::vector<AttrValue> values;
+  Status s = read_attrs(info, *o.variant, &values);
+  if (s.ok()) s = set_attrs(*k, values);
+  if (!s.ok()) return to_ort(s, k->prefix);
+  *kernel = k.release();
+  return nullptr;
+}
+
+OrtStatusPtr ORT_API_CALL kernel_compute(void* kernel, OrtKernelContext* ctx) {
+  Kernel& k = *static_cast<Kernel*>(kernel);
+  Status s;
+  try {
+#ifdef DCNKIT_ORT_CUDA
+    s = k.cuda ? compute_cuda(k, ctx) : compute_cpu(k, ctx);
+#else
+    s = compute_cpu(k, ctx);
+#endif
+  } catch (const std::exception& e) {
+    s = Status::Internal(std::string("unexpected error: ") + e.what());
+  }
+  return to_ort(s, k.prefix);
+}
+
+void ORT_API_CALL kernel_destroy(void* kernel) {
+  auto* k = static_cast<Kernel*>(kernel);
+#ifdef DCNKIT_ORT_CUDA
+  if (k->cuda_state) destroy_cuda_state(k->cuda_state);
+#endif
+  delete k;
+}
+
+const char* ORT_API_CALL get_name(const OrtCustomOp* op) { return self(op).variant->op_type; }
+const char* ORT_API_CALL get_ep(const OrtCustomOp* op) { return self(op).cuda ? kCudaProvider : nullptr; }
+size_t ORT_API_CALL input_count(const OrtCustomOp* op) { return self(op).variant->inputs.size(); }
+size_t ORT_API_CALL output_count_fn(const OrtCustomOp* op) { return op_def(self(op).variant->kind).num_outputs; }
+ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp* op, size_t) { return self(op).dtype; }
+ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp* op, size_t) { return self(op).dtype; }
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_char(const OrtCustomOp* op, size_t i) {
+  return self(op).variant->inputs[i].optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+}
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_char(const OrtCustomOp* op, size_t i) {
+  return op_def(self(op).variant->kind).outputs[i].optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+}
+OrtMemType ORT_API_CALL input_mem(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
+int ORT_API_CALL variadic_min(const OrtCustomOp*) { return 1; }
+int ORT_API_CALL variadic_homog(const OrtCustomOp*) { return 1; }
+int ORT_API_CALL start_version(const OrtCustomOp*) { return 1; }
+int ORT_API_CALL end_version(const OrtCustomOp*) { return INT_MAX; }
+
+CustomOp make_op(const OpVariant* v, bool cuda, ONNXTensorElementDataType dtype) {
+  CustomOp op;
+  std::memset(static_cast<OrtCustomOp*>(&op), 0, sizeof(OrtCustomOp));
+  op.version = ORT_API_VERSION;
+  op.CreateKernel = nullptr;
+  op.GetName = &get_name;
+  op.GetExecutionProviderType = &get_ep;
+  op.GetInputType = &input_type;
+  op.GetInputTypeCount = &input_count;
+  op.GetOutputType = &output_type;
+  op.GetOutputTypeCount = &output_count_fn;
+  op.KernelCompute = nullptr;
+  op.KernelDestroy = &kernel_destroy;
+  op.GetInputCharacteristic = &input_char;
+  op.GetOutputCharacteristic = &output_char;
+  op.GetInputMemoryType = &input_mem;
+  op.GetVariadicInputMinArity = &variadic_min;
+  op.GetVariadicInputHomogeneity = &variadic_homog;
+  op.GetVariadicOutputMinArity = &variadic_min;
+  op.GetVariadicOutputHomogeneity = &variadic_homog;
+  op.CreateKernelV2 = &create_kernel;
+  op.KernelComputeV2 = &kernel_compute;
+  op.InferOutputShapeFn = nullptr;
+  op.GetStartVersion = &start_version;
+  op.GetEndVersion = &end_version;
+  op.variant = v;
+  op.cuda = cuda;
+  op.dtype = dtype;
+  return op;
+}
+
+// Every op the library registers, grouped by domain (CPU float32; CUDA float32 and float16).
+struct Registry {
+  std::vector<std::unique_ptr<CustomOp>> ops;
+  Registry() {
+    for (const OpVariant& v : op_variants()) {
+      ops.push_back(std::make_unique<CustomOp>(make_op(&v, false, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)));
+#ifdef DCNKIT_ORT_CUDA
+      ops.push_back(std::make_unique<CustomOp>(make_op(&v, true, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)));
+      ops.push_back(std::make_unique<CustomOp>(make_op(&v, true, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16)));
+#endif
+    }
+  }
+};
+
+const Registry& registry() {
+  static const Registry r;
+  return r;
+}
+
+}  // namespace
+
+OrtStatus* register_all(OrtSessionOptions* options) {
+  const OrtApi& a = api();
+  std::vector<std::string> domains;
+  for (const OpVariant& v : op_variants()) {
+    bool seen = false;
+    for (const auto& d : domains) seen = seen || d == v.domain;
+    if (!seen) domains.push_back(v.domain);
+  }
+  for (const std::string& d : domains) {
+    OrtCustomOpDomain* domain = nullptr;
+    if (OrtStatus* st = a.CreateCustomOpDomain(d.c_str(), &domain)) return st;
+    for (const auto& op : registry().ops) {
+      if (d != op->variant->domain) continue;
+      if (OrtStatus* st = a.CustomOpDomain_Add(domain, op.get())) return st;
+    }
+    // The domain must outlive every session that uses it: it is never released.
+    if (OrtStatus* st = a.AddCustomOpDomain(options, domain)) return st;
+  }
+  return nullptr;
+}
+
+}  // namespace dcnkit::ort
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  if (api_base == nullptr) return nullptr;
+  const OrtApi* a = api_base->GetApi(ORT_API_VERSION);
+  if (a == nullptr) {  // ONNX Runtime older than the headers we were built with
+    const OrtApi* v1 = api_base->GetApi(1);
+    return v1 ? v1->CreateStatus(ORT_FAIL, "dcnkit: this custom-op library needs ONNX Runtime >= 1.21") : nullptr;
+  }
+  dcnkit::ort::set_api(a);
+  return dcnkit::ort::register_all(options);
+}
