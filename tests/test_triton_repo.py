@@ -1,0 +1,212 @@
+"""dcnkit triton-repo: the written repository against the schema of Triton's model_config.proto.
+
+The config is parsed with protobuf's text-format parser over a descriptor of Triton's field names, numbers and
+types (dcnkit.runtime.triton.parse_config): unknown fields, wrong types and bad enum names fail. On top, the
+fields Triton's onnxruntime backend needs are checked one by one.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper  # noqa: E402
+
+from dcnkit.runtime import triton  # noqa: E402
+from dcnkit.server.cli import main as cli_main  # noqa: E402
+
+
+def _batch_model(dim0="batch"):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [dim0, 3, 8, 8])
+    s = helper.make_tensor_value_info("s", TensorProto.FLOAT16, [dim0, 1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [dim0, 3, 8, 8])
+    n = helper.make_node("Relu", ["x"], ["y"])
+    m = helper.make_node("Identity", ["s"], ["s_out"])
+    so = helper.make_tensor_value_info("s_out", TensorProto.FLOAT16, [dim0, 1])
+    g = helper.make_graph([n, m], "g", [x, s], [y, so])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    return model
+
+
+def _roi_model(custom: bool):
+    """An RoI model; with ``custom`` its node is the kit's dcnkit::RoIAlign (domain "dcnkit")."""
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 4, 16, 16])
+    rois = helper.make_tensor_value_info("rois", TensorProto.FLOAT, ["K", 5])
+    out = helper.make_tensor_value_info("output", TensorProto.FLOAT, ["K", 4, 2, 2])
+    if custom:
+        node = helper.make_node("RoIAlign", ["input", "rois"], ["output"], domain="dcnkit", output_size=[2, 2],
+                                spatial_scale=1.0, sampling_ratio=2, aligned=1)
+        opsets = [helper.make_opsetid("", 18), helper.make_opsetid("dcnkit", 1)]
+    else:
+        node = helper.make_node("Identity", ["input"], ["output"])
+        opsets = [helper.make_opsetid("", 18)]
+    g = helper.make_graph([node], "roi", [x, rois], [out])
+    model = helper.make_model(g, opset_imports=opsets)
+    model.ir_version = 9
+    return model
+
+
+def _parse(model_dir):
+    return triton.parse_config((model_dir / "config.pbtxt").read_text())
+
+
+def test_batched_model_repository(tmp_path):
+    path = tmp_path / "seg_net.onnx"
+    onnx.save(_batch_model(), str(path))
+    d = triton.write_repository(path, tmp_path / "repo", max_batch_size=16, preferred_batch_sizes=[4, 8],
+                                max_queue_delay_us=500, max_queue_size=32, instance_kind="KIND_GPU",
+                                instance_count=2)
+    assert d == tmp_path / "repo" / "seg_net"  # name from the file's stem
+    assert sorted(p.name for p in d.iterdir()) == ["1", "config.pbtxt"]  # standard ops: no library
+    cfg = _parse(d)
+    assert cfg.name == "seg_net" and cfg.platform == "onnxruntime_onnx"
+    assert cfg.max_batch_size == 16
+    assert [(i.name, i.data_type, list(i.dims)) for i in cfg.input] == [("x", 11, [3, 8, 8]), ("s", 10, [1])]
+    assert [(o.name, o.data_type, list(o.dims)) for o in cfg.output] == [("y", 11, [3, 8, 8]), ("s_out", 10, [1])]
+    assert list(cfg.dynamic_batching.preferred_batch_size) == [4, 8]
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 500
+    assert cfg.dynamic_batching.default_queue_policy.max_queue_size == 32
+    assert cfg.instance_group[0].kind == 1 and cfg.instance_group[0].count == 2  # KIND_GPU
+    assert not cfg.HasField("model_operations")
+    text = (d / "config.pbtxt").read_text()
+    assert re.search(r"data_type: TYPE_FP32", text) and re.search(r"data_type: TYPE_FP16", text)
+    saved = onnx.load(str(d / "1" / "model.onnx"))
+    assert saved.graph == _batch_model().graph
+    assert triton.check_repository(d) == []
+
+
+def test_default_batch_size_and_unbatchable_models(tmp_path):
+    d = triton.write_repository(_batch_model(), tmp_path, name="a")
+    assert _parse(d).max_batch_size == triton.DEFAULT_MAX_BATCH_SIZE
+    # An RoI model: inputs N / K do not share a batch dim -> max_batch_size 0, full dims, no dynamic batching.
+    d = triton.write_repository(_roi_model(False), tmp_path, name="roi")
+    cfg = _parse(d)
+    assert cfg.max_batch_size == 0 and not cfg.HasField("dynamic_batching")
+    assert [list(i.dims) for i in cfg.input] == [[-1, 4, 16, 16], [-1, 5]]
+    assert triton.check_repository(d) == []
+    with pytest.raises(ValueError, match=r"max_batch_size: expected 0 for this model \(the first dims differ "
+                                         r"\(input: N, rois: K, output: K\).*got 4"):
+        triton.write_repository(_roi_model(False), tmp_path, name="roi2", max_batch_size=4)
+    # A fixed first dim cannot be batched either.
+    with pytest.raises(ValueError, match=r"input 'x' has a fixed first dim \(1\)"):
+        triton.write_repository(_batch_model(dim0=1), tmp_path, name="fixed", max_batch_size=2)
+    d = triton.write_repository(_batch_model(dim0=1), tmp_path, name="fixed")
+    assert _parse(d).max_batch_size == 0 and list(_parse(d).input[0].dims) == [1, 3, 8, 8]
+
+
+def test_custom_op_model_references_the_library(tmp_path, monkeypatch):
+    fake_lib = tmp_path / "libdcnkit_ort.so"
+    fake_lib.write_bytes(b"\x7fELF fake")
+    import dcnkit
+
+    monkeypatch.setattr(dcnkit, "ort_library", lambda: str(fake_lib))
+    d = triton.write_repository(_roi_model(True), tmp_path / "repo", name="roi_head")
+    cfg = _parse(d)
+    assert list(cfg.model_operations.op_library_filename) == ["/models/roi_head/libdcnkit_ort.so"]
+    assert (d / "libdcnkit_ort.so").read_bytes() == b"\x7fELF fake"
+    assert triton.check_repository(d) == []
+    d = triton.write_repository(_roi_model(True), tmp_path / "repo2", name="r", container_repository="/srv/repo")
+    assert list(_parse(d).model_operations.op_library_filename) == ["/srv/repo/r/libdcnkit_ort.so"]
+    d = triton.write_repository(_roi_model(True), tmp_path / "repo3", name="r",
+                                library_path="/opt/dcnkit/lib/libdcnkit_ort.so")
+    assert list(_parse(d).model_operations.op_library_filename) == ["/opt/dcnkit/lib/libdcnkit_ort.so"]
+    assert not (d / "libdcnkit_ort.so").exists()
+
+
+def test_real_library_is_copied(tmp_path):
+    import dcnkit
+
+    try:
+        lib = dcnkit.ort_library()
+    except FileNotFoundError:
+        pytest.skip("the kit's ONNX Runtime library is not built here")
+    d = triton.write_repository(_roi_model(True), tmp_path, name="r")
+    assert (d / triton.LIBRARY_FILENAME).read_bytes() == open(lib, "rb").read()
+
+
+def test_writer_errors(tmp_path):
+    with pytest.raises(ValueError, match="backend: 'tensorrt' model repositories .* not implemented yet"):
+        triton.write_repository(_batch_model(), tmp_path, name="m", backend="tensorrt")
+    with pytest.raises(ValueError, match="backend: expected 'onnxruntime' or 'tensorrt', got 'tf'"):
+        triton.write_repository(_batch_model(), tmp_path, name="m", backend="tf")
+    with pytest.raises(ValueError, match="name: expected a model name"):
+        triton.write_repository(_batch_model(), tmp_path)
+    with pytest.raises(ValueError, match="name: expected a plain directory name, got 'a/b'"):
+        triton.write_repository(_batch_model(), tmp_path, name="a/b")
+    with pytest.raises(ValueError, match=r"preferred_batch_sizes: expected values in \[1, 4\], got \[8\]"):
+        triton.write_repository(_batch_model(), tmp_path, name="m", max_batch_size=4, preferred_batch_sizes=[8])
+    with pytest.raises(FileNotFoundError, match="model: expected an existing ONNX file"):
+        triton.write_repository(tmp_path / "nope.onnx", tmp_path)
+    triton.write_repository(_batch_model(), tmp_path, name="m")
+    with pytest.raises(FileExistsError, match="exists"):
+        triton.write_repository(_batch_model(), tmp_path, name="m")
+    triton.write_repository(_batch_model(), tmp_path, name="m", overwrite=True, max_batch_size=2)
+    assert _parse(tmp_path / "m").max_batch_size == 2
+
+
+def test_parse_config_is_strict():
+    from google.protobuf.text_format import ParseError
+
+    ok = 'name: "m"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 2\ninput [ { name: "x" data_type: TYPE_FP32 ' \
+         'dims: [ 3 ] } ]'
+    assert triton.parse_config(ok).input[0].dims == [3]
+    with pytest.raises(ParseError, match="max_batch_sise"):
+        triton.parse_config('max_batch_sise: 2')
+    with pytest.raises(ParseError, match="TYPE_FLOAT"):
+        triton.parse_config('input [ { name: "x" data_type: TYPE_FLOAT dims: [ 3 ] } ]')
+    with pytest.raises(ParseError):
+        triton.parse_config('max_batch_size: "two"')
+
+
+def test_check_repository_finds_problems(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    assert triton.check_repository(d) == [f"{d / 'config.pbtxt'}: missing"]
+    (d / "config.pbtxt").write_text('name: "other"\nplatform: "tensorflow_savedmodel"\nmax_batch_size: 0\n'
+                                    'input [ { name: "x" dims: [ 0 ] } ]\ndynamic_batching { }\n')
+    problems = "\n".join(triton.check_repository(d))
+    for want in ("name: expected the directory name 'm', got 'other'", "platform/backend: expected onnxruntime",
+                 "no numeric version directory", "input 'x': data_type missing", "output: none declared",
+                 "dims must be -1 or positive", "dynamic_batching: needs max_batch_size > 0"):
+        assert want in problems
+
+
+def test_pbtxt_round_trip_of_model_config():
+    sig = triton.Signature.of(_batch_model())
+    cfg = triton.model_config(sig, "m", max_batch_size=4, op_libraries=["/models/m/libdcnkit_ort.so"])
+    msg = triton.parse_config(triton.to_pbtxt(cfg))
+    assert msg.name == "m" and msg.max_batch_size == 4
+    assert [i.name for i in msg.input] == ["x", "s"] and list(msg.output[0].dims) == [3, 8, 8]
+    assert list(msg.model_operations.op_library_filename) == ["/models/m/libdcnkit_ort.so"]
+
+
+def test_dtype_maps():
+    assert triton.v2_datatype(np.float32) == "FP32" and triton.numpy_dtype("INT64") == np.int64
+    assert triton.triton_data_type(np.bool_) == "TYPE_BOOL"
+    with pytest.raises(ValueError, match="datatype: expected one of .* got 'FLOAT'"):
+        triton.numpy_dtype("FLOAT")
+    with pytest.raises(ValueError, match="dtype: expected one of .* got complex64"):
+        triton.v2_datatype(np.complex64)
+
+
+def test_cli_triton_repo(tmp_path, capsys):
+    path = tmp_path / "net.onnx"
+    onnx.save(_batch_model(), str(path))
+    out = tmp_path / "repo"
+    assert cli_main(["triton-repo", str(path), "-o", str(out), "--max-batch-size", "4",
+                     "--preferred-batch-size", "2", "--instance-kind", "KIND_CPU"]) == 0
+    printed = capsys.readouterr().out
+    assert "wrote" in printed and "tritonserver --model-repository=/models" in printed
+    cfg = _parse(out / "net")
+    assert cfg.max_batch_size == 4 and list(cfg.dynamic_batching.preferred_batch_size) == [2]
+    assert cfg.instance_group[0].kind == 2  # KIND_CPU
+    assert cli_main(["triton-repo", str(path), "-o", str(out)]) == 2
+    assert "exists (pass overwrite=True / --overwrite" in capsys.readouterr().err
+    assert cli_main(["triton-repo", str(path), "-o", str(out), "--backend", "tensorrt"]) == 2
+    assert "not implemented yet" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["triton-repo", str(path), "-o", str(out), "--max-batch-size", "-1"])
+    assert "expected an integer >= 0, got -1" in capsys.readouterr().err
