@@ -47,4 +47,5 @@ export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 export DCNKIT_ORT_INCLUDE_DIR="$ort_inc"
 log "building and installing dcnkit"
 "$py" -m pip install -q --no-build-isolation --no-deps -e "$root"
-log "done: $("$py" -c 'import dcnkit; print("dcnkit", dcnkit.__version__, "cuda compiled:", dcnkit.cuda_compiled())')"
+summary=$("$py" -c 'import dcnkit; print("dcnkit", dcnkit.__version__, "| CUDA kernels compiled:", dcnkit.cuda_compiled(), "| ORT library:", dcnkit.ort_library())')
+log "done: $summary"
