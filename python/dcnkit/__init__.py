@@ -37,3 +37,4 @@ except ImportError:  # pragma: no cover
 else:
     from dcnkit import ops  # noqa: F401,E402
     from dcnkit import nn  # noqa: F401,E402
+    from dcnkit.export import _register  # noqa: F401,E402  (plain torch.onnx.export handles dcnkit ops)

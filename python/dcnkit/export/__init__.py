@@ -1,0 +1,46 @@
+"""ONNX export of models that use dcnkit's operators.
+
+After ``import dcnkit``, plain ``torch.onnx.export(model, args, path)`` works with ``dynamo=True``
+(the default) and ``dynamo=False``. Each op becomes a standard ONNX op where the semantics are
+identical (``deform_conv2d`` -> ``DeformConv`` from opset 19, ``roi_align`` avg -> ``RoiAlign``),
+otherwise a node of the ``dcnkit`` domain (opset 1; op types, input order and attribute names from
+``dcnkit.op_defs()``). ``with dcnkit.export.custom_ops_only():`` (or ``standard_ops(False)``) makes
+every op a ``dcnkit`` node.
+
+``to_onnx`` wraps the export with argument checks, dynamic batch / RoI-count axes, the checker and
+strict shape inference. ``register_onnx_schemas`` makes onnx itself know the ``dcnkit`` domain.
+"""
+from dcnkit.export._lowering import (
+    custom_ops_only,
+    set_standard_ops,
+    standard_ops,
+    standard_ops_enabled,
+)
+from dcnkit.export._onnx import to_onnx
+from dcnkit.export.schemas import register_onnx_schemas
+
+
+def domain() -> str:
+    """The custom ONNX domain of dcnkit's nodes (``"dcnkit"``)."""
+    from dcnkit.export import _table
+
+    return _table.domain()
+
+
+def domain_opset() -> int:
+    """The version of the custom domain (1)."""
+    from dcnkit.export import _table
+
+    return _table.opset()
+
+
+__all__ = [
+    "to_onnx",
+    "register_onnx_schemas",
+    "standard_ops",
+    "custom_ops_only",
+    "set_standard_ops",
+    "standard_ops_enabled",
+    "domain",
+    "domain_opset",
+]

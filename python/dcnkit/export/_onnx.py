@@ -1,0 +1,261 @@
+"""``dcnkit.export.to_onnx``: torch.onnx.export with dcnkit's checks around it."""
+from __future__ import annotations
+
+import inspect
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+_BATCH = "batch"
+_NUM_ROIS = "num_rois"
+_MIN_OPSET = 18  # the dynamo exporter's lowest opset; RoiAlign needs 16, DeformConv 19
+_DEFORM_CONV_OPSET = 19
+
+
+def _fail(arg: str, expected: str, got: Any, exc: type[Exception] = ValueError) -> None:
+    raise exc(f"to_onnx: {arg}: expected {expected}, got {got}")
+
+
+def _type_name(v: Any) -> str:
+    return type(v).__name__
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        _fail(name, "a bool", _type_name(value), TypeError)
+
+
+def _default_input_names(model: Any, n: int) -> list[str]:
+    try:
+        params = [
+            p
+            for p in inspect.signature(model.forward).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        params = []
+    if len(params) >= n:
+        return [p.name for p in params[:n]]
+    return [f"input_{i}" for i in range(n)]
+
+
+def _check_names(arg: str, names: Any, count: int | None) -> list[str]:
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        _fail(arg, "a sequence of str", _type_name(names), TypeError)
+    names = list(names)
+    bad = [n for n in names if not isinstance(n, str) or not n]
+    if bad:
+        _fail(arg, "non-empty str names", repr(bad[0]), TypeError)
+    if len(set(names)) != len(names):
+        _fail(arg, "unique names", names)
+    if count is not None and len(names) != count:
+        _fail(arg, f"{count} name(s) (one per {arg.split('_')[0]})", f"{len(names)}: {names}")
+    return names
+
+
+def _count_outputs(model: Any, args: tuple, kwargs: dict) -> int:
+    import torch
+
+    with torch.no_grad():
+        out = model(*args, **kwargs)
+    if isinstance(out, torch.Tensor):
+        return 1
+    if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
+        return len(out)
+    _fail("model", "a model returning a tensor or a tuple/list of tensors", _type_name(out), TypeError)
+    return 0
+
+
+def _param_bytes(model: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+
+
+def to_onnx(
+    model: Any,
+    args: Any,
+    path: str | os.PathLike,
+    *,
+    standard_ops: bool = True,
+    dynamic_batch: bool = True,
+    dynamic_rois: bool = True,
+    roi_inputs: Sequence[str] | None = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    opset_version: int | None = None,
+    opset: int | None = None,
+    dynamo: bool = True,
+    kwargs: dict[str, Any] | None = None,
+    check: bool = True,
+    external_data: bool | None = None,
+    **export_options: Any,
+) -> str:
+    """Exports ``model(*args)`` to ONNX at ``path`` and checks the result; returns the path.
+
+    Args:
+        model: a ``torch.nn.Module`` (put in eval mode by you; a module in training mode warns).
+        args: the example inputs, a tensor or a tuple of tensors.
+        path: the ``.onnx`` file to write (its folder must exist).
+        standard_ops: map ops to standard ONNX ops where identical (``DeformConv``, ``RoiAlign``);
+            False makes every dcnkit op a node of the ``dcnkit`` domain (run it with
+            ``dcnkit.runtime.ort_session``).
+        dynamic_batch: make dim 0 of every input (except RoI inputs) a ``batch`` axis.
+        dynamic_rois: make dim 0 of every RoI input a ``num_rois`` axis.
+        roi_inputs: names of the inputs whose dim 0 is the RoI count (``rois (K, 5)``, also
+            per-RoI offsets); default: the inputs whose name contains ``roi``.
+        input_names: default: the names of ``model.forward``'s parameters.
+        output_names: default: ``output`` for one output, else ``output_0``, ``output_1``, ...
+        opset / opset_version: default 20 (give one of the two names); >= 19 is needed for ``DeformConv`` (below that, deform_conv2d
+            is exported as ``dcnkit::DeformConv2d``); the TorchScript exporter supports up to 20.
+        dynamo: True for torch.export-based export (torch's default), False for the TorchScript one.
+        kwargs: keyword inputs of ``model``.
+        check: run ``onnx.checker`` (full check) and strict shape inference on the result.
+        external_data: store weights in a side file; default only when they exceed 1.5 GiB.
+        export_options: passed on to ``torch.onnx.export``.
+    """
+    import torch
+
+    from dcnkit.export import _dynamo, _legacy, _lowering
+    from dcnkit.export.schemas import register_onnx_schemas
+
+    if not isinstance(model, torch.nn.Module):
+        _fail("model", "a torch.nn.Module", _type_name(model), TypeError)
+    if isinstance(args, torch.Tensor):
+        args = (args,)
+    if not isinstance(args, (tuple, list)) or not args:
+        _fail("args", "a tensor or a non-empty tuple of tensors", _type_name(args) if not isinstance(args, (tuple, list)) else "an empty tuple", TypeError)
+    args = tuple(args)
+    for i, a in enumerate(args):
+        if not isinstance(a, torch.Tensor):
+            _fail(f"args[{i}]", "a torch.Tensor", _type_name(a), TypeError)
+    if not isinstance(path, (str, os.PathLike)):
+        _fail("path", "a str or os.PathLike", _type_name(path), TypeError)
+    path = Path(path)
+    if not path.parent.is_dir():
+        _fail("path", "a file in an existing folder", str(path))
+    for name, value in (
+        ("standard_ops", standard_ops),
+        ("dynamic_batch", dynamic_batch),
+        ("dynamic_rois", dynamic_rois),
+        ("dynamo", dynamo),
+        ("check", check),
+    ):
+        _check_bool(name, value)
+    if kwargs is not None and not isinstance(kwargs, dict):
+        _fail("kwargs", "a dict or None", _type_name(kwargs), TypeError)
+    kwargs = dict(kwargs or {})
+    from torch.onnx import _constants
+
+    if opset is not None:
+        if opset_version is not None and opset_version != opset:
+            _fail("opset", f"the same value as opset_version ({opset_version}) or None", opset)
+        opset_version = opset
+    max_opset = _constants.ONNX_MAX_OPSET if dynamo else _constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET
+    if opset_version is None:
+        opset_version = _constants.ONNX_DEFAULT_OPSET
+    if isinstance(opset_version, bool) or not isinstance(opset_version, int):
+        _fail("opset_version", "an int or None", _type_name(opset_version), TypeError)
+    if not _MIN_OPSET <= opset_version <= max_opset:
+        exporter = "dynamo" if dynamo else "TorchScript"
+        _fail("opset_version", f"{_MIN_OPSET}..{max_opset} (the {exporter} exporter)", opset_version)
+    if standard_ops and opset_version < _DEFORM_CONV_OPSET:
+        warnings.warn(
+            f"to_onnx: opset_version {opset_version} < {_DEFORM_CONV_OPSET}: deform_conv2d is exported "
+            "as dcnkit::DeformConv2d, not the standard DeformConv",
+            stacklevel=2,
+        )
+    if external_data is not None:
+        _check_bool("external_data", external_data)
+    for reserved in ("f", "dynamic_axes", "dynamic_shapes"):
+        if reserved in export_options:
+            _fail(reserved, "not given (to_onnx sets it from its own arguments)", "a value", TypeError)
+
+    in_names = (
+        _default_input_names(model, len(args))
+        if input_names is None
+        else _check_names("input_names", input_names, len(args))
+    )
+    n_out = _count_outputs(model, args, kwargs)
+    if output_names is None:
+        out_names = ["output"] if n_out == 1 else [f"output_{i}" for i in range(n_out)]
+    else:
+        out_names = _check_names("output_names", output_names, n_out)
+    if roi_inputs is None:
+        rois = [n for n in in_names if "roi" in n.lower()]
+    else:
+        rois = _check_names("roi_inputs", roi_inputs, None)
+        unknown = [n for n in rois if n not in in_names]
+        if unknown:
+            _fail("roi_inputs", f"names among input_names {in_names}", unknown)
+
+    axes: list[dict[int, str] | None] = []
+    for name, a in zip(in_names, args):
+        if a.dim() == 0:
+            axes.append(None)
+        elif name in rois:
+            axes.append({0: _NUM_ROIS} if dynamic_rois else None)
+        else:
+            axes.append({0: _BATCH} if dynamic_batch else None)
+    if external_data is None:
+        external_data = _param_bytes(model) > (3 << 29)
+
+    options: dict[str, Any] = dict(
+        input_names=in_names,
+        output_names=out_names,
+        opset_version=opset_version,
+        dynamo=dynamo,
+    )
+    if kwargs:
+        options["kwargs"] = kwargs
+    if dynamo:
+        _dynamo.ensure_registered()
+        options["dynamic_shapes"] = tuple(axes) if any(axes) else None
+        options["external_data"] = external_data
+    else:
+        _legacy.register()
+        options["dynamic_axes"] = {n: ax for n, ax in zip(in_names, axes) if ax}
+    options.update(export_options)
+
+    register_onnx_schemas()
+    with _lowering.standard_ops(standard_ops), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*'dynamic_axes' is not recommended.*")
+        torch.onnx.export(model, args, str(path), **options)
+
+    if not dynamo:
+        _relabel_outputs(path)
+    if check:
+        check_model(path)
+    return str(path)
+
+
+def _relabel_outputs(path: Path) -> None:
+    """TorchScript exports give the outputs of dcnkit-domain nodes fresh dim names: recompute the
+    value shapes and graph output shapes with ONNX shape inference (our schemas), so an output's
+    RoI axis is ``num_rois`` and its batch axis ``batch``."""
+    import onnx
+
+    from dcnkit.export import _table
+
+    model = onnx.load(str(path), load_external_data=False)
+    if not any(n.domain == _table.domain() for n in model.graph.node):
+        return
+    del model.graph.value_info[:]
+    for out in model.graph.output:
+        if out.type.tensor_type.HasField("shape"):
+            out.type.tensor_type.ClearField("shape")
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    onnx.save(inferred, str(path))
+
+
+def check_model(path: str | os.PathLike) -> Any:
+    """Runs ``onnx.checker`` (full check) and strict shape inference on the model at ``path``;
+    returns the model with inferred shapes."""
+    import onnx
+
+    from dcnkit.export.schemas import register_onnx_schemas
+
+    register_onnx_schemas()
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model, full_check=True)
+    return onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)

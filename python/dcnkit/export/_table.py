@@ -1,0 +1,132 @@
+"""The operator table (``dcnkit.op_defs()``, from the C++ core) seen from the exporter.
+
+Input order, attribute names, kinds and defaults come from the table; nothing here spells them again.
+The only knowledge added is how a torch schema's scalar arguments fill the table's attributes: in
+order, an ``ints`` attribute taking as many scalars as its default has entries (``stride_h, stride_w``
+fill ``stride``). Attributes left over are derived from absent optional inputs (``no_trans``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from typing import Any
+
+# Attribute kinds of the table -> the Python type of their values.
+_KIND_TYPES = {"int": int, "ints": list, "float": float, "string": str}
+
+
+@dataclasses.dataclass(frozen=True)
+class AttrInfo:
+    name: str
+    kind: str  # "int" | "ints" | "float" | "string"
+    default: Any
+    doc: str
+
+    @property
+    def arity(self) -> int:
+        return len(self.default) if self.kind == "ints" else 1
+
+    def convert(self, value: Any) -> Any:
+        """``value`` as this attribute's kind (bool -> int, int -> float, tuple -> list)."""
+        if self.kind == "ints":
+            return [int(v) for v in value]
+        return _KIND_TYPES[self.kind](value)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    optional: bool
+    doc: str
+
+
+@dataclasses.dataclass(frozen=True)
+class OpInfo:
+    name: str  # snake_case, torch op name
+    onnx_type: str  # CamelCase, op type in the dcnkit ONNX domain
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    attrs: tuple[AttrInfo, ...]
+
+    def attr(self, name: str) -> AttrInfo:
+        for a in self.attrs:
+            if a.name == name:
+                return a
+        raise KeyError(f"{self.onnx_type}: no attribute {name!r} in the op table")
+
+    def defaults(self) -> dict[str, Any]:
+        return {a.name: a.default for a in self.attrs}
+
+
+def _parse_default(kind: str, text: str) -> Any:
+    if kind == "string":
+        return text
+    value = json.loads(text)
+    return [int(v) for v in value] if kind == "ints" else _KIND_TYPES[kind](value)
+
+
+@functools.lru_cache(maxsize=None)
+def _load() -> tuple[str, int, dict[str, OpInfo]]:
+    from dcnkit import op_defs
+
+    table = op_defs()
+    ops = {}
+    for d in table["ops"]:
+        ops[d["name"]] = OpInfo(
+            name=d["name"],
+            onnx_type=d["onnx_type"],
+            inputs=tuple(TensorInfo(t["name"], bool(t["optional"]), t["doc"]) for t in d["inputs"]),
+            outputs=tuple(TensorInfo(t["name"], bool(t["optional"]), t["doc"]) for t in d["outputs"]),
+            attrs=tuple(
+                AttrInfo(a["name"], a["kind"], _parse_default(a["kind"], a["default"]), a["doc"])
+                for a in d["attrs"]
+            ),
+        )
+    return table["domain"], int(table["opset"]), ops
+
+
+def domain() -> str:
+    return _load()[0]
+
+
+def opset() -> int:
+    return _load()[1]
+
+
+def ops() -> dict[str, OpInfo]:
+    """snake_case op name -> OpInfo, in table order."""
+    return _load()[2]
+
+
+def op(name: str) -> OpInfo:
+    try:
+        return ops()[name]
+    except KeyError:
+        raise KeyError(f"dcnkit: no operator {name!r} in the op table (have: {', '.join(ops())})") from None
+
+
+def attrs_from_scalars(info: OpInfo, scalars: list[Any], derived: dict[str, Any]) -> dict[str, Any]:
+    """Fills the table's attributes, in order, from a torch schema's scalar arguments.
+
+    ``derived`` gives the attributes that have no torch argument (computed by the caller).
+    """
+    out: dict[str, Any] = {}
+    pos = 0
+    for a in info.attrs:
+        if a.name in derived:
+            out[a.name] = a.convert(derived[a.name])
+            continue
+        if pos + a.arity > len(scalars):
+            raise ValueError(
+                f"{info.onnx_type}: attribute {a.name}: expected {a.arity} more scalar argument(s) "
+                f"from the torch schema, got {len(scalars) - pos}"
+            )
+        value = scalars[pos : pos + a.arity] if a.kind == "ints" else scalars[pos]
+        out[a.name] = a.convert(value)
+        pos += a.arity
+    if pos != len(scalars):
+        raise ValueError(
+            f"{info.onnx_type}: expected {pos} scalar arguments from the torch schema, got {len(scalars)}"
+        )
+    return out

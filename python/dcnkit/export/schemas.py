@@ -1,0 +1,279 @@
+"""ONNX schemas of the ``dcnkit`` domain, built from the op table, with type and shape inference.
+
+After ``register_onnx_schemas()``, ``onnx.checker.check_model(model, full_check=True)`` and
+``onnx.shape_inference.infer_shapes(model, strict_mode=True)`` accept our nodes and infer their
+outputs: element type of ``input``; shapes ``(N, Cout, Ho, Wo)`` for DeformConv2d, ``(K, C, oh, ow)``
+for RoIAlign / DeformRoIPool and ``(K, output_dim, P, P)`` for DeformPSRoIPool, symbolic dims kept.
+onnx >= 1.18 runs a Python inference function set with
+``OpSchema.set_type_and_shape_inference_function`` (also in strict mode); inconsistent inputs raise
+with the core's message format (``<op>: <arg>: expected <x>, got <y>``).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from dcnkit.export import _table
+
+_TYPES = ["tensor(float)", "tensor(float16)", "tensor(double)", "tensor(bfloat16)"]
+_lock = threading.Lock()
+_registered = False
+
+
+class _Dim:
+    """A dimension as known to shape inference: an int, a symbol (str) or unknown (None)."""
+
+    @staticmethod
+    def read(d: Any) -> int | str | None:
+        if d.HasField("dim_value"):
+            return int(d.dim_value)
+        if d.HasField("dim_param"):
+            return d.dim_param
+        return None
+
+    @staticmethod
+    def write(proto_dim: Any, value: int | str | None) -> None:
+        if isinstance(value, int):
+            proto_dim.dim_value = value
+        elif isinstance(value, str):
+            proto_dim.dim_param = value
+
+
+def _shape(ctx: Any, i: int) -> list[int | str | None] | None:
+    """Input i's dims, or None when absent or of unknown rank."""
+    if i >= ctx.get_num_inputs() or not ctx.has_input(i):
+        return None
+    t = ctx.get_input_type(i)
+    if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+        return None
+    return [_Dim.read(d) for d in t.tensor_type.shape.dim]
+
+
+def _fail(op: str, arg: str, expected: Any, got: Any) -> None:
+    raise ValueError(f"{op}: {arg}: expected {expected}, got {got}")
+
+
+def _check_rank(op: str, arg: str, shape: list | None, rank: int) -> None:
+    if shape is not None and len(shape) != rank:
+        _fail(op, arg, f"rank {rank}", f"rank {len(shape)}")
+
+
+def _check_dim(op: str, arg: str, got: int | str | None, expected: int | None) -> None:
+    if isinstance(got, int) and expected is not None and got != expected:
+        _fail(op, arg, expected, got)
+
+
+def _attrs(ctx: Any, info: _table.OpInfo) -> dict[str, Any]:
+    import onnx
+
+    out = info.defaults()
+    for a in info.attrs:
+        proto = ctx.get_attribute(a.name)
+        if proto is not None:
+            value = onnx.helper.get_attribute_value(proto)
+            out[a.name] = a.convert(value.decode() if isinstance(value, bytes) else value)
+    return out
+
+
+def _conv_out(size: int | str | None, k: int | str | None, s: int, p: int, d: int) -> int | None:
+    if isinstance(size, int) and isinstance(k, int):
+        return (size + 2 * p - (d * (k - 1) + 1)) // s + 1
+    return None
+
+
+def _infer_deform_conv2d(info, ctx, attrs):
+    op = info.onnx_type
+    x, offset, w = _shape(ctx, 0), _shape(ctx, 1), _shape(ctx, 2)
+    bias = _shape(ctx, 3)
+    mask = _shape(ctx, 4)
+    for arg, s in (("input", x), ("offset", offset), ("weight", w), ("mask", mask)):
+        _check_rank(op, arg, s, 4)
+    _check_rank(op, "bias", bias, 1)
+    for a in ("stride", "dilation"):
+        if len(attrs[a]) != 2 or min(attrs[a]) < 1:
+            _fail(op, a, "2 values >= 1", attrs[a])
+    if len(attrs["padding"]) != 2 or min(attrs["padding"]) < 0:
+        _fail(op, "padding", "2 values >= 0", attrs["padding"])
+    groups, dg = attrs["groups"], attrs["deformable_groups"]
+    if groups < 1:
+        _fail(op, "groups", ">= 1", groups)
+    if dg < 1:
+        _fail(op, "deformable_groups", ">= 1", dg)
+    (sh, sw), (ph, pw), (dh, dw) = attrs["stride"], attrs["padding"], attrs["dilation"]
+    n = x[0] if x else (offset[0] if offset else None)
+    cout = w[0] if w else None
+    kh, kw = (w[2], w[3]) if w else (None, None)
+    ho = _conv_out(x[2], kh, sh, ph, dh) if x else None
+    wo = _conv_out(x[3], kw, sw, pw, dw) if x else None
+    if x and w and isinstance(x[1], int) and isinstance(w[1], int):
+        _check_dim(op, "weight.shape[1]", w[1], x[1] // groups if x[1] % groups == 0 else None)
+        if x[1] % groups:
+            _fail(op, "groups", f"a divisor of Cin={x[1]}", groups)
+        if x[1] % dg:
+            _fail(op, "deformable_groups", f"a divisor of Cin={x[1]}", dg)
+    if isinstance(cout, int) and cout % groups:
+        _fail(op, "groups", f"a divisor of Cout={cout}", groups)
+    if bias:
+        _check_dim(op, "bias.shape[0]", bias[0], cout if isinstance(cout, int) else None)
+    if offset:
+        kk = kh * kw if isinstance(kh, int) and isinstance(kw, int) else None
+        _check_dim(op, "offset.shape[1]", offset[1], 2 * dg * kk if kk else None)
+        _check_dim(op, "offset.shape[2]", offset[2], ho)
+        _check_dim(op, "offset.shape[3]", offset[3], wo)
+        # Sizes unknown from input and weight (symbolic H, W) are the offset's.
+        ho = ho if ho is not None else offset[2]
+        wo = wo if wo is not None else offset[3]
+    if mask:
+        kk = kh * kw if isinstance(kh, int) and isinstance(kw, int) else None
+        _check_dim(op, "mask.shape[1]", mask[1], dg * kk if kk else None)
+    if isinstance(ho, int) and (ho < 1 or (isinstance(wo, int) and wo < 1)):
+        _fail(op, "input", "a spatial size giving an output of at least 1x1", f"{ho}x{wo}")
+    return [[n, cout, ho, wo]]
+
+
+def _check_rois(op: str, rois: list | None) -> int | str | None:
+    _check_rank(op, "rois", rois, 2)
+    if rois:
+        _check_dim(op, "rois.shape[1]", rois[1], 5)
+        return rois[0]
+    return None
+
+
+def _output_size(op: str, attrs: dict[str, Any]) -> tuple[int, int]:
+    size = attrs["output_size"]
+    if len(size) != 2 or min(size) < 1:
+        _fail(op, "output_size", "2 values >= 1", size)
+    return int(size[0]), int(size[1])
+
+
+def _infer_roi_align(info, ctx, attrs):
+    op = info.onnx_type
+    x = _shape(ctx, 0)
+    _check_rank(op, "input", x, 4)
+    k = _check_rois(op, _shape(ctx, 1))
+    oh, ow = _output_size(op, attrs)
+    if attrs["pool_mode"] not in ("avg", "max"):
+        _fail(op, "pool_mode", "avg or max", repr(attrs["pool_mode"]))
+    return [[k, x[1] if x else None, oh, ow]]
+
+
+def _infer_deform_roi_pool(info, ctx, attrs):
+    op = info.onnx_type
+    x = _shape(ctx, 0)
+    _check_rank(op, "input", x, 4)
+    k = _check_rois(op, _shape(ctx, 1))
+    oh, ow = _output_size(op, attrs)
+    offset = _shape(ctx, 2)
+    _check_rank(op, "offset", offset, 4)
+    if offset:
+        _check_dim(op, "offset.shape[1]", offset[1], 2)
+        _check_dim(op, "offset.shape[2]", offset[2], oh)
+        _check_dim(op, "offset.shape[3]", offset[3], ow)
+        k = k if k is not None else offset[0]
+    return [[k, x[1] if x else None, oh, ow]]
+
+
+def _infer_deform_psroi_pool(info, ctx, attrs):
+    op = info.onnx_type
+    x = _shape(ctx, 0)
+    _check_rank(op, "input", x, 4)
+    k = _check_rois(op, _shape(ctx, 1))
+    p, od, gs = attrs["output_size"], attrs["output_dim"], attrs["group_size"]
+    for a, v in (("output_size", p), ("output_dim", od), ("group_size", gs)):
+        if v < 1:
+            _fail(op, a, ">= 1", v)
+    if x:
+        _check_dim(op, "input.shape[1]", x[1], od * gs * gs)
+    trans = _shape(ctx, 2)
+    _check_rank(op, "trans", trans, 4)
+    has_trans = ctx.get_num_inputs() > 2 and ctx.has_input(2)
+    if attrs["no_trans"] and has_trans:
+        _fail(op, "trans", "absent when no_trans=1", "an input")
+    if trans:
+        part = attrs["part_size"] if attrs["part_size"] > 0 else p
+        _check_dim(op, "trans.shape[2]", trans[2], part)
+        _check_dim(op, "trans.shape[3]", trans[3], part)
+        k = k if k is not None else trans[0]
+    return [[k, od, p, p]] * len(info.outputs)
+
+
+_INFER = {
+    "deform_conv2d": _infer_deform_conv2d,
+    "roi_align": _infer_roi_align,
+    "deform_roi_pool": _infer_deform_roi_pool,
+    "deform_psroi_pool": _infer_deform_psroi_pool,
+}
+
+
+def _make_inference(info: _table.OpInfo):
+    import onnx
+
+    def infer(ctx: Any) -> None:
+        shapes = _INFER[info.name](info, ctx, _attrs(ctx, info))
+        elem = 0
+        t0 = ctx.get_input_type(0)
+        if t0 is not None and t0.HasField("tensor_type"):
+            elem = t0.tensor_type.elem_type
+        for i, dims in enumerate(shapes):
+            if i >= ctx.get_num_outputs() or not ctx.has_output(i):
+                continue
+            tp = onnx.TypeProto()
+            tp.tensor_type.elem_type = elem
+            shape = tp.tensor_type.shape
+            for d in dims:
+                _Dim.write(shape.dim.add(), d)
+            ctx.set_output_type(i, tp)
+
+    return infer
+
+
+def _build_schema(info: _table.OpInfo) -> Any:
+    import onnx
+    from onnx.defs import OpSchema
+
+    def params(tensors):
+        return [
+            OpSchema.FormalParameter(
+                t.name,
+                "T",
+                t.doc,
+                param_option=(
+                    OpSchema.FormalParameterOption.Optional if t.optional else OpSchema.FormalParameterOption.Single
+                ),
+            )
+            for t in tensors
+        ]
+
+    attributes = [
+        OpSchema.Attribute(a.name, onnx.helper.make_attribute(a.name, a.default), a.doc) for a in info.attrs
+    ]
+    schema = OpSchema(
+        info.onnx_type,
+        _table.domain(),
+        _table.opset(),
+        f"dcnkit {info.name} (see OPS.md). Inputs and attributes from the dcnkit op table.",
+        inputs=params(info.inputs),
+        outputs=params(info.outputs),
+        type_constraints=[("T", _TYPES, "floating-point tensors")],
+        attributes=attributes,
+    )
+    schema.set_type_and_shape_inference_function(_make_inference(info))
+    return schema
+
+
+def register_onnx_schemas() -> None:
+    """Registers the ``dcnkit`` domain's schemas with onnx (idempotent, process-wide)."""
+    global _registered
+    if _registered:
+        return
+    with _lock:
+        if _registered:
+            return
+        import onnx.defs
+
+        for info in _table.ops().values():
+            try:
+                onnx.defs.get_schema(info.onnx_type, _table.opset(), _table.domain())
+            except onnx.defs.SchemaError:
+                onnx.defs.register_schema(_build_schema(info))
+        _registered = True
