@@ -10,12 +10,16 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "dcnkit/bilinear.h"
 #include "dcnkit/common.h"
 #include "dcnkit/deform_psroi_pool.h"
 #include "dcnkit/deform_roi_pool.h"
 #include "dcnkit/roi_align.h"
+#if defined(__CUDACC__)
+#include "dcnkit/cuda_utils.cuh"
+#endif
 
 namespace dcnkit {
 
@@ -321,5 +325,27 @@ DCNKIT_HD void psroi_bin_trans_grad(const T* img, int64_t H, int64_t W, const PS
   *gtx = sx * d * trans_std * r.roi_w;
   *gty = sy * d * trans_std * r.roi_h;
 }
+
+// ---------------------------------------------------------------------------------------------
+// CUDA helpers of the RoI launchers (nvcc only)
+
+#if defined(__CUDACC__)
+// Scatter functor of the backward functions: atomicAdd into `base` (float or double).
+template <typename T>
+struct RoIAtomicAdd {
+  T* base;
+  __device__ __forceinline__ void operator()(int64_t i, T v) const { atomicAdd(base + i, v); }
+};
+
+// Accumulated value -> storage type (exact for float and double, rounded for half and bfloat16).
+template <typename T, typename Acc>
+__device__ __forceinline__ T roi_store(Acc v) {
+  if constexpr (std::is_same<T, Acc>::value) {
+    return v;
+  } else {
+    return from_acc<T>(static_cast<float>(v));
+  }
+}
+#endif
 
 }  // namespace dcnkit
