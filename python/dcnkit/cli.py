@@ -351,13 +351,16 @@ def cmd_export(args) -> int:
     if args.dynamo is not None:
         kwargs["dynamo"] = args.dynamo
     kwargs["input_names"] = names
+    roi_names = [s.name for s in specs if s.rois is not None]
+    if roi_names:
+        kwargs["roi_inputs"] = roi_names
     if args.output_names:
         kwargs["output_names"] = [n.strip() for n in args.output_names.split(",")]
     import inspect
 
     params = inspect.signature(dk_export.to_onnx).parameters
     if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        dropped = [k for k in kwargs if k not in params and k not in ("input_names", "output_names")]
+        dropped = [k for k in kwargs if k not in params and k not in ("input_names", "output_names", "roi_inputs")]
         if dropped:
             raise CliError(dropped[0].replace("_", "-").join(["--", ""]), "not supported by dcnkit.export.to_onnx")
         kwargs = {k: v for k, v in kwargs.items() if k in params}

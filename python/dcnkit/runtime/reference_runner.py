@@ -198,7 +198,12 @@ class RoiAlign(OpRun):
         X, rois, batch_indices = _f32(X, rois, batch_indices)
         # opset 16 defaults to half_pixel; opset 10 had no attribute and behaved as output_half_pixel.
         version = int(getattr(self, "_onnx_opset", 16) or 16)
-        mode = _attr(self, "coordinate_transformation_mode", "half_pixel" if version >= 16 else "output_half_pixel")
+        # onnx.reference fills absent attributes from the newest schema: read the node's own attributes.
+        given = {a.name for a in self.onnx_node.attribute}
+        if "coordinate_transformation_mode" in given:
+            mode = _attr(self, "coordinate_transformation_mode", "half_pixel")
+        else:
+            mode = "half_pixel" if version >= 16 else "output_half_pixel"
         if mode not in ("half_pixel", "output_half_pixel"):
             raise ValueError(
                 f"RoiAlign: coordinate_transformation_mode: expected half_pixel or output_half_pixel, got {mode!r}"
