@@ -560,10 +560,11 @@ def test_create_app_arguments(model, tmp_path):
         create_app(str(tmp_path / "missing.onnx"))
     path = tmp_path / "my_model.onnx"
     onnx.save(model, str(path))
-    from fastapi.testclient import TestClient
-
     app = create_app(str(path))
-    with TestClient(app) as tc:  # the name defaults to the file's stem
-        assert tc.get("/v2/models/my_model").json()["name"] == "my_model"
-        assert tc.get("/v2/models/stats").json()["model_stats"][0]["name"] == "my_model"
+    srv = LiveServer(app)
+    try:  # the name defaults to the file's stem
+        assert srv.http("GET", "/v2/models/my_model").json()["name"] == "my_model"
+        assert srv.http("GET", "/v2/models/stats").json()["model_stats"][0]["name"] == "my_model"
+    finally:
+        assert srv.stop()
     assert not app.state.batcher._thread.is_alive()  # the lifespan drained and stopped it

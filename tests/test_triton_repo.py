@@ -6,7 +6,11 @@ fields Triton's onnxruntime backend needs are checked one by one.
 """
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -124,7 +128,33 @@ def test_real_library_is_copied(tmp_path):
     except FileNotFoundError:
         pytest.skip("the kit's ONNX Runtime library is not built here")
     d = triton.write_repository(_roi_model(True), tmp_path, name="r")
-    assert (d / triton.LIBRARY_FILENAME).read_bytes() == open(lib, "rb").read()
+    copied = d / triton.LIBRARY_FILENAME
+    assert copied.stat().st_size == os.path.getsize(lib)
+    # Its private dependencies (OpenBLAS from a wheel) sit beside it and its run path is $ORIGIN ...
+    deps = triton._private_dependencies(Path(lib))
+    for dep in deps:
+        assert (d / dep.name).read_bytes() == dep.read_bytes()
+    if deps:
+        assert b"$ORIGIN\0" in copied.read_bytes()
+    # ... so that a process that knows nothing of the build (as in a Triton container) registers it and runs
+    # the repository's model: ONNX Runtime with the library's path as the config gives it.
+    script = (
+        "import sys, numpy as np, onnxruntime as ort\n"
+        "so = ort.SessionOptions(); so.register_custom_ops_library(sys.argv[1])\n"
+        "s = ort.InferenceSession(sys.argv[2], so, providers=['CPUExecutionProvider'])\n"
+        "x = np.arange(2*4*16*16, dtype=np.float32).reshape(2, 4, 16, 16) / 100\n"
+        "r = np.array([[1, 2, 2, 9, 12]], np.float32)\n"
+        "np.save(sys.argv[3], s.run(None, {'input': x, 'rois': r})[0])\n"
+    )
+    out = tmp_path / "out.npy"
+    res = subprocess.run([sys.executable, "-c", script, str(copied), str(d / "1" / "model.onnx"), str(out)],
+                         env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    from dcnkit import reference
+
+    x = np.arange(2 * 4 * 16 * 16, dtype=np.float32).reshape(2, 4, 16, 16) / 100
+    want = reference.roi_align(x, np.array([[1, 2, 2, 9, 12]], np.float32), (2, 2), 1.0, 2, True)
+    np.testing.assert_allclose(np.load(out), want, rtol=1e-5, atol=1e-5)
 
 
 def test_writer_errors(tmp_path):

@@ -11,7 +11,8 @@ writes::
       dcn/
         config.pbtxt          # platform "onnxruntime_onnx", inputs/outputs, max_batch_size, dynamic_batching,
                               # model_operations { op_library_filename: "/models/dcn/libdcnkit_ort.so" }
-        libdcnkit_ort.so      # the kit's ONNX Runtime custom-op library (only when the model uses dcnkit ops)
+        libdcnkit_ort.so      # the kit's ONNX Runtime custom-op library (only when the model uses dcnkit ops),
+        libscipy_openblas.so  # with the private libraries it needs; its run path is rewritten to $ORIGIN
         1/model.onnx
 
 ``op_library_filename`` is handed by Triton's onnxruntime backend to ``RegisterCustomOpsLibrary`` as it is,
@@ -352,13 +353,122 @@ def write_repository(
     (model_dir / str(version)).mkdir(parents=True)
     onnx.save_model(m, str(model_dir / str(version) / "model.onnx"))
     if lib_src is not None:
-        shutil.copy2(lib_src, model_dir / LIBRARY_FILENAME)
+        bundle_library(lib_src, model_dir, LIBRARY_FILENAME)
     header = (
         "# Written by dcnkit triton-repo. Triton model configuration (protobuf text format).\n"
         + (f"# op_library_filename is the library's path inside the Triton container.\n" if libs else "")
     )
     (model_dir / "config.pbtxt").write_text(header + to_pbtxt(cfg) + "\n")
     return model_dir
+
+
+# ------------------------------------------------------------------------------------------------
+# Making the copied library self-contained
+# ------------------------------------------------------------------------------------------------
+_SYSTEM_DIRS = ("/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/", "/usr/local/cuda")
+# Libraries that the Triton container provides (CUDA runtime, cuBLAS, ...) are never copied.
+_CONTAINER_PROVIDED = ("libcuda", "libcudart", "libcublas", "libcublasLt", "libnvrtc", "libnvJitLink")
+
+
+def _private_dependencies(lib: Path) -> list[Path]:
+    """Shared libraries ``lib`` needs that are neither system nor CUDA libraries (OpenBLAS from a wheel)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["ldd", str(lib)], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    deps = []
+    for line in out.splitlines():
+        if "=>" not in line:
+            continue
+        name, _, rest = line.strip().partition("=>")
+        target = rest.strip().split(" (")[0].strip()
+        if not target.startswith("/") or target.startswith(_SYSTEM_DIRS):
+            continue
+        if name.strip().startswith(_CONTAINER_PROVIDED):
+            continue
+        deps.append(Path(target))
+    return deps
+
+
+def _set_runpath_origin(path: Path) -> bool:
+    """Rewrites the DT_RUNPATH / DT_RPATH string of an ELF64 little-endian library to ``$ORIGIN`` in place.
+
+    The new string is never longer than the old one, so only the bytes of that string change. Returns False
+    (file untouched) when the file is not such a library, has no run path, or another entry shares the string.
+    """
+    import struct
+
+    data = bytearray(path.read_bytes())
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return False
+    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+    loads, dyn = [], None
+    for i in range(phnum):
+        p_type, _, p_offset, p_vaddr, _, p_filesz, _, _ = struct.unpack_from("<IIQQQQQQ", data, phoff + i * phentsize)
+        if p_type == 1:
+            loads.append((p_vaddr, p_offset, p_filesz))
+        elif p_type == 2:
+            dyn = (p_offset, p_filesz)
+    if dyn is None:
+        return False
+
+    def file_offset(vaddr):
+        for v, o, n in loads:
+            if v <= vaddr < v + n:
+                return vaddr - v + o
+        return None
+
+    entries = [struct.unpack_from("<qQ", data, dyn[0] + k) for k in range(0, dyn[1], 16)]
+    tags = {}
+    for tag, val in entries:
+        if tag == 0:
+            break
+        tags.setdefault(tag, []).append(val)
+    if 5 not in tags or not (tags.get(29) or tags.get(15)):
+        return False
+    strtab = file_offset(tags[5][0])
+    runpaths = tags.get(29, []) + tags.get(15, [])
+    names = set(tags.get(1, []) + tags.get(14, []))
+    for i in range(shnum):  # symbol names (.dynsym) point into the same string table
+        sh_type, = struct.unpack_from("<I", data, shoff + i * shentsize + 4)
+        if sh_type == 11:
+            off, size, _, _, entsize = struct.unpack_from("<QQIIQ", data, shoff + i * shentsize + 0x18)
+            for k in range(0, size, entsize or 24):
+                names.add(struct.unpack_from("<I", data, off + k)[0])
+    for rp in runpaths:
+        start = strtab + rp
+        end = data.index(b"\0", start)
+        if any(rp < n <= rp + (end - start) for n in names):
+            return False
+        new = b"$ORIGIN"
+        if len(new) > end - start:
+            return False
+        data[start:end] = new + b"\0" * (end - start - len(new))
+    path.write_bytes(bytes(data))
+    return True
+
+
+def bundle_library(src, dest_dir, filename: str = LIBRARY_FILENAME) -> list[Path]:
+    """Copies ``src`` to ``dest_dir/filename`` with the private libraries it needs (OpenBLAS) beside it, and
+    points its run path at ``$ORIGIN`` so that it loads from there in any container. Returns the files written.
+    """
+    src, dest_dir = Path(src), Path(dest_dir)
+    written = [dest_dir / filename]
+    shutil.copy2(src, written[0])
+    deps = _private_dependencies(src)
+    for dep in deps:
+        shutil.copy2(dep, dest_dir / dep.name)
+        written.append(dest_dir / dep.name)
+    if deps and not _set_runpath_origin(written[0]):
+        raise RuntimeError(
+            f"{written[0]}: could not point its run path at $ORIGIN; start Triton with "
+            f"LD_LIBRARY_PATH=<the model directory in the container> so that {', '.join(d.name for d in deps)} "
+            "are found"
+        )
+    return written
 
 
 # ------------------------------------------------------------------------------------------------
@@ -520,6 +630,7 @@ __all__ = [
     "write_repository",
     "parse_config",
     "check_repository",
+    "bundle_library",
     "LIBRARY_FILENAME",
     "DEFAULT_CONTAINER_REPOSITORY",
     "DEFAULT_MAX_BATCH_SIZE",

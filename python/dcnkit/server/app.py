@@ -35,6 +35,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dcnkit.runtime.triton import Signature, model_config, v2_datatype, v2_shape
+from dcnkit.server import DEFAULTS
 from dcnkit.server.batcher import Batcher
 from dcnkit.server.protocol import HEADER_LENGTH, ProtocolError, build_infer_response, parse_infer_request
 
@@ -42,7 +43,6 @@ log = logging.getLogger("dcnkit.server")
 
 SERVER_NAME = "dcnkit"
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics"]
-DEFAULTS = dict(max_batch_size=8, max_queue_delay_ms=2.0, max_queue_size=128, max_request_bytes=64 << 20)
 _OFFLOAD_BYTES = 1 << 20  # parse bodies larger than this in a worker thread, not on the event loop
 
 
@@ -384,12 +384,29 @@ def serve(
     """Runs the server until SIGINT/SIGTERM; then stops accepting, finishes in-flight and queued requests."""
     import uvicorn
 
+    if not log.handlers:  # uvicorn configures only its own loggers
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(log_level.upper())
     app = create_app(model, name=name, backend=backend, **options)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=graceful_timeout_s)
     server = uvicorn.Server(config)
-    server.run()
-    app.state.shutdown()  # no-op when the lifespan already drained
+    # uvicorn drains, then re-raises the signal it caught with the handler that was there before it. Make that
+    # handler for SIGTERM a no-op: a drained, orderly stop exits with status 0 (what orchestrators expect).
+    import signal
+    import threading
+
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        server.run()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        app.state.shutdown()  # no-op when the lifespan already drained
 
 
 __all__ = ["create_app", "serve", "DEFAULTS"]

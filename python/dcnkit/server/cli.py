@@ -38,7 +38,7 @@ def _nonneg_float(text: str) -> float:
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    from dcnkit.server.app import DEFAULTS
+    from dcnkit.server import DEFAULTS
 
     p.add_argument("model", help="ONNX model file")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
