@@ -16,7 +16,7 @@ from dcnkit.export._lowering import (
     standard_ops,
     standard_ops_enabled,
 )
-from dcnkit.export._onnx import to_onnx
+from dcnkit.export._onnx import check_model, to_onnx
 from dcnkit.export.schemas import register_onnx_schemas
 
 
@@ -36,6 +36,7 @@ def domain_opset() -> int:
 
 __all__ = [
     "to_onnx",
+    "check_model",
     "register_onnx_schemas",
     "standard_ops",
     "custom_ops_only",
