@@ -262,8 +262,14 @@ def compare_backends(model, backends, feeds, atol: float = 1e-5, rtol: float = 1
     Returns ``(passed, stats, results)``: ``passed`` is Polygraphy's verdict (bool), ``stats`` the rows of
     :func:`error_stats`, ``results`` Polygraphy's ``RunResults``.
     """
-    from polygraphy.comparator import Comparator, CompareFunc
+    from polygraphy.comparator import Comparator
 
+    try:  # Polygraphy >= 0.53: the class behind the deprecated CompareFunc.simple
+        from polygraphy.comparator import SimpleCompareFunc as _simple
+    except ImportError:  # pragma: no cover - older Polygraphy
+        from polygraphy.comparator import CompareFunc
+
+        _simple = CompareFunc.simple
     runners = [polygraphy_runner(model, b, name=b) for b in backends]
     import contextlib
 
@@ -271,7 +277,7 @@ def compare_backends(model, backends, feeds, atol: float = 1e-5, rtol: float = 1
         results = Comparator.run(runners, data_loader=list(feeds))
         accuracy = Comparator.compare_accuracy(
             results,
-            compare_func=CompareFunc.simple(atol=atol, rtol=rtol),
+            compare_func=_simple(atol=atol, rtol=rtol),
             comparisons=[(0, i) for i in range(1, len(runners))],
         )
     return bool(accuracy), error_stats(results), results
