@@ -105,22 +105,6 @@ RawAttr read_raw(const OrtKernelInfo* info, const char* name) {
     return r;
   }
   size_t n = 0;
-  if (status_ok(a.KernelInfoGetAttributeArray_int64(info, name, nullptr, &n))) {
-    r.ints.resize(n);
-    if (n == 0 || status_ok(a.KernelInfoGetAttributeArray_int64(info, name, r.ints.data(), &n))) {
-      r.type = RawAttr::kInts;
-      return r;
-    }
-  }
-  n = 0;
-  if (status_ok(a.KernelInfoGetAttributeArray_float(info, name, nullptr, &n))) {
-    r.floats.resize(n);
-    if (n == 0 || status_ok(a.KernelInfoGetAttributeArray_float(info, name, r.floats.data(), &n))) {
-      r.type = RawAttr::kFloats;
-      return r;
-    }
-  }
-  n = 0;
   if (status_ok(a.KernelInfoGetAttribute_string(info, name, nullptr, &n))) {
     std::string buf(n + 1, '\0');
     if (status_ok(a.KernelInfoGetAttribute_string(info, name, buf.data(), &n))) {
@@ -129,6 +113,35 @@ RawAttr read_raw(const OrtKernelInfo* info, const char* name) {
       r.s = buf;
       return r;
     }
+  }
+  // The array getters report size 0 (and success) for attributes of other types: only a non-empty
+  // array identifies the type.
+  bool empty_array = false;
+  n = 0;
+  if (status_ok(a.KernelInfoGetAttributeArray_int64(info, name, nullptr, &n))) {
+    if (n > 0) {
+      r.ints.resize(n);
+      if (status_ok(a.KernelInfoGetAttributeArray_int64(info, name, r.ints.data(), &n))) {
+        r.type = RawAttr::kInts;
+        return r;
+      }
+    }
+    empty_array = true;
+  }
+  n = 0;
+  if (status_ok(a.KernelInfoGetAttributeArray_float(info, name, nullptr, &n))) {
+    if (n > 0) {
+      r.floats.resize(n);
+      if (status_ok(a.KernelInfoGetAttributeArray_float(info, name, r.floats.data(), &n))) {
+        r.type = RawAttr::kFloats;
+        return r;
+      }
+    }
+    empty_array = true;
+  }
+  if (empty_array && missing_msg.find("No attribute") == std::string::npos) {
+    r.type = RawAttr::kInts;  // an empty list
+    return r;
   }
   // ONNX Runtime says "No attribute with name:'x'is defined." when the node lacks it.
   r.type = (missing_msg.find("No attribute") != std::string::npos) ? RawAttr::kAbsent : RawAttr::kOther;
