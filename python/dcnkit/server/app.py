@@ -176,7 +176,7 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request, exc):
-        return _error(str(exc.detail), exc.status_code)
+        return _error(f"{request.method} {request.url.path}: {exc.detail}", exc.status_code)
 
     def check_model(model_name: str, model_version: str | None = None) -> None:
         if model_name != name:
