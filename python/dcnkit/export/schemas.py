@@ -50,7 +50,8 @@ def _shape(ctx: Any, i: int) -> list[int | str | None] | None:
 
 
 def _fail(op: str, arg: str, expected: Any, got: Any) -> None:
-    raise ValueError(f"{op}: {arg}: expected {expected}, got {got}")
+    import onnx.shape_inference
+    raise onnx.shape_inference.InferenceError(f"{op}: {arg}: expected {expected}, got {got}")
 
 
 def _check_rank(op: str, arg: str, shape: list | None, rank: int) -> None:
