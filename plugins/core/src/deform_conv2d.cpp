@@ -1,9 +1,12 @@
 // DeformConv2d: parameter validation and the CPU launchers (float32, float64).
 //
-// Forward: tiles of output positions per task. For a tile, the column tile (Cin*K x tile) is built in
-// the task's workspace slot (taps computed once per deformable group, kernel point and position, reused
-// for every channel of the group), then multiplied into the output by one strided-batched GEMM over the
-// convolution groups (ldc = Ho*Wo), the bias written first.
+// The CPU launchers work channels-last: the input is copied once to (N, H, W, Cin) in the workspace and
+// column tiles are position-major, [t][conv group][k][channel of the group], so that every sampling
+// point's taps (computed once per deformable group, kernel point and position) are applied to a
+// contiguous run of channels (vectorised loops), and the weight is used as (Cout, K, Cin/groups).
+// Forward: tiles of output positions per task; a tile's columns (~256 KB) are built in the task's
+// workspace slot and multiplied into the output (ldc = Ho*Wo) by one strided-batched GEMM over the
+// convolution groups, the bias written first. The whole column matrix never exists.
 // Backward: per image and chunk of positions, race-free parallel steps (each writes disjoint memory),
 // hence deterministic for a given number of threads.
 #include <algorithm>
@@ -107,45 +110,76 @@ Status make_deform_conv2d_params(const char* op, const Shape& input, const Shape
 
 namespace {
 
-// Bytes of a forward column tile (Cin*K x tile): about what stays in a core's L2 with the taps.
-constexpr size_t kForwardTileBytes = size_t(256) << 10;
-// Bytes of a backward column chunk (Cin*K x chunk), for the columns and for their gradient.
-constexpr size_t kBackwardChunkBytes = size_t(2) << 20;
+// Bytes of a forward column tile (tile x Cin*K).
+constexpr int64_t kForwardTileBytes = int64_t(256) << 10;
+// Bytes of a backward column chunk (chunk x Cin*K), for the columns and for their gradient.
+constexpr int64_t kBackwardChunkBytes = int64_t(2) << 20;
 
-int64_t tile_bytes_override(const char* name, int64_t dflt) {
+int64_t bytes_override(const char* name, int64_t dflt) {
   const char* e = std::getenv(name);
   if (e == nullptr) return dflt;
   const long long v = std::atoll(e);
   return v > 0 ? static_cast<int64_t>(v) : dflt;
 }
 
-// Output positions per forward tile.
+// Output positions per tile of `bytes` bytes of columns.
+int64_t positions_per(const DeformConv2dParams& p, size_t elem, int64_t bytes) {
+  const int64_t P = p.out_spatial();
+  const int64_t row = std::max<int64_t>(1, p.in_channels * p.kernel_size()) * static_cast<int64_t>(elem);
+  int64_t t = bytes / row;
+  t = t >= 32 ? t / 16 * 16 : 16;
+  return std::max<int64_t>(1, std::min(t, P));
+}
+
 int64_t forward_tile(const DeformConv2dParams& p, size_t elem) {
-  static const int64_t bytes = tile_bytes_override("DCNKIT_DCN_TILE_BYTES", kForwardTileBytes);
-  const int64_t P = p.out_spatial();
-  const int64_t row = std::max<int64_t>(1, p.in_channels * p.kernel_size()) * static_cast<int64_t>(elem);
-  int64_t t = bytes / row;
-  t = t >= 64 ? t / 16 * 16 : 64;
-  return std::max<int64_t>(1, std::min(t, P));
+  static const int64_t bytes = bytes_override("DCNKIT_DCN_TILE_BYTES", kForwardTileBytes);
+  return positions_per(p, elem, bytes);
 }
 
-// Output positions per backward chunk.
 int64_t backward_chunk(const DeformConv2dParams& p, size_t elem) {
-  static const int64_t bytes = tile_bytes_override("DCNKIT_DCN_BWD_CHUNK_BYTES", kBackwardChunkBytes);
-  const int64_t P = p.out_spatial();
-  const int64_t row = std::max<int64_t>(1, p.in_channels * p.kernel_size()) * static_cast<int64_t>(elem);
-  int64_t t = bytes / row;
-  t = t >= 64 ? t / 16 * 16 : 64;
-  return std::max<int64_t>(1, std::min(t, P));
+  static const int64_t bytes = bytes_override("DCNKIT_DCN_BWD_CHUNK_BYTES", kBackwardChunkBytes);
+  return positions_per(p, elem, bytes);
 }
 
-size_t taps_bytes(DType dtype) { return dtype == DType::kFloat64 ? sizeof(SampleTaps<double>) : sizeof(SampleTaps<float>); }
+size_t taps_bytes(DType dtype) {
+  return dtype == DType::kFloat64 ? sizeof(SampleTaps<double>) : sizeof(SampleTaps<float>);
+}
 
-size_t forward_slot_bytes(const DeformConv2dParams& p, DType dtype) {
+size_t bytes_of(int64_t count, size_t elem) { return align_up(static_cast<size_t>(count) * elem); }
+
+struct ForwardLayout {
+  size_t x_hwc, weight_t, slot, col;
+};
+
+ForwardLayout forward_layout(const DeformConv2dParams& p, DType dtype) {
   const size_t e = dtype_size(dtype);
   const int64_t T = forward_tile(p, e);
-  return align_up(static_cast<size_t>(p.in_channels * p.kernel_size() * T) * e) +
-         align_up(static_cast<size_t>(T) * taps_bytes(dtype));
+  ForwardLayout l;
+  l.x_hwc = bytes_of(p.batch * p.in_channels * p.height * p.width, e);
+  l.weight_t = bytes_of(p.out_channels * p.in_per_group() * p.kernel_size(), e);
+  l.col = bytes_of(p.in_channels * p.kernel_size() * T, e);
+  l.slot = l.col;
+  return l;
+}
+
+struct BackwardLayout {
+  size_t x_hwc, gin_hwc, weight_t, gweight_t, taps, col, gcol;
+  size_t total() const { return x_hwc + gin_hwc + weight_t + gweight_t + taps + col + gcol; }
+};
+
+BackwardLayout backward_layout(const DeformConv2dParams& p, DType dtype) {
+  const size_t e = dtype_size(dtype);
+  const int64_t C = backward_chunk(p, e);
+  const int64_t wsz = p.out_channels * p.in_per_group() * p.kernel_size();
+  BackwardLayout l;
+  l.x_hwc = bytes_of(p.in_channels * p.height * p.width, e);
+  l.gin_hwc = l.x_hwc;
+  l.weight_t = bytes_of(wsz, e);
+  l.gweight_t = l.weight_t;
+  l.taps = bytes_of(p.attrs.deformable_groups * p.kernel_size() * C, taps_bytes(dtype));
+  l.col = bytes_of(p.in_channels * p.kernel_size() * C, e);
+  l.gcol = l.col;
+  return l;
 }
 
 template <typename T>
@@ -155,11 +189,6 @@ DType dtype_of_t<float>() { return DType::kFloat32; }
 template <>
 DType dtype_of_t<double>() { return DType::kFloat64; }
 
-template <typename T>
-struct PlainAdd {
-  void operator()(T* dst, T v) const { *dst += v; }
-};
-
 // Splits [0, n) into `parts` near-equal contiguous ranges; range of part t.
 inline void split_range(int64_t n, int64_t parts, int64_t t, int64_t* b, int64_t* e) {
   const int64_t q = n / parts, r = n % parts;
@@ -167,18 +196,150 @@ inline void split_range(int64_t n, int64_t parts, int64_t t, int64_t* b, int64_t
   *e = *b + q + (t < r ? 1 : 0);
 }
 
+// (C, HW) -> (HW, C) for pixels [pb, pe).
+template <typename T>
+void to_channels_last(const T* __restrict src, T* __restrict dst, int64_t C, int64_t HW, int64_t pb,
+                      int64_t pe) {
+  constexpr int64_t kBlock = 64;
+  for (int64_t b = pb; b < pe; b += kBlock) {
+    const int64_t e = std::min(pe, b + kBlock);
+    for (int64_t c = 0; c < C; ++c) {
+      const T* s = src + c * HW;
+      for (int64_t q = b; q < e; ++q) dst[q * C + c] = s[q];
+    }
+  }
+}
+
+// (HW, C) -> (C, HW) for channels [cb, ce).
+template <typename T>
+void to_channels_first(const T* __restrict src, T* __restrict dst, int64_t C, int64_t HW, int64_t cb,
+                       int64_t ce) {
+  constexpr int64_t kBlock = 64;
+  for (int64_t b = 0; b < HW; b += kBlock) {
+    const int64_t e = std::min(HW, b + kBlock);
+    for (int64_t c = cb; c < ce; ++c) {
+      T* d = dst + c * HW;
+      for (int64_t q = b; q < e; ++q) d[q] = src[q * C + c];
+    }
+  }
+}
+
+// Everything the CPU loops need about one image.
+template <typename T>
+struct CpuImage {
+  const DeformConv2dParams* p;
+  const T* x_hwc;   // (H*W, Cin)
+  const T* offset;  // (2*Gd*K, P)
+  const T* mask;    // (Gd*K, P) or null
+};
+
+// Calls f(gc, c_begin, c_end) for the pieces of the channel range [cb, ce) cut at conv-group borders.
+template <typename F>
+inline void for_conv_group_segments(int64_t cb, int64_t ce, int64_t cin_g, F&& f) {
+  while (cb < ce) {
+    const int64_t gc = cb / cin_g;
+    const int64_t e = std::min(ce, (gc + 1) * cin_g);
+    f(gc, cb, e);
+    cb = e;
+  }
+}
+
+// Hot loops are compiled for several ISAs and picked at load time (GCC/Clang function multi-versioning
+// on x86-64); elsewhere they are plain functions.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(DCNKIT_NO_FMV)
+#define DCNKIT_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define DCNKIT_CPU_CLONES
+#endif
+
+// dst[c] = sum_q w_q * src_q[c] for c < n.
+template <typename T>
+__attribute__((always_inline)) inline void blend4(T* __restrict dst, const T* __restrict s0, const T* __restrict s1,
+                   const T* __restrict s2, const T* __restrict s3, T w0, T w1, T w2, T w3, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) dst[c] = w0 * s0[c] + w1 * s1[c] + w2 * s2[c] + w3 * s3[c];
+}
+
+// Columns of positions [p0, p0 + tn) into col (tn x Cin*K, position-major, see the file comment).
+template <typename T>
+__attribute__((always_inline)) inline void build_columns_impl(const CpuImage<T>& im, int64_t p0, int64_t tn, T* __restrict col) {
+  const DeformConv2dParams& p = *im.p;
+  const int64_t K = p.kernel_size(), Cin = p.in_channels, CK = Cin * K;
+  const int64_t Gd = p.attrs.deformable_groups, cpg = p.in_per_deformable_group(), cin_g = p.in_per_group();
+  int64_t ho = p0 / p.out_w, wo = p0 - ho * p.out_w;
+  for (int64_t t = 0; t < tn; ++t) {
+    const int64_t pos = p0 + t;
+    T* crow = col + t * CK;
+    for (int64_t i = 0, k = 0; i < p.kernel_h; ++i) {
+      for (int64_t j = 0; j < p.kernel_w; ++j, ++k) {
+        for (int64_t g = 0; g < Gd; ++g) {
+          T py, px, m;
+          deform_conv2d_point_at<T, T>(p, im.offset, im.mask, g, k, i, j, ho, wo, pos, &py, &px, &m);
+          const SampleTaps<T> s = masked_taps<T>(py, px, m, p.height, p.width);
+          // The group's channels, cut at conv-group borders.
+          for (int64_t cb = g * cpg, cend = (g + 1) * cpg; cb < cend;) {
+            const int64_t gc = cb / cin_g;
+            const int64_t ce = std::min(cend, (gc + 1) * cin_g);
+            const T* src = im.x_hwc + cb;
+            blend4<T>(crow + gc * K * cin_g + k * cin_g + (cb - gc * cin_g), src + s.idx[0] * Cin,
+                      src + s.idx[1] * Cin, src + s.idx[2] * Cin, src + s.idx[3] * Cin, s.w[0], s.w[1],
+                      s.w[2], s.w[3], ce - cb);
+            cb = ce;
+          }
+        }
+      }
+    }
+    if (++wo == p.out_w) {
+      wo = 0;
+      ++ho;
+    }
+  }
+}
+
+DCNKIT_CPU_CLONES void build_columns_f32(const CpuImage<float>& im, int64_t p0, int64_t tn, float* col) {
+  build_columns_impl<float>(im, p0, tn, col);
+}
+DCNKIT_CPU_CLONES void build_columns_f64(const CpuImage<double>& im, int64_t p0, int64_t tn, double* col) {
+  build_columns_impl<double>(im, p0, tn, col);
+}
+inline void build_columns(const CpuImage<float>& im, int64_t p0, int64_t tn, float* col) {
+  build_columns_f32(im, p0, tn, col);
+}
+inline void build_columns(const CpuImage<double>& im, int64_t p0, int64_t tn, double* col) {
+  build_columns_f64(im, p0, tn, col);
+}
+
+// weight (Cout, Cin_g, K) -> (Cout, K, Cin_g).
+template <typename T>
+void weight_to_kc(const DeformConv2dParams& p, const T* w, T* wt) {
+  const int64_t K = p.kernel_size(), cin_g = p.in_per_group();
+  for (int64_t co = 0; co < p.out_channels; ++co)
+    for (int64_t c = 0; c < cin_g; ++c)
+      for (int64_t k = 0; k < K; ++k) wt[(co * K + k) * cin_g + c] = w[(co * cin_g + c) * K + k];
+}
+
+template <typename T>
+void weight_from_kc(const DeformConv2dParams& p, const T* wt, T* w) {
+  const int64_t K = p.kernel_size(), cin_g = p.in_per_group();
+  for (int64_t co = 0; co < p.out_channels; ++co)
+    for (int64_t c = 0; c < cin_g; ++c)
+      for (int64_t k = 0; k < K; ++k) w[(co * cin_g + c) * K + k] = wt[(co * K + k) * cin_g + c];
+}
+
+Status first_error(const std::vector<Status>& v) {
+  for (const Status& s : v)
+    if (!s.ok()) return s;
+  return Status::Ok();
+}
+
 }  // namespace
 
 size_t deform_conv2d_forward_workspace_cpu(const DeformConv2dParams& p, DType dtype, int num_threads) {
-  return static_cast<size_t>(std::max(1, num_threads)) * forward_slot_bytes(p, dtype);
+  const ForwardLayout l = forward_layout(p, dtype);
+  return l.x_hwc + l.weight_t + static_cast<size_t>(std::max(1, num_threads)) * l.slot;
 }
 
 size_t deform_conv2d_backward_workspace_cpu(const DeformConv2dParams& p, DType dtype, int /*num_threads*/) {
-  const size_t e = dtype_size(dtype);
-  const int64_t C = backward_chunk(p, e);
-  const size_t rows = static_cast<size_t>(p.in_channels * p.kernel_size());
-  return align_up(static_cast<size_t>(p.attrs.deformable_groups * p.kernel_size() * C) * taps_bytes(dtype)) +
-         2 * align_up(rows * static_cast<size_t>(C) * e);
+  return backward_layout(p, dtype).total();
 }
 
 template <typename T>
@@ -188,61 +349,61 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
   const int64_t N = p.batch, P = p.out_spatial();
   if (N == 0 || p.out_channels == 0 || P == 0) return Status::Ok();
   const DType dt = dtype_of_t<T>();
-  const int64_t K = p.kernel_size(), HW = p.height * p.width;
-  const int64_t Cin = p.in_channels, Gd = p.attrs.deformable_groups, cpg = p.in_per_deformable_group();
-  const int64_t G = p.attrs.groups, Cout = p.out_channels, Cin_g = p.in_per_group(), Cout_g = p.out_per_group();
+  const int64_t K = p.kernel_size(), HW = p.height * p.width, Cin = p.in_channels, CK = Cin * K;
+  const int64_t Gd = p.attrs.deformable_groups;
+  const int64_t G = p.attrs.groups, Cout = p.out_channels, cin_g = p.in_per_group(), cout_g = p.out_per_group();
+  const ForwardLayout l = forward_layout(p, dt);
+  char* ws = static_cast<char*>(workspace);
+  T* x_hwc = reinterpret_cast<T*>(ws);
+  T* wt = reinterpret_cast<T*>(ws + l.x_hwc);
+  char* slots = ws + l.x_hwc + l.weight_t;
+
+  // Channels-last input and (Cout, K, Cin_g) weight.
+  constexpr int64_t kPixBlock = 256;
+  const int64_t pblocks = (HW + kPixBlock - 1) / kPixBlock;
+  parallel_for(ctx, N * pblocks, [&](int64_t b, int64_t e) {
+    for (int64_t it = b; it < e; ++it) {
+      const int64_t n = it / pblocks, pb = (it % pblocks) * kPixBlock;
+      to_channels_last(input + n * Cin * HW, x_hwc + n * Cin * HW, Cin, HW, pb, std::min(HW, pb + kPixBlock));
+    }
+  });
+  weight_to_kc(p, weight, wt);
+
   const int64_t tile = forward_tile(p, sizeof(T));
   const int64_t ntiles = (P + tile - 1) / tile;
   const int64_t items = N * ntiles;
   const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(ctx.num_threads, items));
-  const size_t slot = forward_slot_bytes(p, dt);
-  const size_t col_bytes = align_up(static_cast<size_t>(Cin * K * tile) * sizeof(T));
-  const int64_t off_n_stride = 2 * Gd * K * P, mask_n_stride = Gd * K * P;
-
   std::vector<Status> statuses(static_cast<size_t>(tasks));
   parallel_tasks(ctx, tasks, [&](int64_t task) {
-    char* base = static_cast<char*>(workspace) + static_cast<size_t>(task) * slot;
-    T* col = reinterpret_cast<T*>(base);
-    SampleTaps<T>* taps = reinterpret_cast<SampleTaps<T>*>(base + col_bytes);
+    T* col = reinterpret_cast<T*>(slots + static_cast<size_t>(task) * l.slot);
     int64_t ib, ie;
     split_range(items, tasks, task, &ib, &ie);
     for (int64_t item = ib; item < ie; ++item) {
       const int64_t n = item / ntiles, p0 = (item % ntiles) * tile;
       const int64_t tn = std::min(tile, P - p0);
-      const T* x_n = input + n * Cin * HW;
-      const T* off_n = offset + n * off_n_stride;
-      const T* mask_n = mask ? mask + n * mask_n_stride : nullptr;
-      for (int64_t g = 0; g < Gd; ++g) {
-        for (int64_t k = 0; k < K; ++k) {
-          for (int64_t t = 0; t < tn; ++t)
-            taps[t] = deform_conv2d_sample_taps<T, T>(p, off_n, mask_n, g, k, p0 + t);
-          for (int64_t c = g * cpg; c < (g + 1) * cpg; ++c) {
-            const T* img = x_n + c * HW;
-            T* row = col + (c * K + k) * tn;
-            for (int64_t t = 0; t < tn; ++t) row[t] = sample_value<T, T>(img, taps[t]);
-          }
-        }
-      }
+      const CpuImage<T> im{&p, x_hwc + n * Cin * HW, offset + n * 2 * Gd * K * P,
+                           mask ? mask + n * Gd * K * P : nullptr};
+      build_columns(im, p0, tn, col);
       T* out = output + n * Cout * P + p0;
       if (bias) {
         for (int64_t co = 0; co < Cout; ++co) std::fill(out + co * P, out + co * P + tn, bias[co]);
       }
       GemmArgs ga;
       ga.dtype = dt;
-      ga.m = Cout_g;
+      ga.trans_b = true;
+      ga.m = cout_g;
       ga.n = tn;
-      ga.k = Cin_g * K;
-      ga.alpha = 1.f;
+      ga.k = K * cin_g;
       ga.beta = bias ? 1.f : 0.f;
-      ga.a = weight;
-      ga.lda = Cin_g * K;
-      ga.stride_a = Cout_g * Cin_g * K;
+      ga.a = wt;
+      ga.lda = K * cin_g;
+      ga.stride_a = cout_g * K * cin_g;
       ga.b = col;
-      ga.ldb = tn;
-      ga.stride_b = Cin_g * K * tn;
+      ga.ldb = CK;
+      ga.stride_b = K * cin_g;
       ga.c = out;
       ga.ldc = P;
-      ga.stride_c = Cout_g * P;
+      ga.stride_c = cout_g * P;
       ga.batch = G;
       Status s = ctx.run_gemm(ga);
       if (!s.ok()) {
@@ -251,8 +412,7 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
       }
     }
   });
-  for (const Status& s : statuses) DCNKIT_RETURN_IF_ERROR(s);
-  return Status::Ok();
+  return first_error(statuses);
 }
 
 template <typename T>
@@ -262,19 +422,13 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
                                   void* workspace, const CpuContext& ctx) {
   const DType dt = dtype_of_t<T>();
   const int64_t N = p.batch, P = p.out_spatial();
-  const int64_t K = p.kernel_size(), HW = p.height * p.width;
-  const int64_t Cin = p.in_channels, Gd = p.attrs.deformable_groups, cpg = p.in_per_deformable_group();
-  const int64_t G = p.attrs.groups, Cout = p.out_channels, Cin_g = p.in_per_group(), Cout_g = p.out_per_group();
+  const int64_t K = p.kernel_size(), HW = p.height * p.width, Cin = p.in_channels, CK = Cin * K;
+  const int64_t Gd = p.attrs.deformable_groups, cpg = p.in_per_deformable_group();
+  const int64_t G = p.attrs.groups, Cout = p.out_channels, cin_g = p.in_per_group(), cout_g = p.out_per_group();
+  const int64_t KC = K * cin_g;  // columns of one conv group
   const int64_t nt = std::max(1, ctx.num_threads);
   if (!mask) grad_mask = nullptr;
 
-  // Gradients are written, not accumulated: clear what no step below overwrites completely.
-  if (grad_input) {
-    parallel_for(ctx, N * Cin, [&](int64_t b, int64_t e) {
-      std::fill(grad_input + b * HW, grad_input + e * HW, T(0));
-    });
-  }
-  if (grad_weight && (N == 0 || P == 0)) std::fill(grad_weight, grad_weight + Cout * Cin_g * K, T(0));
   if (grad_bias) {
     parallel_for(ctx, Cout, [&](int64_t b, int64_t e) {
       for (int64_t co = b; co < e; ++co) {
@@ -288,73 +442,68 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
     });
   }
   const bool need_gcol = grad_input || grad_offset || grad_mask;
-  if (N == 0 || P == 0 || (!need_gcol && !grad_weight)) return Status::Ok();
+  if (N == 0 || P == 0 || (!need_gcol && !grad_weight)) {
+    if (grad_weight) std::fill(grad_weight, grad_weight + Cout * cin_g * K, T(0));
+    if (grad_input) std::fill(grad_input, grad_input + N * Cin * HW, T(0));
+    return Status::Ok();
+  }
 
-  const int64_t chunk = backward_chunk(p, sizeof(T));
+  const BackwardLayout l = backward_layout(p, dt);
   char* ws = static_cast<char*>(workspace);
+  T* x_hwc = reinterpret_cast<T*>(ws);
+  ws += l.x_hwc;
+  T* gin_hwc = reinterpret_cast<T*>(ws);
+  ws += l.gin_hwc;
+  T* wt = reinterpret_cast<T*>(ws);
+  ws += l.weight_t;
+  T* gwt = reinterpret_cast<T*>(ws);
+  ws += l.gweight_t;
   SampleTaps<T>* taps = reinterpret_cast<SampleTaps<T>*>(ws);
-  ws += align_up(static_cast<size_t>(Gd * K * chunk) * sizeof(SampleTaps<T>));
+  ws += l.taps;
   T* col = reinterpret_cast<T*>(ws);
-  ws += align_up(static_cast<size_t>(Cin * K * chunk) * sizeof(T));
+  ws += l.col;
   T* gcol = reinterpret_cast<T*>(ws);
 
+  weight_to_kc(p, weight, wt);
+  const int64_t chunk = backward_chunk(p, sizeof(T));
   std::vector<Status> statuses(static_cast<size_t>(nt));
-  auto first_error = [&]() -> Status {
-    for (const Status& s : statuses)
-      if (!s.ok()) return s;
-    return Status::Ok();
-  };
-
   bool first_weight_step = true;
+
   for (int64_t n = 0; n < N; ++n) {
-    const T* x_n = input + n * Cin * HW;
     const T* off_n = offset + n * 2 * Gd * K * P;
     const T* mask_n = mask ? mask + n * Gd * K * P : nullptr;
     const T* gout_n = grad_output + n * Cout * P;
-    T* gin_n = grad_input ? grad_input + n * Cin * HW : nullptr;
+    parallel_for(ctx, HW, [&](int64_t b, int64_t e) {
+      to_channels_last(input + n * Cin * HW, x_hwc, Cin, HW, b, e);
+      if (grad_input) std::fill(gin_hwc + b * Cin, gin_hwc + e * Cin, T(0));
+    });
+    const CpuImage<T> im{&p, x_hwc, off_n, mask_n};
+
     for (int64_t p0 = 0; p0 < P; p0 += chunk) {
       const int64_t pc = std::min(chunk, P - p0);
-      // 1. taps of every (g, k, position) of the chunk.
-      if (grad_weight || grad_input) {
-        parallel_for(ctx, Gd * K * pc, [&](int64_t b, int64_t e) {
-          for (int64_t it = b; it < e; ++it) {
-            const int64_t gk = it / pc, t = it - gk * pc;
-            taps[it] = deform_conv2d_sample_taps<T, T>(p, off_n, mask_n, gk / K, gk % K, p0 + t);
-          }
-        });
-      }
-      // 2. grad_weight += grad_out x columns^T (columns recomputed), rows of Cout split over tasks.
+      // 1. grad_weight (as (Cout, K, Cin_g)) += grad_out x columns, rows of Cout split over tasks.
       if (grad_weight) {
-        parallel_for(ctx, Cin * K, [&](int64_t b, int64_t e) {
-          for (int64_t r = b; r < e; ++r) {
-            const int64_t c = r / K, k = r - c * K, g = c / cpg;
-            const T* img = x_n + c * HW;
-            const SampleTaps<T>* tp = taps + (g * K + k) * pc;
-            T* row = col + r * pc;
-            for (int64_t t = 0; t < pc; ++t) row[t] = sample_value<T, T>(img, tp[t]);
-          }
-        });
+        parallel_for(ctx, pc, [&](int64_t b, int64_t e) { build_columns(im, p0 + b, e - b, col + b * CK); });
         const float beta = first_weight_step ? 0.f : 1.f;
         const int64_t parts = std::min<int64_t>(nt, Cout);
         parallel_tasks(ctx, parts, [&](int64_t task) {
           int64_t rb, re;
           split_range(Cout, parts, task, &rb, &re);
-          for (int64_t g = 0; g < G && rb < re; ++g) {
-            const int64_t lo = std::max(rb, g * Cout_g), hi = std::min(re, (g + 1) * Cout_g);
+          for (int64_t gc = 0; gc < G && rb < re; ++gc) {
+            const int64_t lo = std::max(rb, gc * cout_g), hi = std::min(re, (gc + 1) * cout_g);
             if (lo >= hi) continue;
             GemmArgs ga;
             ga.dtype = dt;
-            ga.trans_b = true;
             ga.m = hi - lo;
-            ga.n = Cin_g * K;
+            ga.n = KC;
             ga.k = pc;
             ga.beta = beta;
             ga.a = gout_n + lo * P + p0;
             ga.lda = P;
-            ga.b = col + g * Cin_g * K * pc;
-            ga.ldb = pc;
-            ga.c = grad_weight + lo * Cin_g * K;
-            ga.ldc = Cin_g * K;
+            ga.b = col + gc * KC;
+            ga.ldb = CK;
+            ga.c = gwt + lo * KC;
+            ga.ldc = KC;
             Status s = ctx.run_gemm(ga);
             if (!s.ok()) {
               statuses[static_cast<size_t>(task)] = s;
@@ -362,77 +511,133 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
             }
           }
         });
-        DCNKIT_RETURN_IF_ERROR(first_error());
+        DCNKIT_RETURN_IF_ERROR(first_error(statuses));
         first_weight_step = false;
       }
       if (!need_gcol) continue;
-      // 3. grad_col = W^T x grad_out, rows of Cin*K split over tasks.
+      // 2. grad_col (pc x Cin*K) = grad_out^T x weight, positions split over tasks.
       {
-        const int64_t rows = Cin * K;
-        const int64_t parts = std::min<int64_t>(nt, rows);
+        const int64_t parts = std::min<int64_t>(nt, pc);
         parallel_tasks(ctx, parts, [&](int64_t task) {
-          int64_t rb, re;
-          split_range(rows, parts, task, &rb, &re);
-          for (int64_t g = 0; g < G && rb < re; ++g) {
-            const int64_t lo = std::max(rb, g * Cin_g * K), hi = std::min(re, (g + 1) * Cin_g * K);
-            if (lo >= hi) continue;
-            GemmArgs ga;
-            ga.dtype = dt;
-            ga.trans_a = true;
-            ga.m = hi - lo;
-            ga.n = pc;
-            ga.k = Cout_g;
-            ga.beta = 0.f;
-            ga.a = weight + g * Cout_g * Cin_g * K + (lo - g * Cin_g * K);
-            ga.lda = Cin_g * K;
-            ga.b = gout_n + g * Cout_g * P + p0;
-            ga.ldb = P;
-            ga.c = gcol + lo * pc;
-            ga.ldc = pc;
-            Status s = ctx.run_gemm(ga);
-            if (!s.ok()) {
-              statuses[static_cast<size_t>(task)] = s;
-              return;
+          int64_t tb, te;
+          split_range(pc, parts, task, &tb, &te);
+          if (tb >= te) return;
+          GemmArgs ga;
+          ga.dtype = dt;
+          ga.trans_a = true;
+          ga.m = te - tb;
+          ga.n = KC;
+          ga.k = cout_g;
+          ga.beta = 0.f;
+          ga.a = gout_n + p0 + tb;
+          ga.lda = P;
+          ga.stride_a = cout_g * P;
+          ga.b = wt;
+          ga.ldb = KC;
+          ga.stride_b = cout_g * KC;
+          ga.c = gcol + tb * CK;
+          ga.ldc = CK;
+          ga.stride_c = KC;
+          ga.batch = G;
+          Status s = ctx.run_gemm(ga);
+          if (!s.ok()) statuses[static_cast<size_t>(task)] = s;
+        });
+        DCNKIT_RETURN_IF_ERROR(first_error(statuses));
+      }
+      // 3. grad_input: taps of the chunk, then a task owns a slice of channels (race-free).
+      if (grad_input) {
+        parallel_for(ctx, pc, [&](int64_t b, int64_t e) {
+          int64_t ho = (p0 + b) / p.out_w, wo = (p0 + b) - ho * p.out_w;
+          for (int64_t t = b; t < e; ++t) {
+            for (int64_t i = 0, k = 0; i < p.kernel_h; ++i) {
+              for (int64_t j = 0; j < p.kernel_w; ++j, ++k) {
+                for (int64_t g = 0; g < Gd; ++g) {
+                  T py, px, m;
+                  deform_conv2d_point_at<T, T>(p, off_n, mask_n, g, k, i, j, ho, wo, p0 + t, &py, &px, &m);
+                  taps[(t * K + k) * Gd + g] = masked_taps<T>(py, px, m, p.height, p.width);
+                }
+              }
+            }
+            if (++wo == p.out_w) {
+              wo = 0;
+              ++ho;
             }
           }
         });
-        DCNKIT_RETURN_IF_ERROR(first_error());
-      }
-      // 4. grad_input: a task owns whole input channels (race-free, deterministic).
-      if (gin_n) {
-        parallel_for(ctx, Cin, [&](int64_t b, int64_t e) {
-          for (int64_t c = b; c < e; ++c) {
-            const int64_t g = c / cpg;
-            T* gimg = gin_n + c * HW;
+        const int64_t parts = std::min<int64_t>(nt, Cin);
+        parallel_tasks(ctx, parts, [&](int64_t task) {
+          int64_t cb0, ce0;
+          split_range(Cin, parts, task, &cb0, &ce0);
+          for (int64_t t = 0; t < pc; ++t) {
+            const T* grow = gcol + t * CK;
             for (int64_t k = 0; k < K; ++k) {
-              const SampleTaps<T>* tp = taps + (g * K + k) * pc;
-              const T* grow = gcol + (c * K + k) * pc;
-              for (int64_t t = 0; t < pc; ++t) sample_scatter<T, T>(gimg, tp[t], grow[t], PlainAdd<T>());
+              for (int64_t g = 0; g < Gd; ++g) {
+                const int64_t cb1 = std::max(cb0, g * cpg), ce1 = std::min(ce0, (g + 1) * cpg);
+                if (cb1 >= ce1) continue;
+                const SampleTaps<T>& s = taps[(t * K + k) * Gd + g];
+                for_conv_group_segments(cb1, ce1, cin_g, [&](int64_t gc, int64_t cb, int64_t ce) {
+                  const T* __restrict src = grow + gc * KC + k * cin_g + (cb - gc * cin_g);
+                  const int64_t len = ce - cb;
+                  for (int q = 0; q < 4; ++q) {
+                    const T w = s.w[q];
+                    if (w == T(0)) continue;
+                    T* __restrict dst = gin_hwc + s.idx[q] * Cin + cb;
+                    for (int64_t c = 0; c < len; ++c) dst[c] += w * src[c];
+                  }
+                });
+              }
             }
           }
         });
       }
-      // 5. grad_offset / grad_mask per (g, k, position), summed over the group's channels.
+      // 4. grad_offset / grad_mask per (g, k, position), summed over the group's channels.
       if (grad_offset || grad_mask) {
         T* goff_n = grad_offset ? grad_offset + n * 2 * Gd * K * P : nullptr;
         T* gmask_n = grad_mask ? grad_mask + n * Gd * K * P : nullptr;
-        parallel_for(ctx, Gd * K * pc, [&](int64_t b, int64_t e) {
-          for (int64_t it = b; it < e; ++it) {
-            const int64_t gk = it / pc, t = it - gk * pc;
-            const int64_t g = gk / K, k = gk - g * K, pos = p0 + t;
-            T gy, gx, gm;
-            deform_conv2d_offset_mask_grad<T, T>(p, x_n, off_n, mask_n, gcol + t, pc, g, k, pos, &gy,
-                                                 &gx, &gm);
-            if (goff_n) {
-              goff_n[(g * 2 * K + 2 * k) * P + pos] = gy;
-              goff_n[(g * 2 * K + 2 * k + 1) * P + pos] = gx;
+        parallel_for(ctx, pc, [&](int64_t b, int64_t e) {
+          int64_t ho = (p0 + b) / p.out_w, wo = (p0 + b) - ho * p.out_w;
+          for (int64_t t = b; t < e; ++t) {
+            const int64_t pos = p0 + t;
+            const T* grow = gcol + t * CK;
+            for (int64_t i = 0, k = 0; i < p.kernel_h; ++i) {
+              for (int64_t j = 0; j < p.kernel_w; ++j, ++k) {
+                for (int64_t g = 0; g < Gd; ++g) {
+                  T py, px, m;
+                  deform_conv2d_point_at<T, T>(p, off_n, mask_n, g, k, i, j, ho, wo, pos, &py, &px, &m);
+                  const Taps<T> tp = dcn_taps<T>(py, px, p.height, p.width);
+                  T gy = T(0), gx = T(0), gm = T(0);
+                  if (tp.inside) {
+                    for_conv_group_segments(g * cpg, (g + 1) * cpg, cin_g, [&](int64_t gc, int64_t cb, int64_t ce) {
+                      T sy, sx, sv;
+                      taps_channel_dots<T, T>(tp, x_hwc + cb, 1, Cin, grow + gc * KC + k * cin_g + (cb - gc * cin_g),
+                                              1, ce - cb, &sy, &sx, &sv);
+                      gy += sy;
+                      gx += sx;
+                      gm += sv;
+                    });
+                  }
+                  if (goff_n) {
+                    goff_n[(g * 2 * K + 2 * k) * P + pos] = gy * m;
+                    goff_n[(g * 2 * K + 2 * k + 1) * P + pos] = gx * m;
+                  }
+                  if (gmask_n) gmask_n[(g * K + k) * P + pos] = gm;
+                }
+              }
             }
-            if (gmask_n) gmask_n[(g * K + k) * P + pos] = gm;
+            if (++wo == p.out_w) {
+              wo = 0;
+              ++ho;
+            }
           }
         });
       }
     }
+    if (grad_input) {
+      T* gin_n = grad_input + n * Cin * HW;
+      parallel_for(ctx, Cin, [&](int64_t b, int64_t e) { to_channels_first(gin_hwc, gin_n, Cin, HW, b, e); });
+    }
   }
+  if (grad_weight) weight_from_kc(p, gwt, grad_weight);
   return Status::Ok();
 }
 

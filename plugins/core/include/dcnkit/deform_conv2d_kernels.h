@@ -23,28 +23,33 @@ struct SampleTaps {
   Acc w[4];
 };
 
-// Sampling point (py, px) and mask m of (deformable group g, kernel point k, output position pos).
+// Sampling point (py, px) and mask m of (deformable group g, kernel point k = i*kw + j, output position
+// pos = ho*Wo + wo); the caller passes i, j, ho, wo (loops know them without dividing).
 template <typename Acc, typename T>
-DCNKIT_HD void deform_conv2d_point(const DeformConv2dParams& p, const T* offset_n, const T* mask_n,
-                                   int64_t g, int64_t k, int64_t pos, Acc* py, Acc* px, Acc* m) {
+DCNKIT_HD void deform_conv2d_point_at(const DeformConv2dParams& p, const T* offset_n, const T* mask_n,
+                                      int64_t g, int64_t k, int64_t i, int64_t j, int64_t ho,
+                                      int64_t wo, int64_t pos, Acc* py, Acc* px, Acc* m) {
   const int64_t K = p.kernel_h * p.kernel_w;
   const int64_t P = p.out_h * p.out_w;
-  const int64_t ho = pos / p.out_w, wo = pos - ho * p.out_w;
-  const int64_t i = k / p.kernel_w, j = k - i * p.kernel_w;
   const T* off = offset_n + (g * 2 * K + 2 * k) * P + pos;
   *py = Acc(ho * p.attrs.stride_h - p.attrs.pad_h + i * p.attrs.dilation_h) + to_acc<Acc>(off[0]);
   *px = Acc(wo * p.attrs.stride_w - p.attrs.pad_w + j * p.attrs.dilation_w) + to_acc<Acc>(off[P]);
   *m = mask_n ? to_acc<Acc>(mask_n[(g * K + k) * P + pos]) : Acc(1);
 }
 
-// Taps of (g, k, pos) with the mask folded in.
+// The same from (g, k, pos) alone.
 template <typename Acc, typename T>
-DCNKIT_HD SampleTaps<Acc> deform_conv2d_sample_taps(const DeformConv2dParams& p, const T* offset_n,
-                                                    const T* mask_n, int64_t g, int64_t k,
-                                                    int64_t pos) {
-  Acc py, px, m;
-  deform_conv2d_point<Acc, T>(p, offset_n, mask_n, g, k, pos, &py, &px, &m);
-  const Taps<Acc> t = dcn_taps<Acc>(py, px, p.height, p.width);
+DCNKIT_HD void deform_conv2d_point(const DeformConv2dParams& p, const T* offset_n, const T* mask_n,
+                                   int64_t g, int64_t k, int64_t pos, Acc* py, Acc* px, Acc* m) {
+  const int64_t ho = pos / p.out_w, wo = pos - ho * p.out_w;
+  const int64_t i = k / p.kernel_w, j = k - i * p.kernel_w;
+  deform_conv2d_point_at<Acc, T>(p, offset_n, mask_n, g, k, i, j, ho, wo, pos, py, px, m);
+}
+
+// Taps of a sampling point with the mask folded in.
+template <typename Acc>
+DCNKIT_HD SampleTaps<Acc> masked_taps(Acc py, Acc px, Acc m, int64_t H, int64_t W) {
+  const Taps<Acc> t = dcn_taps<Acc>(py, px, H, W);
   SampleTaps<Acc> s;
   for (int q = 0; q < 4; ++q) {
     s.idx[q] = t.idx[q];
@@ -54,11 +59,24 @@ DCNKIT_HD SampleTaps<Acc> deform_conv2d_sample_taps(const DeformConv2dParams& p,
   return s;
 }
 
-// m * S_dcn(img, py, px) from precomputed taps (img: one H x W channel).
+// Taps of (g, k, pos) with the mask folded in.
 template <typename Acc, typename T>
-DCNKIT_HD Acc sample_value(const T* img, const SampleTaps<Acc>& s) {
-  return s.w[0] * to_acc<Acc>(img[s.idx[0]]) + s.w[1] * to_acc<Acc>(img[s.idx[1]]) +
-         s.w[2] * to_acc<Acc>(img[s.idx[2]]) + s.w[3] * to_acc<Acc>(img[s.idx[3]]);
+DCNKIT_HD SampleTaps<Acc> deform_conv2d_sample_taps(const DeformConv2dParams& p, const T* offset_n,
+                                                    const T* mask_n, int64_t g, int64_t k,
+                                                    int64_t pos) {
+  Acc py, px, m;
+  deform_conv2d_point<Acc, T>(p, offset_n, mask_n, g, k, pos, &py, &px, &m);
+  return masked_taps<Acc>(py, px, m, p.height, p.width);
+}
+
+// m * S_dcn(img, py, px) from precomputed taps. Pixel idx of the channel is img[idx * pixel_stride]
+// (1 for NCHW maps; Cin for a channels-last copy, where img points at the channel).
+template <typename Acc, typename T>
+DCNKIT_HD Acc sample_value(const T* img, const SampleTaps<Acc>& s, int64_t pixel_stride = 1) {
+  return s.w[0] * to_acc<Acc>(img[s.idx[0] * pixel_stride]) +
+         s.w[1] * to_acc<Acc>(img[s.idx[1] * pixel_stride]) +
+         s.w[2] * to_acc<Acc>(img[s.idx[2] * pixel_stride]) +
+         s.w[3] * to_acc<Acc>(img[s.idx[3] * pixel_stride]);
 }
 
 // One column element: row r = c*K + k, position pos (the sampled value times the mask).
@@ -74,9 +92,10 @@ DCNKIT_HD Acc deform_conv2d_column(const DeformConv2dParams& p, const T* input_n
 // `add(T* dst, Acc value)` is a plain += on the CPU and atomicAdd on CUDA. Taps of weight 0 are skipped
 // (their index is 0 and they contribute nothing).
 template <typename Acc, typename T, typename Add>
-DCNKIT_HD void sample_scatter(T* grad_img, const SampleTaps<Acc>& s, Acc v, Add add) {
+DCNKIT_HD void sample_scatter(T* grad_img, const SampleTaps<Acc>& s, Acc v, Add add,
+                              int64_t pixel_stride = 1) {
   for (int q = 0; q < 4; ++q) {
-    if (s.w[q] != Acc(0)) add(grad_img + s.idx[q], s.w[q] * v);
+    if (s.w[q] != Acc(0)) add(grad_img + s.idx[q] * pixel_stride, s.w[q] * v);
   }
 }
 
@@ -90,12 +109,34 @@ DCNKIT_HD void deform_conv2d_scatter_input(const DeformConv2dParams& p, const T*
   sample_scatter<Acc, T, Add>(grad_input_n + c * p.height * p.width, s, grad_col_value, add);
 }
 
+// Partial sums over the channels c in [0, nc) of gcol(c) * (dS/dy, dS/dx, S) at the (unmasked) taps t,
+// with the value of channel c at pixel idx = x[c * x_cs + idx * x_ps] and gcol(c) = gcol[c * g_cs].
+template <typename Acc, typename T>
+DCNKIT_HD void taps_channel_dots(const Taps<Acc>& t, const T* x, int64_t x_cs, int64_t x_ps,
+                                 const T* gcol, int64_t g_cs, int64_t nc, Acc* sy, Acc* sx, Acc* sv) {
+  Acc d[4] = {Acc(0), Acc(0), Acc(0), Acc(0)};
+  for (int64_t c = 0; c < nc; ++c) {
+    const Acc gc = to_acc<Acc>(gcol[c * g_cs]);
+    const T* xc = x + c * x_cs;
+    for (int q = 0; q < 4; ++q) d[q] += gc * to_acc<Acc>(xc[t.idx[q] * x_ps]);
+  }
+  Acc gy = Acc(0), gx = Acc(0), gv = Acc(0);
+  for (int q = 0; q < 4; ++q) {
+    gy += t.dwy[q] * d[q];
+    gx += t.dwx[q] * d[q];
+    gv += t.w[q] * d[q];
+  }
+  *sy = gy;
+  *sx = gx;
+  *sv = gv;
+}
+
 // Offset and mask gradients of one (deformable group g, kernel point k, position pos), summed over the
 // channels of the group: with gcol = d loss / d column[c*K + k, pos],
-//   d/d offset_y = sum_c gcol * m * dS/dy,  d/d offset_x = sum_c gcol * m * dS/dx,
+//   d/d offset_y = m * sum_c gcol * dS/dy,  d/d offset_x = m * sum_c gcol * dS/dx,
 //   d/d mask     = sum_c gcol * S.
-// grad_col_at points at the column-gradient element of row 0 for this position; row r is at
-// grad_col_at[r * ld_col] (the launcher may hold the column gradient of a chunk of positions only).
+// input_n is NCHW; grad_col_at points at the column-gradient element of row 0 for this position, row r
+// is at grad_col_at[r * ld_col].
 template <typename Acc, typename T>
 DCNKIT_HD void deform_conv2d_offset_mask_grad(const DeformConv2dParams& p, const T* input_n,
                                               const T* offset_n, const T* mask_n,
@@ -110,20 +151,8 @@ DCNKIT_HD void deform_conv2d_offset_mask_grad(const DeformConv2dParams& p, const
     const int64_t K = p.kernel_h * p.kernel_w;
     const int64_t HW = p.height * p.width;
     const int64_t cpg = p.in_channels / p.attrs.deformable_groups;
-    for (int64_t c = g * cpg; c < (g + 1) * cpg; ++c) {
-      const T* img = input_n + c * HW;
-      const Acc gc = to_acc<Acc>(grad_col_at[(c * K + k) * ld_col]);
-      Acc vy = Acc(0), vx = Acc(0), v = Acc(0);
-      for (int q = 0; q < 4; ++q) {
-        const Acc x = to_acc<Acc>(img[t.idx[q]]);
-        vy += t.dwy[q] * x;
-        vx += t.dwx[q] * x;
-        v += t.w[q] * x;
-      }
-      gy += gc * vy;
-      gx += gc * vx;
-      gm += gc * v;
-    }
+    taps_channel_dots<Acc, T>(t, input_n + g * cpg * HW, HW, 1, grad_col_at + (g * cpg * K + k) * ld_col,
+                              K * ld_col, cpg, &gy, &gx, &gm);
   }
   *grad_y = gy * m;
   *grad_x = gx * m;
