@@ -342,3 +342,25 @@ def test_to_onnx_names_and_axes(tmp_path):
                                  dynamic_batch=False, dynamic_rois=False)
     proto = onnx.load(path)
     assert [_dims(i) for i in proto.graph.input] == [[2, 8, 12, 12], [3, 5]]
+
+
+def test_plain_dynamo_export_in_fresh_process(tmp_path):
+    """In a new interpreter, ``import dcnkit`` alone (no to_onnx, torch's exporter not yet loaded)
+    makes the dynamo exporter translate our ops; onnxscript is not imported by ``import dcnkit``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, dcnkit\n"
+        "assert 'onnxscript' not in sys.modules, 'import dcnkit imported onnxscript'\n"
+        "w = torch.randn(4, 3, 3, 3); x = torch.randn(2, 3, 6, 6); off = torch.randn(2, 18, 4, 4)\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, x, off, rois):\n"
+        "        y = dcnkit.ops.deform_conv2d(x, off, w)\n"
+        "        return dcnkit.ops.roi_align(y, rois, 2, 1.0, 2, False, 'max')\n"
+        "rois = torch.tensor([[0, 0, 0, 3, 3], [1, 1, 0, 2, 3.]])\n"
+        f"torch.onnx.export(M(), (x, off, rois), {str(tmp_path / 'fresh.onnx')!r})\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=300)
+    types = _node_types(onnx.load(str(tmp_path / "fresh.onnx")))
+    assert ("", "DeformConv") in types and (DOMAIN, "RoIAlign") in types

@@ -8,12 +8,14 @@ exporter's lowest) and one for opset >= 19 (where ``DeformConv`` exists); the ex
 with the highest opset not above the export's.
 
 That module imports onnxscript (about half a second), so ``import dcnkit`` does not import it: a
-post-import hook adds our entries when torch's exporter loads it (or at once, if already loaded).
+post-import hook adds our entries when torch's exporter has loaded it and ``_registration`` (they
+import each other; at once if both are loaded already).
 """
 from __future__ import annotations
 
+import importlib
 import importlib.abc
-import importlib.util
+import importlib.machinery
 import sys
 import threading
 from typing import Any
@@ -24,6 +26,7 @@ from dcnkit.export import _lowering, _table
 from dcnkit.ops import _loader  # noqa: F401  (torch.ops.dcnkit.*)
 
 _REGISTRY_MODULE = "torch.onnx._internal.exporter._torchlib._torchlib_registry"
+_META_MODULE = "torch.onnx._internal.exporter._registration"
 _OPSETS = (18, 19)
 _lock = threading.Lock()
 _registered = False
@@ -124,21 +127,35 @@ def _add_entries(registry_module: Any) -> None:
         _registered = True
 
 
+def _try_add_entries() -> None:
+    """Adds our entries once torch's registry list and ``OnnxDecompMeta`` are both fully loaded
+    (the two modules import each other, so either may finish last)."""
+    reg = sys.modules.get(_REGISTRY_MODULE)
+    meta = sys.modules.get(_META_MODULE)
+    if reg is not None and meta is not None and hasattr(reg, "_registry") and hasattr(meta, "OnnxDecompMeta"):
+        _add_entries(reg)
+
+
 class _PostImportHook(importlib.abc.MetaPathFinder):
-    """Adds our entries right after torch's exporter loads its registry module."""
+    """Runs ``_try_add_entries`` right after torch's exporter loads either registry module."""
+
+    def __init__(self) -> None:
+        self.pending = {_REGISTRY_MODULE, _META_MODULE}
 
     def find_spec(self, fullname, path, target=None):  # noqa: D102
-        if fullname != _REGISTRY_MODULE:
+        if fullname not in self.pending:
             return None
-        sys.meta_path.remove(self)  # one shot; also keeps find_spec below from recursing here
-        spec = importlib.util.find_spec(fullname)
+        self.pending.discard(fullname)
+        if not self.pending and self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader_exec = spec.loader.exec_module
 
         def exec_module(module):
             loader_exec(module)
-            _add_entries(module)
+            _try_add_entries()
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -148,16 +165,16 @@ def register() -> None:
     """Makes plain ``torch.onnx.export(..., dynamo=True)`` translate the dcnkit ops (idempotent)."""
     if _registered:
         return
-    module = sys.modules.get(_REGISTRY_MODULE)
-    if module is not None:
-        _add_entries(module)
-    elif not any(isinstance(f, _PostImportHook) for f in sys.meta_path):
+    _try_add_entries()
+    if not _registered and not any(isinstance(f, _PostImportHook) for f in sys.meta_path):
         sys.meta_path.insert(0, _PostImportHook())
 
 
 def ensure_registered() -> None:
     """Imports torch's exporter registry now and adds our entries (used by ``to_onnx``)."""
     register()
+    importlib.import_module(_META_MODULE)
     importlib.import_module(_REGISTRY_MODULE)
+    _try_add_entries()
     if not _registered:
-        _add_entries(sys.modules[_REGISTRY_MODULE])
+        raise RuntimeError("dcnkit: could not add the dcnkit ops to torch.onnx's exporter registry")
