@@ -35,7 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="export the standard ONNX DeformConv instead of the dcnkit-domain DeformConv2d")
     p.add_argument("--atol", type=float, default=1e-4, help="comparison tolerance (absolute, default 1e-4)")
     p.add_argument("--rtol", type=float, default=1e-4, help="comparison tolerance (relative, default 1e-4)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads for training (default 1: tiny batches gain little from more, and "
+                   "OpenMP threads on busy shared cores can be many times slower)")
 
 
 def build_model(channels: int = 16):
@@ -95,7 +97,7 @@ def train(model, x, y, epochs: int, batch_size: int, lr: float, seed: int, log=p
             loss = loss_fn(model(xt[idx]), yt[idx])
             loss.backward()
             opt.step()
-            total += float(loss) * len(idx)
+            total += float(loss.detach()) * len(idx)
         sched.step()
         if hasattr(bar, "set_postfix"):
             bar.set_postfix(loss=f"{total / len(xt):.4f}")
@@ -112,8 +114,22 @@ def torch_logits(model, x: np.ndarray) -> np.ndarray:
 
 def run_demo(out: str | Path = "dcnkit-demo", epochs: int = 15, batch_size: int = 64, lr: float = 3e-3,
              seed: int = 0, train_fraction: float = 1.0, reference_samples: int = 32, standard_ops: bool = False,
-             atol: float = 1e-4, rtol: float = 1e-4, threads: int | None = None, log=print) -> dict:
+             atol: float = 1e-4, rtol: float = 1e-4, threads: int | None = 1, log=print) -> dict:
     """The whole demo; returns a summary dict (also written to ``out/summary.json``)."""
+    import torch
+
+    old_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _run_demo(out, epochs, batch_size, lr, seed, train_fraction, reference_samples, standard_ops,
+                         atol, rtol, log)
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _run_demo(out, epochs, batch_size, lr, seed, train_fraction, reference_samples, standard_ops, atol, rtol,
+              log) -> dict:
     import torch
 
     import dcnkit.export as dk_export
@@ -121,8 +137,6 @@ def run_demo(out: str | Path = "dcnkit-demo", epochs: int = 15, batch_size: int 
     from dcnkit.runtime.runners import available_backends, make_runner
 
     t_start = time.perf_counter()
-    if threads:
-        torch.set_num_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     np.random.seed(seed)
@@ -147,7 +161,7 @@ def run_demo(out: str | Path = "dcnkit-demo", epochs: int = 15, batch_size: int 
     onnx_path = out / "dcn_digits.onnx"
     t0 = time.perf_counter()
     dk_export.to_onnx(model, (torch.from_numpy(x_te[:2]),), str(onnx_path), standard_ops=standard_ops,
-                      dynamic_batch=True)
+                      dynamic_batch=True, verbose=False)
     import onnx
 
     proto = onnx.load(str(onnx_path))
