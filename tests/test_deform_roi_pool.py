@@ -53,6 +53,15 @@ def test_gradcheck_input_and_offset(sr):
     assert torch.autograd.gradcheck(lambda a, o: deform_roi_pool(a, rois, o, 2, 1.0, sr, 0.1), (x, offset))
 
 
+def test_gradcheck_large_bins():
+    # 1 bin of 17 x 17 samples: more than the CPU taps buffer (sampled on the fly).
+    x = torch.randn(1, 2, 18, 18, dtype=torch.float64, requires_grad=True)
+    rois = torch.tensor([[0, 0.9, 1.2, 17.7, 17.6]], dtype=torch.float64)
+    offset = torch.tensor([[[[0.013]], [[-0.021]]]], dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(deform_roi_pool(x, rois, offset, 1), ref(x.detach(), rois, offset.detach(), 1, 1.0, 0, 0.1))
+    assert torch.autograd.gradcheck(lambda a, o: deform_roi_pool(a, rois, o, 1), (x, offset))
+
+
 def test_gradcheck_without_offset():
     x = torch.randn(1, 2, 8, 8, dtype=torch.float64, requires_grad=True)
     rois = rand_rois(2, 1, 8, 8, inside=True)

@@ -165,6 +165,25 @@ def test_tiny_and_degenerate_rois():
             torch.testing.assert_close(y, torchvision.ops.roi_align(x, rois, 2, 1.0, sr, aligned))
 
 
+@pytest.mark.parametrize("mode", ["avg", "max"])
+def test_large_bins_and_partial_chunks(mode):
+    # 1 bin of 19 x 19 samples (more than the CPU taps buffer: sampled on the fly), and 3 x 3 bins of
+    # 10 x 10 samples (the buffer holds 2 bins: the last chunk is partial).
+    x = torch.randn(2, 2, 20, 20, dtype=torch.float64, requires_grad=True)
+    rois = torch.tensor([[0, 0.3, 0.2, 19.4, 19.1], [1, 0.0, 0.0, 30.0, 30.0]], dtype=torch.float64)
+    g = torch.randn(2, 2, 1, 1, dtype=torch.float64)
+    for out, sr in ((1, 0), (3, 10)):
+        y = roi_align(x, rois, out, 1.0, sr, True, mode)
+        torch.testing.assert_close(y, ref(x.detach(), rois, out, 1.0, sr, True, mode))
+    y = roi_align(x, rois, 1, 1.0, 0, True, mode)
+    (gx,) = torch.autograd.grad(y, x, g)
+    if mode == "avg":
+        (tx,) = torch.autograd.grad(torchvision.ops.roi_align(x, rois, 1, 1.0, 0, True), x, g)
+        torch.testing.assert_close(gx, tx)
+    else:
+        assert torch.count_nonzero(gx[0, 0]) <= 4 and torch.count_nonzero(gx[1, 1]) <= 4
+
+
 def test_non_finite_box_coordinates_sample_as_outside():
     x = torch.randn(1, 2, 6, 6)
     rois = torch.tensor([[0, float("nan"), 1, 3, 3], [0, 1, 1, float("inf"), 3],

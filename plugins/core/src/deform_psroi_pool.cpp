@@ -125,14 +125,20 @@ Status deform_psroi_pool_backward_cpu(const DeformPSRoIPoolParams& p, const T* g
           T* g = grad_input + (n * C + c) * H * W;
           for (int64_t i = 0; i < H * W; ++i) g[i] = T(0);
         }
-        const int64_t ctop = c / (G * G);
+        const int64_t ctop = c / (G * G), cgh = (c / G) % G, cgw = c % G;
+        auto group_of = [&](int64_t i) {
+          const int64_t g = i * G / P;
+          return g < 0 ? 0 : (g > G - 1 ? G - 1 : g);
+        };
         for (int64_t k = 0; k < p.num_rois; ++k) {
           const T* roi = rois + k * 5;
           int64_t b = 0;
           roi_batch_index<T>(roi, N, &b);
           CpuAdd<T> add{grad_input + (b * C + c) * H * W};
           for (int64_t ph = 0; ph < P; ++ph) {
+            if (group_of(ph) != cgh) continue;
             for (int64_t pw = 0; pw < P; ++pw) {
+              if (group_of(pw) != cgw) continue;  // bins that read another channel
               const int64_t o = ((k * D + ctop) * P + ph) * P + pw;
               const T gv = grad_output[o];
               if (gv == T(0)) continue;

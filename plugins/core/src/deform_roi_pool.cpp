@@ -42,12 +42,6 @@ Status make_deform_roi_pool_params(const char* op, const Shape& input, const Sha
 namespace {
 
 template <typename T>
-struct CpuAdd {
-  T* base;
-  void operator()(int64_t i, T v) const { base[i] += v; }
-};
-
-template <typename T>
 RoIAlignBox<T> deform_box(const DeformRoIPoolParams& p, const T* roi) {
   return roi_align_box<T>(roi, static_cast<T>(p.attrs.spatial_scale), true, p.attrs.pooled_h,
                           p.attrs.pooled_w, p.attrs.sampling_ratio);
@@ -69,27 +63,13 @@ template <typename T>
 Status deform_roi_pool_forward_cpu(const DeformRoIPoolParams& p, const T* input, const T* rois,
                                    const T* offset, T* output, const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("deform_roi_pool", rois, p.num_rois, p.batch));
-  const int64_t C = p.channels, H = p.height, W = p.width;
-  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
   if (!p.has_offset) offset = nullptr;
-  parallel_for(ctx, p.num_rois * C, [&](int64_t begin, int64_t end) {
-    for (int64_t kc = begin; kc < end; ++kc) {
-      const int64_t k = kc / C, c = kc % C;
-      const T* roi = rois + k * 5;
-      int64_t b = 0;
-      roi_batch_index<T>(roi, p.batch, &b);
-      const RoIAlignBox<T> box = deform_box(p, roi);
-      const T* img = input + (b * C + c) * H * W;
-      T* out = output + kc * oh * ow;
-      for (int64_t ph = 0; ph < oh; ++ph) {
-        for (int64_t pw = 0; pw < ow; ++pw) {
-          T y0, x0;
-          deform_origin(p, box, offset, k, ph, pw, &y0, &x0);
-          out[ph * ow + pw] = roi_align_bin_forward(img, H, W, box, y0, x0, false);
-        }
-      }
-    }
-  });
+  auto box_of = [&](const T* roi) { return deform_box(p, roi); };
+  auto origin_of = [&](int64_t k, const RoIAlignBox<T>& box, int64_t ph, int64_t pw, T* y0, T* x0) {
+    deform_origin(p, box, offset, k, ph, pw, y0, x0);
+  };
+  roi_pool_forward_cpu(ctx, p.num_rois, p.batch, p.channels, p.height, p.width, p.attrs.pooled_h,
+                       p.attrs.pooled_w, false, input, rois, output, box_of, origin_of);
   return Status::Ok();
 }
 
@@ -99,69 +79,62 @@ Status deform_roi_pool_backward_cpu(const DeformRoIPoolParams& p, const T* grad_
                                     T* grad_offset, const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("deform_roi_pool", rois, p.num_rois, p.batch));
   const int64_t N = p.batch, C = p.channels, H = p.height, W = p.width;
-  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
+  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w, bins = oh * ow;
   if (!p.has_offset) offset = nullptr;
-  // grad_input: one task per channel (owns grad_input[:, c]).
+  auto box_of = [&](const T* roi) { return deform_box(p, roi); };
+  auto origin_of = [&](int64_t k, const RoIAlignBox<T>& box, int64_t ph, int64_t pw, T* y0, T* x0) {
+    deform_origin(p, box, offset, k, ph, pw, y0, x0);
+  };
   if (grad_input != nullptr) {
-    parallel_for(ctx, C, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c) {
-        for (int64_t n = 0; n < N; ++n) {
-          T* g = grad_input + (n * C + c) * H * W;
-          for (int64_t i = 0; i < H * W; ++i) g[i] = T(0);
-        }
-        for (int64_t k = 0; k < p.num_rois; ++k) {
-          const T* roi = rois + k * 5;
-          int64_t b = 0;
-          roi_batch_index<T>(roi, N, &b);
-          const RoIAlignBox<T> box = deform_box(p, roi);
-          CpuAdd<T> add{grad_input + (b * C + c) * H * W};
-          const T* go = grad_output + (k * C + c) * oh * ow;
-          for (int64_t ph = 0; ph < oh; ++ph) {
-            for (int64_t pw = 0; pw < ow; ++pw) {
-              const T gv = go[ph * ow + pw];
-              if (gv == T(0)) continue;
-              T y0, x0;
-              deform_origin(p, box, offset, k, ph, pw, &y0, &x0);
-              roi_align_bin_backward<T, T>(nullptr, H, W, box, y0, x0, false, gv, add);
-            }
+    roi_pool_backward_cpu(ctx, p.num_rois, N, C, H, W, oh, ow, false, grad_output, input, rois,
+                          grad_input, box_of, origin_of);
+  }
+  if (grad_offset == nullptr) return Status::Ok();
+  if (offset == nullptr) {
+    for (int64_t i = 0; i < p.num_rois * 2 * bins; ++i) grad_offset[i] = T(0);
+    return Status::Ok();
+  }
+  // grad_offset: one task per RoI; per bin, the sum over channels of g * d(bin value)/d(corner).
+  const T gamma = static_cast<T>(p.attrs.gamma);
+  parallel_for(ctx, p.num_rois, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const T* roi = rois + k * 5;
+      int64_t b = 0;
+      roi_batch_index<T>(roi, N, &b);
+      const RoIAlignBox<T> box = box_of(roi);
+      const int64_t n = roi_bin_samples(box);
+      T* gox = grad_offset + k * 2 * bins;
+      T* goy = gox + bins;
+      for (int64_t bin = 0; bin < bins; ++bin) {
+        T y0, x0;
+        origin_of(k, box, bin / ow, bin % ow, &y0, &x0);
+        T sx = T(0), sy = T(0);
+        if (n > 0 && n <= kRoITapsBuffer) {
+          Taps<T> buf[kRoITapsBuffer];
+          roi_fill_taps(box, k, bin, 1, ow, H, W, n, origin_of, buf);
+          for (int64_t c = 0; c < C; ++c) {
+            const T g = grad_output[(k * C + c) * bins + bin];
+            if (g == T(0)) continue;
+            T gy, gx;
+            roi_bin_coord_grad<T>(input + (b * C + c) * H * W, n, TapsArray<T>{buf}, &gy, &gx);
+            sx += g * gx;
+            sy += g * gy;
+          }
+        } else if (n > 0) {
+          for (int64_t c = 0; c < C; ++c) {
+            const T g = grad_output[(k * C + c) * bins + bin];
+            if (g == T(0)) continue;
+            T gy, gx;
+            roi_align_bin_coord_grad(input + (b * C + c) * H * W, H, W, box, y0, x0, &gy, &gx);
+            sx += g * gx;
+            sy += g * gy;
           }
         }
+        gox[bin] = gamma * box.roi_w * sx;
+        goy[bin] = gamma * box.roi_h * sy;
       }
-    });
-  }
-  // grad_offset: one task per RoI, summing over channels.
-  if (grad_offset != nullptr && offset != nullptr) {
-    const T gamma = static_cast<T>(p.attrs.gamma);
-    parallel_for(ctx, p.num_rois, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) {
-        const T* roi = rois + k * 5;
-        int64_t b = 0;
-        roi_batch_index<T>(roi, N, &b);
-        const RoIAlignBox<T> box = deform_box(p, roi);
-        T* gox = grad_offset + k * 2 * oh * ow;
-        T* goy = gox + oh * ow;
-        for (int64_t ph = 0; ph < oh; ++ph) {
-          for (int64_t pw = 0; pw < ow; ++pw) {
-            T y0, x0;
-            deform_origin(p, box, offset, k, ph, pw, &y0, &x0);
-            T sx = T(0), sy = T(0);
-            for (int64_t c = 0; c < C; ++c) {
-              const T gv = grad_output[((k * C + c) * oh + ph) * ow + pw];
-              if (gv == T(0)) continue;
-              T gy, gx;
-              roi_align_bin_coord_grad(input + (b * C + c) * H * W, H, W, box, y0, x0, &gy, &gx);
-              sx += gv * gx;
-              sy += gv * gy;
-            }
-            gox[ph * ow + pw] = gamma * box.roi_w * sx;
-            goy[ph * ow + pw] = gamma * box.roi_h * sy;
-          }
-        }
-      }
-    });
-  } else if (grad_offset != nullptr) {
-    for (int64_t i = 0; i < p.num_rois * 2 * oh * ow; ++i) grad_offset[i] = T(0);
-  }
+    }
+  });
   return Status::Ok();
 }
 

@@ -41,44 +41,20 @@ Status make_roi_align_params(const char* op, const Shape& input, const Shape& ro
   return Status::Ok();
 }
 
-namespace {
-
-template <typename T>
-struct CpuAdd {
-  T* base;
-  void operator()(int64_t i, T v) const { base[i] += v; }
-};
-
-}  // namespace
-
 template <typename T>
 Status roi_align_forward_cpu(const RoIAlignParams& p, const T* input, const T* rois, T* output,
                              const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("roi_align", rois, p.num_rois, p.batch));
-  const int64_t C = p.channels, H = p.height, W = p.width;
-  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
-  const bool max_mode = p.attrs.mode == PoolMode::kMax;
-  const T scale = static_cast<T>(p.attrs.spatial_scale);
-  // One task per (RoI, channel): all bins of that map.
-  parallel_for(ctx, p.num_rois * C, [&](int64_t begin, int64_t end) {
-    for (int64_t kc = begin; kc < end; ++kc) {
-      const int64_t k = kc / C, c = kc % C;
-      const T* roi = rois + k * 5;
-      int64_t b = 0;
-      roi_batch_index<T>(roi, p.batch, &b);
-      const RoIAlignBox<T> box =
-          roi_align_box<T>(roi, scale, p.attrs.aligned, oh, ow, p.attrs.sampling_ratio);
-      const T* img = input + (b * C + c) * H * W;
-      T* out = output + kc * oh * ow;
-      for (int64_t ph = 0; ph < oh; ++ph) {
-        for (int64_t pw = 0; pw < ow; ++pw) {
-          T y0, x0;
-          roi_bin_origin<T, T>(box, ph, pw, nullptr, nullptr, T(0), &y0, &x0);
-          out[ph * ow + pw] = roi_align_bin_forward(img, H, W, box, y0, x0, max_mode);
-        }
-      }
-    }
-  });
+  const RoIAlignAttrs& a = p.attrs;
+  const T scale = static_cast<T>(a.spatial_scale);
+  auto box_of = [&](const T* roi) {
+    return roi_align_box<T>(roi, scale, a.aligned, a.pooled_h, a.pooled_w, a.sampling_ratio);
+  };
+  auto origin_of = [](int64_t, const RoIAlignBox<T>& box, int64_t ph, int64_t pw, T* y0, T* x0) {
+    roi_bin_origin<T, T>(box, ph, pw, nullptr, nullptr, T(0), y0, x0);
+  };
+  roi_pool_forward_cpu(ctx, p.num_rois, p.batch, p.channels, p.height, p.width, a.pooled_h,
+                       a.pooled_w, a.mode == PoolMode::kMax, input, rois, output, box_of, origin_of);
   return Status::Ok();
 }
 
@@ -86,38 +62,17 @@ template <typename T>
 Status roi_align_backward_cpu(const RoIAlignParams& p, const T* grad_output, const T* input,
                               const T* rois, T* grad_input, const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("roi_align", rois, p.num_rois, p.batch));
-  const int64_t N = p.batch, C = p.channels, H = p.height, W = p.width;
-  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
-  const bool max_mode = p.attrs.mode == PoolMode::kMax;
-  const T scale = static_cast<T>(p.attrs.spatial_scale);
-  // One task per channel c: it owns grad_input[:, c] for every RoI (race-free, deterministic).
-  parallel_for(ctx, C, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      for (int64_t n = 0; n < N; ++n) {
-        T* g = grad_input + (n * C + c) * H * W;
-        for (int64_t i = 0; i < H * W; ++i) g[i] = T(0);
-      }
-      for (int64_t k = 0; k < p.num_rois; ++k) {
-        const T* roi = rois + k * 5;
-        int64_t b = 0;
-        roi_batch_index<T>(roi, N, &b);
-        const RoIAlignBox<T> box =
-            roi_align_box<T>(roi, scale, p.attrs.aligned, oh, ow, p.attrs.sampling_ratio);
-        const T* img = max_mode ? input + (b * C + c) * H * W : nullptr;
-        CpuAdd<T> add{grad_input + (b * C + c) * H * W};
-        const T* go = grad_output + (k * C + c) * oh * ow;
-        for (int64_t ph = 0; ph < oh; ++ph) {
-          for (int64_t pw = 0; pw < ow; ++pw) {
-            const T gv = go[ph * ow + pw];
-            if (gv == T(0)) continue;
-            T y0, x0;
-            roi_bin_origin<T, T>(box, ph, pw, nullptr, nullptr, T(0), &y0, &x0);
-            roi_align_bin_backward(img, H, W, box, y0, x0, max_mode, gv, add);
-          }
-        }
-      }
-    }
-  });
+  const RoIAlignAttrs& a = p.attrs;
+  const T scale = static_cast<T>(a.spatial_scale);
+  auto box_of = [&](const T* roi) {
+    return roi_align_box<T>(roi, scale, a.aligned, a.pooled_h, a.pooled_w, a.sampling_ratio);
+  };
+  auto origin_of = [](int64_t, const RoIAlignBox<T>& box, int64_t ph, int64_t pw, T* y0, T* x0) {
+    roi_bin_origin<T, T>(box, ph, pw, nullptr, nullptr, T(0), y0, x0);
+  };
+  roi_pool_backward_cpu(ctx, p.num_rois, p.batch, p.channels, p.height, p.width, a.pooled_h,
+                        a.pooled_w, a.mode == PoolMode::kMax, grad_output, input, rois, grad_input,
+                        box_of, origin_of);
   return Status::Ok();
 }
 

@@ -130,82 +130,230 @@ DCNKIT_HD Acc roi_sample_value(const T* img, const Taps<Acc>& t) {
   return t.inside ? taps_value(img, t) : Acc(0);
 }
 
-// Forward of one bin of one channel map `img` (H x W): the mean (avg) or the largest (max) of the
-// gh x gw samples; 0 when the grid is empty. `argmax` (optional) receives the index iy * gw + ix of
-// the largest sample (the first one on ties), -1 for an empty grid.
-template <typename Acc, typename T>
-DCNKIT_HD Acc roi_align_bin_forward(const T* img, int64_t H, int64_t W, const RoIAlignBox<Acc>& b,
-                                    Acc y0, Acc x0, bool max_mode, int64_t* argmax = nullptr) {
+// Number of samples of a bin (0: empty grid).
+template <typename Acc>
+DCNKIT_HD int64_t roi_bin_samples(const RoIAlignBox<Acc>& b) {
+  return (b.gh > 0 && b.gw > 0) ? b.gh * b.gw : 0;
+}
+
+// Taps sources for the bin functions below: sample i (= iy * gw + ix) of a bin, computed on the fly
+// (CUDA) or read from taps precomputed once per RoI and bin and reused for every channel (CPU).
+template <typename Acc>
+struct RoIBinTaps {
+  const RoIAlignBox<Acc>* box;
+  Acc y0, x0;
+  int64_t H, W;
+  DCNKIT_HD Taps<Acc> operator()(int64_t i) const {
+    return roi_bin_sample(*box, y0, x0, i / box->gw, i % box->gw, H, W);
+  }
+};
+template <typename Acc>
+struct TapsArray {
+  const Taps<Acc>* taps;
+  DCNKIT_HD const Taps<Acc>& operator()(int64_t i) const { return taps[i]; }
+};
+
+// Forward of one bin of one channel map `img` from its n samples: the mean (avg) or the largest (max);
+// 0 when n == 0. `argmax` (optional) receives the index of the largest sample (the first on ties).
+template <typename Acc, typename T, typename TapsAt>
+DCNKIT_HD Acc roi_bin_reduce(const T* img, int64_t n, const TapsAt& taps_at, bool max_mode,
+                             int64_t* argmax = nullptr) {
   if (argmax != nullptr) *argmax = -1;
-  if (b.gh <= 0 || b.gw <= 0) return Acc(0);
+  if (n <= 0) return Acc(0);
   Acc sum = Acc(0), best = Acc(0);
   int64_t best_i = -1;
-  for (int64_t iy = 0; iy < b.gh; ++iy) {
-    for (int64_t ix = 0; ix < b.gw; ++ix) {
-      const Acc v = roi_sample_value(img, roi_bin_sample(b, y0, x0, iy, ix, H, W));
-      if (max_mode) {
-        if (best_i < 0 || v > best) {
-          best = v;
-          best_i = iy * b.gw + ix;
-        }
-      } else {
-        sum += v;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& t = taps_at(i);
+    const Acc v = roi_sample_value(img, t);
+    if (max_mode) {
+      if (best_i < 0 || v > best) {
+        best = v;
+        best_i = i;
       }
+    } else {
+      sum += v;
     }
   }
   if (argmax != nullptr) *argmax = best_i;
-  return max_mode ? best : sum / static_cast<Acc>(b.gh * b.gw);
+  return max_mode ? best : sum / static_cast<Acc>(n);
 }
 
 // Backward of one bin: scatters the bin's output gradient g into the channel's input gradient through
-// add(index, value) (CPU: +=, CUDA: atomicAdd). avg: g / (gh*gw) to every sample; max: g to the
-// arg-max sample, recomputed from `img`.
-template <typename Acc, typename T, typename Add>
-DCNKIT_HD void roi_align_bin_backward(const T* img, int64_t H, int64_t W, const RoIAlignBox<Acc>& b,
-                                      Acc y0, Acc x0, bool max_mode, Acc g, Add& add) {
-  if (b.gh <= 0 || b.gw <= 0) return;
+// add(index, value) (CPU: +=, CUDA: atomicAdd). avg: g / n to every sample; max: g to the arg-max
+// sample, recomputed from `img` (avg does not read `img`).
+template <typename Acc, typename T, typename TapsAt, typename Add>
+DCNKIT_HD void roi_bin_scatter(const T* img, int64_t n, const TapsAt& taps_at, bool max_mode, Acc g,
+                               Add& add) {
+  if (n <= 0) return;
   if (max_mode) {
     int64_t am = -1;
-    roi_align_bin_forward(img, H, W, b, y0, x0, true, &am);
+    roi_bin_reduce<Acc>(img, n, taps_at, true, &am);
     if (am < 0) return;
-    const Taps<Acc> t = roi_bin_sample(b, y0, x0, am / b.gw, am % b.gw, H, W);
+    const auto& t = taps_at(am);
     if (!t.inside) return;
     for (int i = 0; i < 4; ++i) add(t.idx[i], g * t.w[i]);
     return;
   }
-  const Acc gs = g / static_cast<Acc>(b.gh * b.gw);
-  for (int64_t iy = 0; iy < b.gh; ++iy) {
-    for (int64_t ix = 0; ix < b.gw; ++ix) {
-      const Taps<Acc> t = roi_bin_sample(b, y0, x0, iy, ix, H, W);
-      if (!t.inside) continue;
-      for (int i = 0; i < 4; ++i) add(t.idx[i], gs * t.w[i]);
-    }
+  const Acc gs = g / static_cast<Acc>(n);
+  for (int64_t s = 0; s < n; ++s) {
+    const auto& t = taps_at(s);
+    if (!t.inside) continue;
+    for (int i = 0; i < 4; ++i) add(t.idx[i], gs * t.w[i]);
   }
 }
 
 // Derivatives of one avg bin's value with respect to its corner (y0, x0) (every sample moves with
 // it): the mean over samples of dS/dy and dS/dx. DeformRoIPool's offset gradient is
 // gamma * roi_w * (sum over channels of g * gx) in x and gamma * roi_h * (... gy) in y.
+template <typename Acc, typename T, typename TapsAt>
+DCNKIT_HD void roi_bin_coord_grad(const T* img, int64_t n, const TapsAt& taps_at, Acc* gy, Acc* gx) {
+  *gy = Acc(0);
+  *gx = Acc(0);
+  if (n <= 0) return;
+  Acc sy = Acc(0), sx = Acc(0);
+  for (int64_t s = 0; s < n; ++s) {
+    const auto& t = taps_at(s);
+    if (!t.inside) continue;
+    Acc dy, dx;
+    taps_coord_grad(img, t, dy, dx);
+    sy += dy;
+    sx += dx;
+  }
+  *gy = sy / static_cast<Acc>(n);
+  *gx = sx / static_cast<Acc>(n);
+}
+
+// The same three, sampling on the fly (one bin with corner (y0, x0)).
+template <typename Acc, typename T>
+DCNKIT_HD Acc roi_align_bin_forward(const T* img, int64_t H, int64_t W, const RoIAlignBox<Acc>& b,
+                                    Acc y0, Acc x0, bool max_mode) {
+  return roi_bin_reduce<Acc>(img, roi_bin_samples(b), RoIBinTaps<Acc>{&b, y0, x0, H, W}, max_mode);
+}
+template <typename Acc, typename T, typename Add>
+DCNKIT_HD void roi_align_bin_backward(const T* img, int64_t H, int64_t W, const RoIAlignBox<Acc>& b,
+                                      Acc y0, Acc x0, bool max_mode, Acc g, Add& add) {
+  roi_bin_scatter<Acc>(img, roi_bin_samples(b), RoIBinTaps<Acc>{&b, y0, x0, H, W}, max_mode, g, add);
+}
 template <typename Acc, typename T>
 DCNKIT_HD void roi_align_bin_coord_grad(const T* img, int64_t H, int64_t W, const RoIAlignBox<Acc>& b,
                                         Acc y0, Acc x0, Acc* gy, Acc* gx) {
-  *gy = Acc(0);
-  *gx = Acc(0);
-  if (b.gh <= 0 || b.gw <= 0) return;
-  Acc sy = Acc(0), sx = Acc(0);
-  for (int64_t iy = 0; iy < b.gh; ++iy) {
-    for (int64_t ix = 0; ix < b.gw; ++ix) {
-      const Taps<Acc> t = roi_bin_sample(b, y0, x0, iy, ix, H, W);
-      if (!t.inside) continue;
-      Acc dy, dx;
-      taps_coord_grad(img, t, dy, dx);
-      sy += dy;
-      sx += dx;
-    }
+  roi_bin_coord_grad<Acc>(img, roi_bin_samples(b), RoIBinTaps<Acc>{&b, y0, x0, H, W}, gy, gx);
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU drivers of RoIAlign and DeformRoIPool (host only). Per RoI, the taps of a chunk of bins are
+// computed once and reused for every channel; the arithmetic is the bin functions above.
+//   box_of(roi) -> RoIAlignBox<T>;  origin_of(k, box, ph, pw, &y0, &x0): corner of bin (ph, pw).
+
+constexpr int64_t kRoITapsBuffer = 256;
+
+template <typename T, typename OriginOf>
+inline void roi_fill_taps(const RoIAlignBox<T>& box, int64_t k, int64_t bin0, int64_t nb, int64_t ow,
+                          int64_t H, int64_t W, int64_t n, const OriginOf& origin_of, Taps<T>* buf) {
+  for (int64_t j = 0; j < nb; ++j) {
+    const int64_t bin = bin0 + j;
+    T y0, x0;
+    origin_of(k, box, bin / ow, bin % ow, &y0, &x0);
+    const RoIBinTaps<T> src{&box, y0, x0, H, W};
+    for (int64_t i = 0; i < n; ++i) buf[j * n + i] = src(i);
   }
-  const Acc n = static_cast<Acc>(b.gh * b.gw);
-  *gy = sy / n;
-  *gx = sx / n;
+}
+
+// output (K, C, oh, ow); parallel over RoIs. Batch indices must have been checked.
+template <typename T, typename BoxOf, typename OriginOf>
+void roi_pool_forward_cpu(const CpuContext& ctx, int64_t K, int64_t N, int64_t C, int64_t H,
+                          int64_t W, int64_t oh, int64_t ow, bool max_mode, const T* input,
+                          const T* rois, T* output, const BoxOf& box_of, const OriginOf& origin_of) {
+  const int64_t bins = oh * ow;
+  parallel_for(ctx, K, [&](int64_t kb, int64_t ke) {
+    Taps<T> buf[kRoITapsBuffer];
+    for (int64_t k = kb; k < ke; ++k) {
+      const T* roi = rois + k * 5;
+      int64_t b = 0;
+      roi_batch_index<T>(roi, N, &b);
+      const RoIAlignBox<T> box = box_of(roi);
+      const int64_t n = roi_bin_samples(box);
+      const T* img_b = input + b * C * H * W;
+      T* out_k = output + k * C * bins;
+      if (n > kRoITapsBuffer) {  // very large bins: sample on the fly
+        for (int64_t bin = 0; bin < bins; ++bin) {
+          T y0, x0;
+          origin_of(k, box, bin / ow, bin % ow, &y0, &x0);
+          for (int64_t c = 0; c < C; ++c) {
+            out_k[c * bins + bin] = roi_align_bin_forward(img_b + c * H * W, H, W, box, y0, x0, max_mode);
+          }
+        }
+        continue;
+      }
+      const int64_t chunk = n > 0 ? kRoITapsBuffer / n : bins;
+      for (int64_t bin0 = 0; bin0 < bins; bin0 += chunk) {
+        const int64_t nb = chunk < bins - bin0 ? chunk : bins - bin0;
+        roi_fill_taps(box, k, bin0, nb, ow, H, W, n, origin_of, buf);
+        for (int64_t c = 0; c < C; ++c) {
+          const T* img = img_b + c * H * W;
+          T* out = out_k + c * bins + bin0;
+          for (int64_t j = 0; j < nb; ++j) {
+            out[j] = roi_bin_reduce<T>(img, n, TapsArray<T>{buf + j * n}, max_mode);
+          }
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+struct CpuAddTo {
+  T* base;
+  void operator()(int64_t i, T v) const { base[i] += v; }
+};
+
+// grad_input (N, C, H, W), written; parallel over channels: a task owns grad_input[:, c] for all
+// RoIs (race-free, deterministic). `input` is read in max mode only.
+template <typename T, typename BoxOf, typename OriginOf>
+void roi_pool_backward_cpu(const CpuContext& ctx, int64_t K, int64_t N, int64_t C, int64_t H,
+                           int64_t W, int64_t oh, int64_t ow, bool max_mode, const T* grad_output,
+                           const T* input, const T* rois, T* grad_input, const BoxOf& box_of,
+                           const OriginOf& origin_of) {
+  const int64_t bins = oh * ow;
+  parallel_for(ctx, C, [&](int64_t cb, int64_t ce) {
+    Taps<T> buf[kRoITapsBuffer];
+    for (int64_t n = 0; n < N; ++n) {
+      T* g = grad_input + (n * C + cb) * H * W;
+      for (int64_t i = 0; i < (ce - cb) * H * W; ++i) g[i] = T(0);
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      const T* roi = rois + k * 5;
+      int64_t b = 0;
+      roi_batch_index<T>(roi, N, &b);
+      const RoIAlignBox<T> box = box_of(roi);
+      const int64_t n = roi_bin_samples(box);
+      if (n == 0) continue;
+      const int64_t chunk = n <= kRoITapsBuffer ? kRoITapsBuffer / n : 0;
+      for (int64_t bin0 = 0; bin0 < bins; bin0 += (chunk > 0 ? chunk : 1)) {
+        const int64_t nb = chunk == 0 ? 1 : (chunk < bins - bin0 ? chunk : bins - bin0);
+        T y0 = T(0), x0 = T(0);
+        if (chunk > 0) {
+          roi_fill_taps(box, k, bin0, nb, ow, H, W, n, origin_of, buf);
+        } else {
+          origin_of(k, box, bin0 / ow, bin0 % ow, &y0, &x0);
+        }
+        for (int64_t c = cb; c < ce; ++c) {
+          const T* img = max_mode ? input + (b * C + c) * H * W : nullptr;
+          CpuAddTo<T> add{grad_input + (b * C + c) * H * W};
+          const T* go = grad_output + (k * C + c) * bins + bin0;
+          for (int64_t j = 0; j < nb; ++j) {
+            const T g = go[j];
+            if (g == T(0)) continue;
+            if (chunk > 0) {
+              roi_bin_scatter<T>(img, n, TapsArray<T>{buf + j * n}, max_mode, g, add);
+            } else {
+              roi_align_bin_backward(img, H, W, box, y0, x0, max_mode, g, add);
+            }
+          }
+        }
+      }
+    }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
