@@ -1,6 +1,6 @@
 // The dcnkit torch operator schemas (namespace "dcnkit"). Kernels are registered per operator file
-// (one function for CPU and CUDA); fake kernels and autograd are registered in Python
-// (python/dcnkit/ops/_meta.py and _autograd.py) through torch.library.
+// (one function for CPU and CUDA); fake kernels and autograd are registered in Python next to each
+// op's wrapper (python/dcnkit/ops/deform_conv.py, roi_ops.py) through torch.library.
 #include <torch/library.h>
 
 TORCH_LIBRARY(dcnkit, m) {
