@@ -233,17 +233,6 @@ struct CpuImage {
   const T* mask;    // (Gd*K, P) or null
 };
 
-// Calls f(gc, c_begin, c_end) for the pieces of the channel range [cb, ce) cut at conv-group borders.
-template <typename F>
-inline void for_conv_group_segments(int64_t cb, int64_t ce, int64_t cin_g, F&& f) {
-  while (cb < ce) {
-    const int64_t gc = cb / cin_g;
-    const int64_t e = std::min(ce, (gc + 1) * cin_g);
-    f(gc, cb, e);
-    cb = e;
-  }
-}
-
 // Hot loops are compiled for several ISAs and picked at load time (GCC/Clang function multi-versioning
 // on x86-64); elsewhere they are plain functions.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(DCNKIT_NO_FMV)
@@ -306,6 +295,162 @@ inline void build_columns(const CpuImage<float>& im, int64_t p0, int64_t tn, flo
 }
 inline void build_columns(const CpuImage<double>& im, int64_t p0, int64_t tn, double* col) {
   build_columns_f64(im, p0, tn, col);
+}
+
+// grad_input (channels-last) += scatter of the chunk's column gradient, for the channels [cb0, ce0).
+// taps[(t*K + k)*Gd + g] are the chunk's masked taps.
+template <typename T>
+__attribute__((always_inline)) inline void scatter_chunk_impl(const DeformConv2dParams& p,
+                                                              const SampleTaps<T>* taps, const T* gcol,
+                                                              int64_t pc, int64_t cb0, int64_t ce0,
+                                                              T* gin_hwc) {
+  const int64_t K = p.kernel_size(), Cin = p.in_channels, CK = Cin * K;
+  const int64_t Gd = p.attrs.deformable_groups, cpg = p.in_per_deformable_group(), cin_g = p.in_per_group();
+  const int64_t KC = K * cin_g;
+  for (int64_t t = 0; t < pc; ++t) {
+    const T* grow = gcol + t * CK;
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t g = 0; g < Gd; ++g) {
+        const SampleTaps<T>& s = taps[(t * K + k) * Gd + g];
+        for (int64_t cb = std::max(cb0, g * cpg), cend = std::min(ce0, (g + 1) * cpg); cb < cend;) {
+          const int64_t gc = cb / cin_g;
+          const int64_t ce = std::min(cend, (gc + 1) * cin_g);
+          const T* __restrict src = grow + gc * KC + k * cin_g + (cb - gc * cin_g);
+          const int64_t len = ce - cb;
+          for (int q = 0; q < 4; ++q) {
+            const T w = s.w[q];
+            if (w == T(0)) continue;
+            T* __restrict dst = gin_hwc + s.idx[q] * Cin + cb;
+            for (int64_t c = 0; c < len; ++c) dst[c] += w * src[c];
+          }
+          cb = ce;
+        }
+      }
+    }
+  }
+}
+
+DCNKIT_CPU_CLONES void scatter_chunk_f32(const DeformConv2dParams& p, const SampleTaps<float>* taps,
+                                         const float* gcol, int64_t pc, int64_t cb0, int64_t ce0, float* gin) {
+  scatter_chunk_impl<float>(p, taps, gcol, pc, cb0, ce0, gin);
+}
+DCNKIT_CPU_CLONES void scatter_chunk_f64(const DeformConv2dParams& p, const SampleTaps<double>* taps,
+                                         const double* gcol, int64_t pc, int64_t cb0, int64_t ce0, double* gin) {
+  scatter_chunk_impl<double>(p, taps, gcol, pc, cb0, ce0, gin);
+}
+inline void scatter_chunk(const DeformConv2dParams& p, const SampleTaps<float>* taps, const float* gcol,
+                          int64_t pc, int64_t cb0, int64_t ce0, float* gin) {
+  scatter_chunk_f32(p, taps, gcol, pc, cb0, ce0, gin);
+}
+inline void scatter_chunk(const DeformConv2dParams& p, const SampleTaps<double>* taps, const double* gcol,
+                          int64_t pc, int64_t cb0, int64_t ce0, double* gin) {
+  scatter_chunk_f64(p, taps, gcol, pc, cb0, ce0, gin);
+}
+
+// d[q] = sum_c g[c] * x_q[c] for c < n, in a fixed order (blocks of kLanes independent partial sums,
+// which vectorise without reassociation, then the tail).
+template <typename T>
+__attribute__((always_inline)) inline void dots4(const T* __restrict g, const T* __restrict x0,
+                                                 const T* __restrict x1, const T* __restrict x2,
+                                                 const T* __restrict x3, int64_t n, T d[4]) {
+  constexpr int kLanes = 16;
+  T a0[kLanes] = {}, a1[kLanes] = {}, a2[kLanes] = {}, a3[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const T gj = g[c + j];
+      a0[j] += gj * x0[c + j];
+      a1[j] += gj * x1[c + j];
+      a2[j] += gj * x2[c + j];
+      a3[j] += gj * x3[c + j];
+    }
+  }
+  T s0 = T(0), s1 = T(0), s2 = T(0), s3 = T(0);
+  for (int j = 0; j < kLanes; ++j) {
+    s0 += a0[j];
+    s1 += a1[j];
+    s2 += a2[j];
+    s3 += a3[j];
+  }
+  for (; c < n; ++c) {
+    s0 += g[c] * x0[c];
+    s1 += g[c] * x1[c];
+    s2 += g[c] * x2[c];
+    s3 += g[c] * x3[c];
+  }
+  d[0] += s0;
+  d[1] += s1;
+  d[2] += s2;
+  d[3] += s3;
+}
+
+// grad_offset / grad_mask of the positions p0+b .. p0+e of the chunk (every g, k).
+template <typename T>
+__attribute__((always_inline)) inline void offset_mask_grad_impl(const CpuImage<T>& im, const T* gcol,
+                                                                 int64_t p0, int64_t b, int64_t e,
+                                                                 T* goff_n, T* gmask_n) {
+  const DeformConv2dParams& p = *im.p;
+  const int64_t K = p.kernel_size(), Cin = p.in_channels, CK = Cin * K, P = p.out_spatial();
+  const int64_t Gd = p.attrs.deformable_groups, cpg = p.in_per_deformable_group(), cin_g = p.in_per_group();
+  const int64_t KC = K * cin_g;
+  int64_t ho = (p0 + b) / p.out_w, wo = (p0 + b) - ho * p.out_w;
+  for (int64_t t = b; t < e; ++t) {
+    const int64_t pos = p0 + t;
+    const T* grow = gcol + t * CK;
+    for (int64_t i = 0, k = 0; i < p.kernel_h; ++i) {
+      for (int64_t j = 0; j < p.kernel_w; ++j, ++k) {
+        for (int64_t g = 0; g < Gd; ++g) {
+          T py, px, m;
+          deform_conv2d_point_at<T, T>(p, im.offset, im.mask, g, k, i, j, ho, wo, pos, &py, &px, &m);
+          const Taps<T> tp = dcn_taps<T>(py, px, p.height, p.width);
+          T gy = T(0), gx = T(0), gm = T(0);
+          if (tp.inside) {
+            T d[4] = {T(0), T(0), T(0), T(0)};
+            for (int64_t cb = g * cpg, cend = (g + 1) * cpg; cb < cend;) {
+              const int64_t gc = cb / cin_g;
+              const int64_t ce = std::min(cend, (gc + 1) * cin_g);
+              const T* x = im.x_hwc + cb;
+              dots4<T>(grow + gc * KC + k * cin_g + (cb - gc * cin_g), x + tp.idx[0] * Cin, x + tp.idx[1] * Cin,
+                       x + tp.idx[2] * Cin, x + tp.idx[3] * Cin, ce - cb, d);
+              cb = ce;
+            }
+            // As taps_channel_dots: combine the four channel sums with the tap weights / derivatives.
+            for (int q = 0; q < 4; ++q) {
+              gy += tp.dwy[q] * d[q];
+              gx += tp.dwx[q] * d[q];
+              gm += tp.w[q] * d[q];
+            }
+          }
+          if (goff_n) {
+            goff_n[(g * 2 * K + 2 * k) * P + pos] = gy * m;
+            goff_n[(g * 2 * K + 2 * k + 1) * P + pos] = gx * m;
+          }
+          if (gmask_n) gmask_n[(g * K + k) * P + pos] = gm;
+        }
+      }
+    }
+    if (++wo == p.out_w) {
+      wo = 0;
+      ++ho;
+    }
+  }
+}
+
+DCNKIT_CPU_CLONES void offset_mask_grad_f32(const CpuImage<float>& im, const float* gcol, int64_t p0,
+                                            int64_t b, int64_t e, float* goff, float* gmask) {
+  offset_mask_grad_impl<float>(im, gcol, p0, b, e, goff, gmask);
+}
+DCNKIT_CPU_CLONES void offset_mask_grad_f64(const CpuImage<double>& im, const double* gcol, int64_t p0,
+                                            int64_t b, int64_t e, double* goff, double* gmask) {
+  offset_mask_grad_impl<double>(im, gcol, p0, b, e, goff, gmask);
+}
+inline void offset_mask_grad(const CpuImage<float>& im, const float* gcol, int64_t p0, int64_t b, int64_t e,
+                             float* goff, float* gmask) {
+  offset_mask_grad_f32(im, gcol, p0, b, e, goff, gmask);
+}
+inline void offset_mask_grad(const CpuImage<double>& im, const double* gcol, int64_t p0, int64_t b,
+                             int64_t e, double* goff, double* gmask) {
+  offset_mask_grad_f64(im, gcol, p0, b, e, goff, gmask);
 }
 
 // weight (Cout, Cin_g, K) -> (Cout, K, Cin_g).
@@ -423,7 +568,7 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
   const DType dt = dtype_of_t<T>();
   const int64_t N = p.batch, P = p.out_spatial();
   const int64_t K = p.kernel_size(), HW = p.height * p.width, Cin = p.in_channels, CK = Cin * K;
-  const int64_t Gd = p.attrs.deformable_groups, cpg = p.in_per_deformable_group();
+  const int64_t Gd = p.attrs.deformable_groups;
   const int64_t G = p.attrs.groups, Cout = p.out_channels, cin_g = p.in_per_group(), cout_g = p.out_per_group();
   const int64_t KC = K * cin_g;  // columns of one conv group
   const int64_t nt = std::max(1, ctx.num_threads);
@@ -568,68 +713,14 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
         parallel_tasks(ctx, parts, [&](int64_t task) {
           int64_t cb0, ce0;
           split_range(Cin, parts, task, &cb0, &ce0);
-          for (int64_t t = 0; t < pc; ++t) {
-            const T* grow = gcol + t * CK;
-            for (int64_t k = 0; k < K; ++k) {
-              for (int64_t g = 0; g < Gd; ++g) {
-                const int64_t cb1 = std::max(cb0, g * cpg), ce1 = std::min(ce0, (g + 1) * cpg);
-                if (cb1 >= ce1) continue;
-                const SampleTaps<T>& s = taps[(t * K + k) * Gd + g];
-                for_conv_group_segments(cb1, ce1, cin_g, [&](int64_t gc, int64_t cb, int64_t ce) {
-                  const T* __restrict src = grow + gc * KC + k * cin_g + (cb - gc * cin_g);
-                  const int64_t len = ce - cb;
-                  for (int q = 0; q < 4; ++q) {
-                    const T w = s.w[q];
-                    if (w == T(0)) continue;
-                    T* __restrict dst = gin_hwc + s.idx[q] * Cin + cb;
-                    for (int64_t c = 0; c < len; ++c) dst[c] += w * src[c];
-                  }
-                });
-              }
-            }
-          }
+          scatter_chunk(p, taps, gcol, pc, cb0, ce0, gin_hwc);
         });
       }
       // 4. grad_offset / grad_mask per (g, k, position), summed over the group's channels.
       if (grad_offset || grad_mask) {
         T* goff_n = grad_offset ? grad_offset + n * 2 * Gd * K * P : nullptr;
         T* gmask_n = grad_mask ? grad_mask + n * Gd * K * P : nullptr;
-        parallel_for(ctx, pc, [&](int64_t b, int64_t e) {
-          int64_t ho = (p0 + b) / p.out_w, wo = (p0 + b) - ho * p.out_w;
-          for (int64_t t = b; t < e; ++t) {
-            const int64_t pos = p0 + t;
-            const T* grow = gcol + t * CK;
-            for (int64_t i = 0, k = 0; i < p.kernel_h; ++i) {
-              for (int64_t j = 0; j < p.kernel_w; ++j, ++k) {
-                for (int64_t g = 0; g < Gd; ++g) {
-                  T py, px, m;
-                  deform_conv2d_point_at<T, T>(p, off_n, mask_n, g, k, i, j, ho, wo, pos, &py, &px, &m);
-                  const Taps<T> tp = dcn_taps<T>(py, px, p.height, p.width);
-                  T gy = T(0), gx = T(0), gm = T(0);
-                  if (tp.inside) {
-                    for_conv_group_segments(g * cpg, (g + 1) * cpg, cin_g, [&](int64_t gc, int64_t cb, int64_t ce) {
-                      T sy, sx, sv;
-                      taps_channel_dots<T, T>(tp, x_hwc + cb, 1, Cin, grow + gc * KC + k * cin_g + (cb - gc * cin_g),
-                                              1, ce - cb, &sy, &sx, &sv);
-                      gy += sy;
-                      gx += sx;
-                      gm += sv;
-                    });
-                  }
-                  if (goff_n) {
-                    goff_n[(g * 2 * K + 2 * k) * P + pos] = gy * m;
-                    goff_n[(g * 2 * K + 2 * k + 1) * P + pos] = gx * m;
-                  }
-                  if (gmask_n) gmask_n[(g * K + k) * P + pos] = gm;
-                }
-              }
-            }
-            if (++wo == p.out_w) {
-              wo = 0;
-              ++ho;
-            }
-          }
-        });
+        parallel_for(ctx, pc, [&](int64_t b, int64_t e) { offset_mask_grad(im, gcol, p0, b, e, goff_n, gmask_n); });
       }
     }
     if (grad_input) {
