@@ -40,7 +40,8 @@ SPEC_HELP = (
     "NAME:SHAPE[:DTYPE[LOW,HIGH]]; SHAPE like 1x3x64x64; DTYPE float32 (default), float16, float64, int64, "
     "int32, bool, optionally with a value range, e.g. idx:8:int64[0,4] (ints in [0,4)) or x:1x3x8x8:float32[-1,1]. "
     "NAME:rois:K makes K valid RoIs (K, 5) [batch_index, x1, y1, x2, y2] for the first 4-D input "
-    "(batch index in [0, N), boxes inside its H x W)."
+    "(batch index in [0, N), boxes inside its H x W). Without a spec, random inputs are normal floats, "
+    "valid RoIs for (K, 5) inputs named *roi*, and indices in [0, N) for integer inputs named *batch*."
 )
 
 
@@ -105,7 +106,7 @@ def parse_input_spec(text: str, arg: str = "--input") -> InputSpec:
     if len(parts) > 3:
         raise CliError(arg, f"expected NAME:SHAPE[:DTYPE], got {text!r}")
     shape = parse_shape(parts[1], arg)
-    dtype, low, high = np.float32, None, None
+    dtype, low, high = None, None, None  # None: the model's dtype (float32 for export)
     if len(parts) == 3:
         m = re.fullmatch(r"([a-z0-9]+)(?:\[\s*([-+0-9.eE]+)\s*,\s*([-+0-9.eE]+)\s*[\])])?", parts[2])
         if not m or m.group(1) not in _DTYPES:
@@ -182,11 +183,14 @@ def make_feeds(infos, specs: dict[str, InputSpec], rng, batch: int | None = None
         if (spec is not None and spec.rois is not None) or (spec is None and _looks_like_rois(info)):
             n, h, w = (image[0], image[2], image[3]) if image else (1, 32, 32)
             feeds[info.name] = random_rois(rng, shape[0], n, h, w, info.dtype)
-        elif spec is not None:
-            dtype = spec.dtype if spec.dtype is not None else info.dtype
-            feeds[info.name] = random_array(rng, shape, info.dtype if dtype is None else dtype, spec.low, spec.high)
+        elif spec is not None and spec.low is not None:
+            feeds[info.name] = random_array(rng, shape, spec.dtype or info.dtype, spec.low, spec.high)
+        elif np.issubdtype(np.dtype(spec.dtype if spec is not None and spec.dtype else info.dtype), np.integer) \
+                and "batch" in info.name.lower():
+            # Batch indices (ONNX RoiAlign's batch_indices): valid for the first 4-D input.
+            feeds[info.name] = random_array(rng, shape, (spec and spec.dtype) or info.dtype, 0, image[0] if image else 1)
         else:
-            feeds[info.name] = random_array(rng, shape, info.dtype)
+            feeds[info.name] = random_array(rng, shape, (spec and spec.dtype) or info.dtype)
     return feeds
 
 
@@ -341,7 +345,7 @@ def cmd_export(args) -> int:
             n, h, w = (image[0], image[2], image[3]) if image else (1, 32, 32)
             a = random_rois(rng, s.rois, n, h, w)
         else:
-            a = random_array(rng, s.shape, s.dtype, s.low, s.high)
+            a = random_array(rng, s.shape, s.dtype or np.float32, s.low, s.high)
         example.append(torch.from_numpy(a))
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -691,6 +695,12 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:  # pragma: no cover
         return 130
+    except Exception as e:  # a failure while running: one line, the traceback on request
+        if os.environ.get("DCNKIT_DEBUG"):
+            raise
+        first = (str(e).strip().splitlines() or [""])[0]
+        print(f"{prog}: error: {type(e).__name__}: {first} (DCNKIT_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
     return int(rc or 0)
 
 

@@ -196,6 +196,15 @@ class RoiAlign(OpRun):
 
     def _run(self, X, rois, batch_indices, **_):
         X, rois, batch_indices = _f32(X, rois, batch_indices)
+        if rois.ndim != 2 or rois.shape[1] != 4:
+            raise ValueError(f"RoiAlign: rois: expected shape (K, 4), got {rois.shape}")
+        if batch_indices.shape != (rois.shape[0],):
+            raise ValueError(f"RoiAlign: batch_indices: expected shape ({rois.shape[0]},), got {batch_indices.shape}")
+        bad = (batch_indices < 0) | (batch_indices >= X.shape[0])
+        if bad.any():
+            raise ValueError(
+                f"RoiAlign: batch_indices: expected values in [0, {X.shape[0]}), got {batch_indices[bad][0]}"
+            )
         # opset 16 defaults to half_pixel; opset 10 had no attribute and behaved as output_half_pixel.
         version = int(getattr(self, "_onnx_opset", 16) or 16)
         # onnx.reference fills absent attributes from the newest schema: read the node's own attributes.
