@@ -110,15 +110,18 @@ def test_tensorrt_reason_names_what_is_missing():
 
 
 @pytest.mark.cuda
-def test_ort_cuda_matches_ort_cpu():
-    if R.available_backends()["ort-cuda"] is not None:
-        pytest.skip(R.available_backends()["ort-cuda"])
+@pytest.mark.parametrize("backend", ["ort-cuda", "tensorrt"])
+def test_gpu_backends_match_the_numpy_reference(backend):
+    reason = R.available_backends()[backend]
+    if reason is not None:
+        pytest.skip(reason)
     rng = np.random.default_rng(3)
-    m, _, _ = std_deform_conv_model(rng)
-    f = dcn_feeds(rng, 2, 4, 7, 9, 7, 9)
-    a = R.make_runner(m, "ort-cpu").run(f)["y"]
-    b = R.make_runner(m, "ort-cuda").run(f)["y"]
-    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
+    m, w, b = std_deform_conv_model(rng)
+    with R.make_runner(m, backend) as r:
+        for n in (1, 2):  # two shapes: dynamic dims work
+            f = dcn_feeds(rng, n, 4, 7, 9, 7, 9)
+            want = ref.deform_conv2d(f["x"], f["offset"], w, b, padding=(1, 1), mask=f["mask"])
+            np.testing.assert_allclose(r.run(f)["y"], want, rtol=1e-4, atol=1e-4)
 
 
 def test_runner_metadata_symbolic_dims_and_context_manager(tmp_path):

@@ -250,36 +250,131 @@ class OrtRunner(Runner):
 
 
 class TensorRTRunner(Runner):
-    """TensorRT engine built from the ONNX model with the kit's plugin library loaded."""
+    """TensorRT: an engine built from the ONNX model with the kit's plugin library loaded.
+
+    One engine is built per set of input shapes (min = opt = max profile) and cached, so dynamic-shape models
+    run at every shape they are fed. The network is strongly typed where TensorRT supports it: precision follows
+    the ONNX tensors (export fp16 tensors for fp16). CUDA buffers come from PyTorch. Output shapes that depend on
+    data (``NonZero``) are not supported. When ``dcnkit.runtime.tensorrt`` provides its own ``TensorRTRunner``
+    (the engine builder that ships with the plugins), that one is used.
+    """
 
     name = "tensorrt"
 
-    def __init__(self, model, fp16: bool = False, workspace: int = 1 << 30, **options):
+    def __init__(self, model, workspace: int = 1 << 30, **options):
         reason = _tensorrt_reason()
         if reason:
             raise BackendUnavailable(f"tensorrt: {reason}")
-        import tensorrt as trt  # noqa: F401
-
-        # The engine builder lives with the TensorRT plugins (dcnkit.runtime.tensorrt) when they exist.
+        self._impl = None
         try:
             from dcnkit.runtime import tensorrt as dk_trt  # type: ignore
-        except ImportError as e:
-            raise BackendUnavailable(f"tensorrt: dcnkit.runtime.tensorrt is not available ({e})") from e
-        self._impl = dk_trt.TensorRTRunner(model, fp16=fp16, workspace=workspace, **options)
+        except ImportError:
+            dk_trt = None
+        if dk_trt is not None and hasattr(dk_trt, "TensorRTRunner"):
+            self._impl = dk_trt.TensorRTRunner(model, workspace=workspace, **options)
+            return
+        if options:
+            raise ValueError(f"options: expected only workspace= for tensorrt, got {sorted(options)}")
+        import tensorrt as trt
+
+        self._trt = trt
+        self._logger = trt.Logger(trt.Logger.WARNING)
+        trt.init_libnvinfer_plugins(self._logger, "")
+        trt.get_plugin_registry().load_library(str(_tensorrt_plugin_library()))
+        proto = load_model(model)
+        self._bytes = proto.SerializeToString()
+        inits = {i.name for i in proto.graph.initializer}
+        self._inputs = value_infos([v for v in proto.graph.input if v.name not in inits])
+        self._outputs = value_infos(proto.graph.output)
+        self._workspace = int(workspace)
+        self._engines: dict = {}
 
     def inputs(self):
-        return self._impl.inputs()
+        return self._impl.inputs() if self._impl is not None else list(self._inputs)
 
     def outputs(self):
-        return self._impl.outputs()
+        return self._impl.outputs() if self._impl is not None else list(self._outputs)
+
+    def _engine(self, shapes: dict):
+        key = tuple(sorted((k, tuple(v)) for k, v in shapes.items()))
+        if key in self._engines:
+            return self._engines[key]
+        trt = self._trt
+        builder = trt.Builder(self._logger)
+        flags = 0
+        if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+            flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+        if hasattr(trt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH"):  # TensorRT < 10 needs it
+            flags |= 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+        network = builder.create_network(flags)
+        parser = trt.OnnxParser(network, self._logger)
+        if not parser.parse(self._bytes):
+            errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+            raise RuntimeError(f"tensorrt: the ONNX parser rejected the model: {errors}")
+        config = builder.create_builder_config()
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, self._workspace)
+        profile = builder.create_optimization_profile()
+        for i in range(network.num_inputs):
+            t = network.get_input(i)
+            shape = tuple(shapes[t.name])
+            profile.set_shape(t.name, shape, shape, shape)
+        config.add_optimization_profile(profile)
+        serialized = builder.build_serialized_network(network, config)
+        if serialized is None:
+            raise RuntimeError("tensorrt: building the engine failed (see the TensorRT log above)")
+        engine = trt.Runtime(self._logger).deserialize_cuda_engine(serialized)
+        context = engine.create_execution_context()
+        self._engines[key] = (engine, context)
+        return engine, context
 
     def run(self, feeds):
-        return self._impl.run(self._check_feeds(feeds))
+        feeds = self._check_feeds(feeds)
+        if self._impl is not None:
+            return self._impl.run(feeds)
+        import torch
+
+        trt = self._trt
+        engine, context = self._engine({k: v.shape for k, v in feeds.items()})
+        keep = []
+        for name, a in feeds.items():
+            t = torch.from_numpy(a).cuda()
+            keep.append(t)
+            context.set_input_shape(name, tuple(a.shape))
+            context.set_tensor_address(name, t.data_ptr())
+        outs = {}
+        for i in range(engine.num_io_tensors):
+            name = engine.get_tensor_name(i)
+            if engine.get_tensor_mode(name) != trt.TensorIOMode.OUTPUT:
+                continue
+            shape = tuple(context.get_tensor_shape(name))
+            if any(d < 0 for d in shape):
+                raise RuntimeError(f"tensorrt: output {name!r} has a data-dependent shape {shape}: not supported")
+            dtype = torch.from_numpy(np.empty(0, dtype=trt.nptype(engine.get_tensor_dtype(name)))).dtype
+            outs[name] = torch.empty(shape, dtype=dtype, device="cuda")
+            context.set_tensor_address(name, outs[name].data_ptr())
+        stream = torch.cuda.current_stream()
+        if not context.execute_async_v3(stream.cuda_stream):
+            raise RuntimeError("tensorrt: execute_async_v3 failed (see the TensorRT log)")
+        stream.synchronize()
+        order = [o.name for o in self._outputs if o.name in outs] or list(outs)
+        return {n: outs[n].cpu().numpy() for n in order}
 
     def close(self):
         impl, self._impl = getattr(self, "_impl", None), None
         if impl is not None and hasattr(impl, "close"):
             impl.close()
+        self._engines = {}
+
+
+def _tensorrt_plugin_library():
+    from dcnkit._lib import find_library
+
+    for stem in _TRT_PLUGIN_STEMS:
+        try:
+            return find_library(stem)
+        except FileNotFoundError:
+            continue
+    return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -331,15 +426,7 @@ def _tensorrt_reason() -> str | None:
         import tensorrt  # noqa: F401
     except Exception as e:
         return f"the tensorrt Python module is not installed ({type(e).__name__}: {e})"
-    from dcnkit._lib import find_library
-
-    for stem in _TRT_PLUGIN_STEMS:
-        try:
-            find_library(stem)
-            break
-        except FileNotFoundError:
-            continue
-    else:
+    if _tensorrt_plugin_library() is None:
         return f"the kit's TensorRT plugin library (lib{_TRT_PLUGIN_STEMS[0]}.so) is not built"
     if not _gpu_present():
         return "no NVIDIA GPU found on this machine"
@@ -378,7 +465,7 @@ def make_runner(model, backend: str = DEFAULT_BACKEND, **options) -> Runner:
     """A runner for ``model`` (path, bytes or ``onnx.ModelProto``) on ``backend``.
 
     ``options`` go to the backend: ONNX Runtime ``SessionOptions`` attributes for ``ort-*`` (e.g.
-    ``intra_op_num_threads=2``), ``fp16=``/``workspace=`` for ``tensorrt``. Raises ValueError for an unknown
+    ``intra_op_num_threads=2``), ``workspace=`` (bytes) for ``tensorrt``. Raises ValueError for an unknown
     backend, :class:`BackendUnavailable` when the backend cannot run here, FileNotFoundError for a missing model.
     """
     check_backend(backend)
