@@ -488,3 +488,45 @@ def test_cuda_out_of_range_batch_index_is_an_error():
     model = make_model("RoIAlign", [("x", ["N", 2, "H", "W"]), ("rois", ["K", 5])], name="cuda_roi")
     with pytest.raises(Exception, match="cuda_roi"):
         _cuda_run(model, {"x": rand(rng, 2, 2, 6, 6), "rois": rois})
+
+
+# ------------------------------------------------------------------------------------------------
+# Property tests over shapes and attributes (few examples: see the hypothesis profile in conftest.py)
+# ------------------------------------------------------------------------------------------------
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@given(
+    n=st.integers(1, 2), groups=st.integers(1, 2), dg=st.integers(1, 2), cpg=st.integers(1, 2),
+    cout_pg=st.integers(1, 2), kh=st.integers(1, 3), kw=st.integers(1, 3), sh=st.integers(1, 2),
+    sw=st.integers(1, 2), ph=st.integers(0, 2), pw=st.integers(0, 2), dh=st.integers(1, 2), dw=st.integers(1, 2),
+    h=st.integers(3, 7), w=st.integers(3, 7), bias=st.booleans(), mask=st.booleans(), seed=st.integers(0, 2**16),
+)
+def test_deform_conv2d_property(n, groups, dg, cpg, cout_pg, kh, kw, sh, sw, ph, pw, dh, dw, h, w, bias, mask, seed):
+    cin = groups * dg * cpg
+    cout = groups * cout_pg
+    if h + 2 * ph < dh * (kh - 1) + 1 or w + 2 * pw < dw * (kw - 1) + 1:
+        return  # no output position
+    rng = np.random.default_rng(seed)
+    args = (cin, cout, (kh, kw), (sh, sw), (ph, pw), (dh, dw), groups, dg, bias, mask)
+    feeds = _dcn_feeds(rng, n, cin, cout, (kh, kw), h, w, (sh, sw), (ph, pw), (dh, dw), groups, dg, bias, mask)
+    (y,) = run(_dcn_model(*args), feeds)
+    expected = ref.deform_conv2d(feeds["x"], feeds["offset"], feeds["weight"], feeds.get("bias"), (sh, sw),
+                                 (ph, pw), (dh, dw), feeds.get("mask"))
+    assert_close(y, expected)
+
+
+@given(
+    oh=st.integers(1, 3), ow=st.integers(1, 3), scale=st.sampled_from([0.25, 0.5, 1.0]),
+    sampling_ratio=st.integers(0, 3), aligned=st.integers(0, 1), pool_mode=st.sampled_from(["avg", "max"]),
+    k=st.integers(0, 4), seed=st.integers(0, 2**16),
+)
+def test_roi_align_property(oh, ow, scale, sampling_ratio, aligned, pool_mode, k, seed):
+    rng = np.random.default_rng(seed)
+    x = rand(rng, 2, 2, 7, 6)
+    rois = random_rois(rng, k, 2, 7, 6, scale=scale)
+    model = make_model("RoIAlign", [("x", ["N", 2, "H", "W"]), ("rois", ["K", 5])], output_size=[oh, ow],
+                       spatial_scale=scale, sampling_ratio=sampling_ratio, aligned=aligned, pool_mode=pool_mode)
+    (y,) = run(model, {"x": x, "rois": rois})
+    assert_close(y, ref.roi_align(x, rois, (oh, ow), scale, sampling_ratio, bool(aligned), pool_mode))

@@ -102,6 +102,10 @@ Status set_attrs(Kernel& k, const std::vector<AttrValue>& a) {
       d.deformable_groups = a[kDcDeformGroups].ints[0];
       // Shapes that fit the attributes: any error left is the attributes'.
       const int64_t g = d.groups > 0 ? d.groups : 1, dg = d.deformable_groups > 0 ? d.deformable_groups : 1;
+      if (g > (int64_t(1) << 24) || dg > (int64_t(1) << 24)) {
+        return arg_error(op, "groups, deformable_groups", "values <= 2^24",
+                         "(" + std::to_string(d.groups) + ", " + std::to_string(d.deformable_groups) + ")");
+      }
       const int64_t cin = g * dg, hw = 16;
       const int64_t ho = (d.stride_h > 0 && d.dilation_h > 0 && d.pad_h >= 0)
                              ? deform_conv2d_out_size(hw, 1, d.stride_h, d.pad_h, d.dilation_h) : 1;
@@ -143,6 +147,10 @@ Status set_attrs(Kernel& k, const std::vector<AttrValue>& a) {
       r.trans_std = a[kPsTransStd].f;
       r.no_trans = a[kPsNoTrans].ints[0] != 0;
       const int64_t od = r.output_dim > 0 ? r.output_dim : 1, gs = r.group_size > 0 ? r.group_size : 1;
+      if (od > (int64_t(1) << 24) || gs > (int64_t(1) << 16)) {
+        return arg_error(op, "output_dim, group_size", "output_dim <= 2^24 and group_size <= 2^16",
+                         "(" + std::to_string(r.output_dim) + ", " + std::to_string(r.group_size) + ")");
+      }
       const int64_t ps = r.part_size > 0 ? r.part_size : (r.output_size > 0 ? r.output_size : 1);
       const Shape trans = {1, 2, ps, ps};
       DeformPSRoIPoolParams p;
