@@ -10,6 +10,7 @@
 // Backward: per image and chunk of positions, race-free parallel steps (each writes disjoint memory),
 // hence deterministic for a given number of threads.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -519,11 +520,12 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
   const int64_t items = N * ntiles;
   const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(ctx.num_threads, items));
   std::vector<Status> statuses(static_cast<size_t>(tasks));
+  std::atomic<int64_t> next_item{0};
   parallel_tasks(ctx, tasks, [&](int64_t task) {
     T* col = reinterpret_cast<T*>(slots + static_cast<size_t>(task) * l.slot);
-    int64_t ib, ie;
-    split_range(items, tasks, task, &ib, &ie);
-    for (int64_t item = ib; item < ie; ++item) {
+    // Tiles are handed out dynamically (a busy core takes fewer); each result does not depend on
+    // which task computes it.
+    for (int64_t item = next_item.fetch_add(1); item < items; item = next_item.fetch_add(1)) {
       const int64_t n = item / ntiles, p0 = (item % ntiles) * tile;
       const int64_t tn = std::min(tile, P - p0);
       const CpuImage<T> im{&p, x_hwc + n * Cin * HW, offset + n * 2 * Gd * K * P,
