@@ -392,68 +392,11 @@ def _private_dependencies(lib: Path) -> list[Path]:
     return deps
 
 
-def _set_runpath_origin(path: Path) -> bool:
-    """Rewrites the DT_RUNPATH / DT_RPATH string of an ELF64 little-endian library to ``$ORIGIN`` in place.
-
-    The new string is never longer than the old one, so only the bytes of that string change. Returns False
-    (file untouched) when the file is not such a library, has no run path, or another entry shares the string.
-    """
-    import struct
-
-    data = bytearray(path.read_bytes())
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        return False
-    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
-    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
-    loads, dyn = [], None
-    for i in range(phnum):
-        p_type, _, p_offset, p_vaddr, _, p_filesz, _, _ = struct.unpack_from("<IIQQQQQQ", data, phoff + i * phentsize)
-        if p_type == 1:
-            loads.append((p_vaddr, p_offset, p_filesz))
-        elif p_type == 2:
-            dyn = (p_offset, p_filesz)
-    if dyn is None:
-        return False
-
-    def file_offset(vaddr):
-        for v, o, n in loads:
-            if v <= vaddr < v + n:
-                return vaddr - v + o
-        return None
-
-    entries = [struct.unpack_from("<qQ", data, dyn[0] + k) for k in range(0, dyn[1], 16)]
-    tags = {}
-    for tag, val in entries:
-        if tag == 0:
-            break
-        tags.setdefault(tag, []).append(val)
-    if 5 not in tags or not (tags.get(29) or tags.get(15)):
-        return False
-    strtab = file_offset(tags[5][0])
-    runpaths = tags.get(29, []) + tags.get(15, [])
-    names = set(tags.get(1, []) + tags.get(14, []))
-    for i in range(shnum):  # symbol names (.dynsym) point into the same string table
-        sh_type, = struct.unpack_from("<I", data, shoff + i * shentsize + 4)
-        if sh_type == 11:
-            off, size, _, _, entsize = struct.unpack_from("<QQIIQ", data, shoff + i * shentsize + 0x18)
-            for k in range(0, size, entsize or 24):
-                names.add(struct.unpack_from("<I", data, off + k)[0])
-    for rp in runpaths:
-        start = strtab + rp
-        end = data.index(b"\0", start)
-        if any(rp < n <= rp + (end - start) for n in names):
-            return False
-        new = b"$ORIGIN"
-        if len(new) > end - start:
-            return False
-        data[start:end] = new + b"\0" * (end - start - len(new))
-    path.write_bytes(bytes(data))
-    return True
-
-
 def bundle_library(src, dest_dir, filename: str = LIBRARY_FILENAME) -> list[Path]:
-    """Copies ``src`` to ``dest_dir/filename`` with the private libraries it needs (OpenBLAS) beside it, and
-    points its run path at ``$ORIGIN`` so that it loads from there in any container. Returns the files written.
+    """Copies ``src`` to ``dest_dir/filename`` with the private libraries it needs (OpenBLAS) beside it.
+
+    The kit's libraries search ``$ORIGIN`` first, so the copy loads from there in any container.
+    Returns the files written.
     """
     src, dest_dir = Path(src), Path(dest_dir)
     written = [dest_dir / filename]
@@ -462,12 +405,6 @@ def bundle_library(src, dest_dir, filename: str = LIBRARY_FILENAME) -> list[Path
     for dep in deps:
         shutil.copy2(dep, dest_dir / dep.name)
         written.append(dest_dir / dep.name)
-    if deps and not _set_runpath_origin(written[0]):
-        raise RuntimeError(
-            f"{written[0]}: could not point its run path at $ORIGIN; start Triton with "
-            f"LD_LIBRARY_PATH=<the model directory in the container> so that {', '.join(d.name for d in deps)} "
-            "are found"
-        )
     return written
 
 
