@@ -31,9 +31,13 @@ using FortranDgemm = void (*)(const char*, const char*, const int*, const int*, 
                               const double*, const double*, const int*, const double*, const int*,
                               const double*, double*, const int*);
 
+using SetLocalThreads = int (*)(int);
+
 struct Blas {
   FortranSgemm sgemm = nullptr;
   FortranDgemm dgemm = nullptr;
+  // MKL's thread-local thread count: GEMMs from inside parallel tasks must not start nested threads.
+  SetLocalThreads set_local_threads = nullptr;
 };
 
 const Blas& blas() {
@@ -44,6 +48,7 @@ const Blas& blas() {
     if (h == nullptr) return r;
     r.sgemm = reinterpret_cast<FortranSgemm>(dlsym(h, "sgemm_"));
     r.dgemm = reinterpret_cast<FortranDgemm>(dlsym(h, "dgemm_"));
+    r.set_local_threads = reinterpret_cast<SetLocalThreads>(dlsym(h, "MKL_Set_Num_Threads_Local"));
     return r;
   }();
   return b;
@@ -64,6 +69,8 @@ Status blas_gemm(void* aten_self, const GemmArgs& g) {
   const int lda = static_cast<int>(std::max<int64_t>(1, g.ldb));
   const int ldb = static_cast<int>(std::max<int64_t>(1, g.lda));
   const int ldc = static_cast<int>(std::max<int64_t>(1, g.ldc));
+  // The core calls this GEMM from inside parallel tasks (CpuContext: "single-threaded GEMM").
+  const int previous = b.set_local_threads ? b.set_local_threads(1) : 0;
   for (int64_t i = 0; i < g.batch; ++i) {
     if (f32) {
       const float alpha = g.alpha, beta = g.beta;
@@ -77,6 +84,7 @@ Status blas_gemm(void* aten_self, const GemmArgs& g) {
               static_cast<double*>(g.c) + i * g.stride_c, &ldc);
     }
   }
+  if (b.set_local_threads) b.set_local_threads(previous);
   return Status::Ok();
 }
 
