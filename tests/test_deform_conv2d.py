@@ -1,6 +1,11 @@
 """dcnkit.ops.deform_conv2d (DCNv1 / DCNv2) against the NumPy reference of OPS.md and torchvision."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 import torch
@@ -307,6 +312,48 @@ def test_deterministic():
 
     for x, y in zip(g(), g()):
         assert torch.equal(x, y)
+
+
+_ELEMENTWISE_CHILD = textwrap.dedent("""
+    import sys, torch
+    from dcnkit.ops import deform_conv2d
+    cases = torch.load(sys.argv[1])
+    out = []
+    for a in cases:
+        leaves = {k: a[k].clone().requires_grad_() for k in ("input", "offset", "weight", "bias", "mask")
+                  if a[k] is not None}
+        t = dict(a, **leaves)
+        y = deform_conv2d(t["input"], t["offset"], t["weight"], t["bias"], t["stride"], t["padding"],
+                          t["dilation"], t["mask"])
+        y.backward(a["gy"])
+        out.append({"y": y.detach(), **{k: v.grad for k, v in leaves.items()}})
+    torch.save(out, sys.argv[2])
+""")
+
+
+def test_elementwise_path_matches_fast_path(tmp_path):
+    # DCNKIT_DCN_CPU_PATH=elementwise runs the CUDA kernels' per-element functions (im2col element,
+    # atomic-style scatter, offset/mask gradient) on the CPU: the GPU math, checked here without a GPU.
+    cases = []
+    for i, cfg in enumerate(CONFIGS):
+        n, cin, h, w, cout, kh, kw, s, p, d, g, gd, mod, b = cfg
+        a = make_inputs(n, cin, h, w, cout, kh, kw, s, p, d, g, gd, mod, b, seed=40 + i, off_grid=(i % 2 == 0))
+        a["gy"] = torch.randn(run(a).shape, dtype=torch.float64)
+        cases.append(a)
+    torch.save(cases, tmp_path / "in.pt")
+    env = dict(os.environ, DCNKIT_DCN_CPU_PATH="elementwise")
+    subprocess.run([sys.executable, "-c", _ELEMENTWISE_CHILD, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+                   env=env, check=True, timeout=300)
+    got = torch.load(tmp_path / "out.pt")
+    for a, o in zip(cases, got):
+        np.testing.assert_allclose(o["y"].numpy(), ref(a), rtol=1e-10, atol=1e-10)
+        leaves = {k: a[k].clone().requires_grad_() for k in ("input", "offset", "weight", "bias", "mask")
+                  if a[k] is not None}
+        y = run(dict(a, **leaves))
+        y.backward(a["gy"])
+        torch.testing.assert_close(o["y"], y.detach(), rtol=1e-12, atol=1e-12)
+        for k, v in leaves.items():
+            torch.testing.assert_close(o[k], v.grad, rtol=1e-10, atol=1e-10, msg=lambda m: f"grad {k}: {m}")
 
 
 # ---- bad input -----------------------------------------------------------------------------------

@@ -481,6 +481,90 @@ Status first_error(const std::vector<Status>& v) {
   return Status::Ok();
 }
 
+// ---- element-wise path ---------------------------------------------------------------------------
+// The CUDA kernels' per-element functions (deform_conv2d_column, deform_conv2d_scatter_input,
+// deform_conv2d_offset_mask_grad) run serially on the CPU, so that CPU tests check the GPU math too:
+// selected with DCNKIT_DCN_CPU_PATH=elementwise (read once per process). Slow; for tests only.
+bool elementwise_path() {
+  static const bool on = [] {
+    const char* e = std::getenv("DCNKIT_DCN_CPU_PATH");
+    return e != nullptr && std::strcmp(e, "elementwise") == 0;
+  }();
+  return on;
+}
+
+template <typename T>
+void forward_elementwise(const DeformConv2dParams& p, const T* input, const T* offset, const T* weight,
+                         const T* bias, const T* mask, T* output) {
+  const int64_t N = p.batch, P = p.out_spatial(), K = p.kernel_size(), Cin = p.in_channels;
+  const int64_t Gd = p.attrs.deformable_groups, HW = p.height * p.width;
+  const int64_t cin_g = p.in_per_group(), cout_g = p.out_per_group(), Cout = p.out_channels;
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x_n = input + n * Cin * HW;
+    const T* off_n = offset + n * 2 * Gd * K * P;
+    const T* mask_n = mask ? mask + n * Gd * K * P : nullptr;
+    for (int64_t co = 0; co < Cout; ++co) {
+      const int64_t gc = co / cout_g;
+      for (int64_t pos = 0; pos < P; ++pos) {
+        T acc = bias ? bias[co] : T(0);
+        for (int64_t cl = 0; cl < cin_g; ++cl)
+          for (int64_t k = 0; k < K; ++k)
+            acc += weight[(co * cin_g + cl) * K + k] *
+                   deform_conv2d_column<T, T>(p, x_n, off_n, mask_n, gc * cin_g + cl, k, pos);
+        output[(n * Cout + co) * P + pos] = acc;
+      }
+    }
+  }
+}
+
+template <typename T>
+void backward_elementwise(const DeformConv2dParams& p, const T* grad_output, const T* input,
+                          const T* offset, const T* weight, const T* mask, T* grad_input, T* grad_offset,
+                          T* grad_weight, T* grad_mask, T* gcol /* Cin*K scratch */) {
+  const int64_t N = p.batch, P = p.out_spatial(), K = p.kernel_size(), Cin = p.in_channels;
+  const int64_t Gd = p.attrs.deformable_groups, HW = p.height * p.width;
+  const int64_t cin_g = p.in_per_group(), cout_g = p.out_per_group(), Cout = p.out_channels;
+  if (grad_input) std::fill(grad_input, grad_input + N * Cin * HW, T(0));
+  if (grad_weight) std::fill(grad_weight, grad_weight + Cout * cin_g * K, T(0));
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x_n = input + n * Cin * HW;
+    const T* off_n = offset + n * 2 * Gd * K * P;
+    const T* mask_n = mask ? mask + n * Gd * K * P : nullptr;
+    const T* gout_n = grad_output + n * Cout * P;
+    for (int64_t pos = 0; pos < P; ++pos) {
+      // Column gradient of this position: rows c*K + k.
+      for (int64_t c = 0; c < Cin; ++c) {
+        const int64_t gc = c / cin_g, cl = c - gc * cin_g;
+        for (int64_t k = 0; k < K; ++k) {
+          T v = T(0);
+          for (int64_t co = gc * cout_g; co < (gc + 1) * cout_g; ++co)
+            v += weight[(co * cin_g + cl) * K + k] * gout_n[co * P + pos];
+          gcol[c * K + k] = v;
+          if (grad_input)
+            deform_conv2d_scatter_input<T, T>(p, off_n, mask_n, v, c, k, pos, grad_input + n * Cin * HW,
+                                              [](T* dst, T a) { *dst += a; });
+          if (grad_weight) {
+            const T col = deform_conv2d_column<T, T>(p, x_n, off_n, mask_n, c, k, pos);
+            for (int64_t co = gc * cout_g; co < (gc + 1) * cout_g; ++co)
+              grad_weight[(co * cin_g + cl) * K + k] += gout_n[co * P + pos] * col;
+          }
+        }
+      }
+      for (int64_t g = 0; g < Gd; ++g) {
+        for (int64_t k = 0; k < K; ++k) {
+          T gy, gx, gm;
+          deform_conv2d_offset_mask_grad<T, T>(p, x_n, off_n, mask_n, gcol, 1, g, k, pos, &gy, &gx, &gm);
+          if (grad_offset) {
+            grad_offset[n * 2 * Gd * K * P + (g * 2 * K + 2 * k) * P + pos] = gy;
+            grad_offset[n * 2 * Gd * K * P + (g * 2 * K + 2 * k + 1) * P + pos] = gx;
+          }
+          if (grad_mask) grad_mask[n * Gd * K * P + (g * K + k) * P + pos] = gm;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 size_t deform_conv2d_forward_workspace_cpu(const DeformConv2dParams& p, DType dtype, int num_threads) {
@@ -498,6 +582,10 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
                                  void* workspace, const CpuContext& ctx) {
   const int64_t N = p.batch, P = p.out_spatial();
   if (N == 0 || p.out_channels == 0 || P == 0) return Status::Ok();
+  if (elementwise_path()) {
+    forward_elementwise(p, input, offset, weight, bias, mask, output);
+    return Status::Ok();
+  }
   const DType dt = dtype_of_t<T>();
   const int64_t K = p.kernel_size(), HW = p.height * p.width, Cin = p.in_channels, CK = Cin * K;
   const int64_t Gd = p.attrs.deformable_groups;
@@ -615,6 +703,11 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
   ws += l.col;
   T* gcol = reinterpret_cast<T*>(ws);
 
+  if (elementwise_path()) {
+    backward_elementwise(p, grad_output, input, offset, weight, mask, grad_input, grad_offset, grad_weight,
+                         grad_mask, gcol);
+    return Status::Ok();
+  }
   weight_to_kc(p, weight, wt);
   const int64_t chunk = backward_chunk(p, sizeof(T));
   std::vector<Status> statuses(static_cast<size_t>(nt));
