@@ -203,17 +203,18 @@ class _Net(torch.nn.Module):
         return deform_conv2d(x, self.offset(x), self.weight, self.bias, 1, 1, 1, torch.sigmoid(self.mask(x)))
 
 
-def test_torch_compile_fullgraph():
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_fullgraph(backend):
     torch._dynamo.reset()
     net = _Net()
     x = torch.randn(2, 3, 8, 8, requires_grad=True)
     expected = net(x)
     (gx,) = torch.autograd.grad(expected.sum(), x)
-    compiled = torch.compile(net, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(net, fullgraph=True, backend=backend)
     got = compiled(x)
-    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     (gx2,) = torch.autograd.grad(got.sum(), x)
-    torch.testing.assert_close(gx2, gx)
+    torch.testing.assert_close(gx2, gx, rtol=1e-5, atol=1e-5)
 
 
 def test_torch_export():
