@@ -135,6 +135,8 @@ class DeformConv2dPack(DeformConv2d):
     """DCNv1 that predicts its offsets: ``conv_offset`` (nn.Conv2d, 2*deform_groups*kh*kw outputs, same
     kernel/stride/padding/dilation), zero-initialised so that the layer starts as a regular convolution."""
 
+    _version = 2
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.conv_offset = nn.Conv2d(
