@@ -49,8 +49,8 @@ def test_matches_reference_float32():
 @pytest.mark.parametrize("num_classes", [0, 1, 2])
 def test_gradcheck(num_classes):
     D, G, P = 2, 2, 3
-    x = torch.randn(2, D * G * G, 10, 10, dtype=torch.float64, requires_grad=True)
-    rois = rand_rois(3, 2, 10, 10, inside=True)
+    x = torch.randn(2, D * G * G, 7, 7, dtype=torch.float64, requires_grad=True)
+    rois = rand_rois(3, 2, 7, 7, inside=True)
     trans = None
     if num_classes:
         trans = (torch.rand(3, 2 * num_classes, 2, 2, dtype=torch.float64) - 0.5).requires_grad_()
