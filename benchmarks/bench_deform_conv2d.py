@@ -73,7 +73,7 @@ def bench_shape(shape, repeat, device, skip_torchvision=False):
     if tv is not None:
         impls["torchvision"] = tvf
     row = {"shape": list(shape)}
-    warm = 2
+    warm = 10  # steady state: first calls pay for thread start-up and allocator growth
     for name, f in impls.items():
         with torch.no_grad():
             row[f"{name}_fwd_ms"] = _time(lambda: f(x, offset, weight, bias, mask), repeat, warm, sync)

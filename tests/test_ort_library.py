@@ -190,6 +190,22 @@ def test_deform_conv2d_matches_onnxruntime_builtin_deformconv(case):
     assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("case", [
+    (16, 8, (3, 3), (1, 1), (1, 1), (1, 1), 2, 2, True, True),   # 48x80 output: several 1024-column tiles
+    (96, 32, (3, 3), (1, 1), (1, 1), (1, 1), 1, 1, True, False),  # wide rows: tiles capped by bytes
+])
+def test_deform_conv2d_large_planes_tile_like_the_builtin(case):
+    cin, cout, k, stride, padding, dilation, groups, dg, bias, mask = case
+    rng = np.random.default_rng(5)
+    feeds = _dcn_feeds(rng, 2, cin, cout, k, 48, 80, stride, padding, dilation, groups, dg, bias, mask)
+    (ours,) = run(_dcn_model(cin, cout, k, stride, padding, dilation, groups, dg, bias, mask), feeds)
+    builtin = ort.InferenceSession(_builtin_deform_conv(cin, cout, k, stride, padding, dilation, groups, dg, bias,
+                                                        mask).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    (theirs,) = builtin.run(None, feeds)
+    assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
 def test_deform_conv2d_thread_count_does_not_change_the_result():
     rng = np.random.default_rng(4)
     model = _dcn_model(8, 8, (3, 3), (1, 1), (1, 1), (1, 1), 1, 1, True, True)

@@ -409,6 +409,13 @@ Status openblas_gemm(void*, const GemmArgs& g) {
   return Status::Ok();
 }
 
+namespace {
+const int64_t kOpenBlasMinN = [] {
+  const char* e = std::getenv("DCNKIT_OPENBLAS_MIN_N");  // developer knob for tuning
+  return e ? std::max<int64_t>(0, std::atoll(e)) : int64_t(1024);
+}();
+}  // namespace
+
 CpuContext cpu_context(CpuRun* run) {
   // The kernels run inside ONNX Runtime's pool: OpenBLAS itself stays single-threaded.
   static std::once_flag once;
@@ -419,6 +426,10 @@ CpuContext cpu_context(CpuRun* run) {
   ctx.parallel_self = run;
   ctx.gemm = &openblas_gemm;
   ctx.gemm_self = nullptr;
+  // OpenBLAS sgemm reaches full speed only on wide right-hand sides (measured on the DCNv2 benchmark,
+  // N4 C256 32x32: tiles of 48 columns ran 10-20% slower than ONNX Runtime's own DeformConv, tiles of
+  // 512-2048 columns 6-20% faster).
+  ctx.gemm_min_n = kOpenBlasMinN;
   return ctx;
 }
 

@@ -267,7 +267,7 @@ Status compute_cpu(Kernel& k, OrtKernelContext* ctx) {
       DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 0, p.output_shape(), &y));
       Workspace ws;
       DCNKIT_RETURN_IF_ERROR(
-          ws.allocate(ctx, mem, deform_conv2d_forward_workspace_cpu(p, DType::kFloat32, cpu.num_threads)));
+          ws.allocate(ctx, mem, deform_conv2d_forward_workspace_cpu(p, DType::kFloat32, cpu)));
       return deform_conv2d_forward_cpu<float>(p, ptr<float>(x), ptr<float>(off), ptr<float>(w), ptr<float>(b),
                                               ptr<float>(m), static_cast<float*>(y), ws.data(), cpu);
     }

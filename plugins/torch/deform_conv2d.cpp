@@ -155,7 +155,7 @@ at::Tensor deform_conv2d_forward(const at::Tensor& input, const at::Tensor& offs
 
   if (r.input.is_cpu()) {
     const CpuContext ctx = fast_cpu_context();
-    at::Tensor ws = workspace_for(r.input, deform_conv2d_forward_workspace_cpu(p, dt, ctx.num_threads));
+    at::Tensor ws = workspace_for(r.input, deform_conv2d_forward_workspace_cpu(p, dt, ctx));
     AT_DISPATCH_FLOATING_TYPES(r.input.scalar_type(), "dcnkit::deform_conv2d", [&] {
       throw_if_error(deform_conv2d_forward_cpu<scalar_t>(
           p, r.input.const_data_ptr<scalar_t>(), r.offset.const_data_ptr<scalar_t>(),
@@ -203,7 +203,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
 
   if (r.input.is_cpu()) {
     const CpuContext ctx = fast_cpu_context();
-    at::Tensor ws = workspace_for(r.input, deform_conv2d_backward_workspace_cpu(p, dt, ctx.num_threads));
+    at::Tensor ws = workspace_for(r.input, deform_conv2d_backward_workspace_cpu(p, dt, ctx));
     AT_DISPATCH_FLOATING_TYPES(r.input.scalar_type(), "dcnkit::_deform_conv2d_backward", [&] {
       throw_if_error(deform_conv2d_backward_cpu<scalar_t>(
           p, gout.const_data_ptr<scalar_t>(), r.input.const_data_ptr<scalar_t>(),

@@ -136,9 +136,14 @@ int64_t positions_per(const DeformConv2dParams& p, size_t elem, int64_t bytes) {
   return std::max<int64_t>(1, std::min(t, P));
 }
 
-int64_t forward_tile(const DeformConv2dParams& p, size_t elem) {
+// Forward tile width: ~kForwardTileBytes of columns, but no narrower than the GEMM's efficient width
+// as long as a tile stays under kMaxForwardTileBytes (the workspace holds one tile per task).
+int64_t forward_tile(const DeformConv2dParams& p, size_t elem, const CpuContext& ctx) {
+  constexpr int64_t kMaxForwardTileBytes = int64_t(8) << 20;
   static const int64_t bytes = bytes_override("DCNKIT_DCN_TILE_BYTES", kForwardTileBytes);
-  return positions_per(p, elem, bytes);
+  const int64_t t = positions_per(p, elem, bytes);
+  const int64_t widest = positions_per(p, elem, kMaxForwardTileBytes);
+  return std::max(t, std::min({ctx.gemm_min_n, p.out_spatial(), widest}));
 }
 
 int64_t backward_chunk(const DeformConv2dParams& p, size_t elem) {
@@ -156,9 +161,9 @@ struct ForwardLayout {
   size_t x_hwc, weight_t, slot, col;
 };
 
-ForwardLayout forward_layout(const DeformConv2dParams& p, DType dtype) {
+ForwardLayout forward_layout(const DeformConv2dParams& p, DType dtype, const CpuContext& ctx) {
   const size_t e = dtype_size(dtype);
-  const int64_t T = forward_tile(p, e);
+  const int64_t T = forward_tile(p, e, ctx);
   ForwardLayout l;
   l.x_hwc = bytes_of(p.batch * p.in_channels * p.height * p.width, e);
   l.weight_t = bytes_of(p.out_channels * p.in_per_group() * p.kernel_size(), e);
@@ -567,12 +572,12 @@ void backward_elementwise(const DeformConv2dParams& p, const T* grad_output, con
 
 }  // namespace
 
-size_t deform_conv2d_forward_workspace_cpu(const DeformConv2dParams& p, DType dtype, int num_threads) {
-  const ForwardLayout l = forward_layout(p, dtype);
-  return l.x_hwc + l.weight_t + static_cast<size_t>(std::max(1, num_threads)) * l.slot;
+size_t deform_conv2d_forward_workspace_cpu(const DeformConv2dParams& p, DType dtype, const CpuContext& ctx) {
+  const ForwardLayout l = forward_layout(p, dtype, ctx);
+  return l.x_hwc + l.weight_t + static_cast<size_t>(std::max(1, ctx.num_threads)) * l.slot;
 }
 
-size_t deform_conv2d_backward_workspace_cpu(const DeformConv2dParams& p, DType dtype, int /*num_threads*/) {
+size_t deform_conv2d_backward_workspace_cpu(const DeformConv2dParams& p, DType dtype, const CpuContext&) {
   return backward_layout(p, dtype).total();
 }
 
@@ -590,7 +595,7 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
   const int64_t K = p.kernel_size(), HW = p.height * p.width, Cin = p.in_channels, CK = Cin * K;
   const int64_t Gd = p.attrs.deformable_groups;
   const int64_t G = p.attrs.groups, Cout = p.out_channels, cin_g = p.in_per_group(), cout_g = p.out_per_group();
-  const ForwardLayout l = forward_layout(p, dt);
+  const ForwardLayout l = forward_layout(p, dt, ctx);
   char* ws = static_cast<char*>(workspace);
   T* x_hwc = reinterpret_cast<T*>(ws);
   T* wt = reinterpret_cast<T*>(ws + l.x_hwc);
@@ -607,7 +612,7 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
   });
   weight_to_kc(p, weight, wt);
 
-  const int64_t tile = forward_tile(p, sizeof(T));
+  const int64_t tile = forward_tile(p, sizeof(T), ctx);
   const int64_t ntiles = (P + tile - 1) / tile;
   const int64_t items = N * ntiles;
   const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(ctx.num_threads, items));

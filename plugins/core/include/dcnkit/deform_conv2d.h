@@ -45,9 +45,10 @@ inline int64_t deform_conv2d_out_size(int64_t in, int64_t k, int64_t s, int64_t 
 }
 
 // ---- CPU (float32, float64) ----------------------------------------------------------------------
-// Workspace bytes for forward / backward with `ctx.num_threads` tasks.
-size_t deform_conv2d_forward_workspace_cpu(const DeformConv2dParams& p, DType dtype, int num_threads);
-size_t deform_conv2d_backward_workspace_cpu(const DeformConv2dParams& p, DType dtype, int num_threads);
+// Workspace bytes for forward / backward with the context the launcher will get (its num_threads tasks,
+// its GEMM's preferred width).
+size_t deform_conv2d_forward_workspace_cpu(const DeformConv2dParams& p, DType dtype, const CpuContext& ctx);
+size_t deform_conv2d_backward_workspace_cpu(const DeformConv2dParams& p, DType dtype, const CpuContext& ctx);
 
 template <typename T>
 Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, const T* offset,
