@@ -32,13 +32,6 @@ _lock = threading.Lock()
 _registered = False
 
 
-def _is_tensor_arg(arg: Any) -> bool:
-    t = arg.type
-    if isinstance(t, torch.OptionalType):
-        t = t.getElementType()
-    return isinstance(t, torch.TensorType)
-
-
 class _Emitter:
     def __init__(self, opset: int) -> None:
         import onnxscript
@@ -93,7 +86,7 @@ def _make_translation(name: str, opset: int):
                 raise TypeError(f"dcnkit::{name}: missing argument {a.name!r} in the exported graph")
         tensors, scalars = {}, []
         for a, v in zip(args, values):
-            if _is_tensor_arg(a):
+            if _lowering.is_tensor_arg(a):
                 tensors[a.name] = v
             else:
                 scalars.append(v)

@@ -42,13 +42,6 @@ def _scalar_desc(arg: Any) -> str:
     raise TypeError(f"dcnkit export: argument {arg.name}: unsupported type {t}")
 
 
-def _is_tensor_arg(arg: Any) -> bool:
-    t = arg.type
-    if isinstance(t, torch.OptionalType):
-        t = t.getElementType()
-    return isinstance(t, torch.TensorType)
-
-
 class _Emitter:
     def __init__(self, g: Any) -> None:
         self.g = g
@@ -108,7 +101,7 @@ def _make_symbolic(name: str):
     def symbolic(g, *values):
         tensors, scalars = {}, []
         for a, v in zip(args, values):
-            if _is_tensor_arg(a):
+            if _lowering.is_tensor_arg(a):
                 tensors[a.name] = None if symbolic_helper._is_none(v) else v
             else:
                 scalars.append(symbolic_helper._get_const(v, _scalar_desc(a), a.name))

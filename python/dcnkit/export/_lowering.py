@@ -22,6 +22,8 @@ import contextvars
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+import torch
+
 from dcnkit.export import _table
 
 _INT64 = 7  # onnx.TensorProto.INT64
@@ -158,3 +160,11 @@ def lower(
         if out is not None:
             return out
     return em.custom(info, [tensors.get(t.name) for t in info.inputs], attrs)
+
+
+def is_tensor_arg(arg: Any) -> bool:
+    """Whether a torch schema argument is a (possibly optional) tensor."""
+    t = arg.type
+    if isinstance(t, torch.OptionalType):
+        t = t.getElementType()
+    return isinstance(t, torch.TensorType)
