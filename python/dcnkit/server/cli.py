@@ -7,34 +7,24 @@ import sys
 _BACKENDS = ("ort-cpu", "ort-cuda", "tensorrt", "reference")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
-    return v
+def _bounded(convert, low: float, what: str):
+    """An argparse type: `convert(text)` that must be >= low."""
+
+    def parse(text: str):
+        try:
+            v = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} >= {low:g}, got {text!r}") from None
+        if not v >= low:
+            raise argparse.ArgumentTypeError(f"expected {what} >= {low:g}, got {v}")
+        return v
+
+    return parse
 
 
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
-    return v
-
-
-def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {v}")
-    return v
+_positive_int = _bounded(int, 1, "an integer")
+_nonneg_int = _bounded(int, 0, "an integer")
+_nonneg_float = _bounded(float, 0, "a number")
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
