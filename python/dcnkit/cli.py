@@ -443,21 +443,12 @@ FAST_BACKENDS = ("ort-cpu", "ort-cuda", "tensorrt")
 def choose_compare_backends(requested: list[str] | None, available: dict) -> tuple[list[str], list[str]]:
     """(backends to compare, skipped lines). Default: every available fast backend; the reference runner
     joins when fewer than two would be compared."""
-    skipped = []
-    if requested is None:
-        chosen = []
-        for b in FAST_BACKENDS:
-            if available.get(b) is None:
-                chosen.append(b)
-            else:
-                skipped.append(f"{b} skipped: {available[b]}")
-    else:
-        chosen = []
-        for b in requested:
-            if available.get(b) is None:
-                chosen.append(b)
-            else:
-                skipped.append(f"{b} skipped: {available[b]}")
+    chosen, skipped = [], []
+    for b in FAST_BACKENDS if requested is None else requested:
+        if available.get(b) is None:
+            chosen.append(b)
+        else:
+            skipped.append(f"{b} skipped: {available[b]}")
     if len(chosen) < 2 and "reference" not in chosen and available.get("reference") is None:
         chosen.append("reference")
     return chosen, skipped
