@@ -332,9 +332,12 @@ _ELEMENTWISE_CHILD = textwrap.dedent("""
 """)
 
 
-def test_elementwise_path_matches_fast_path(tmp_path):
+@pytest.mark.parametrize("path", ["elementwise", "cuda-schedule"])
+def test_elementwise_path_matches_fast_path(tmp_path, path):
     # DCNKIT_DCN_CPU_PATH=elementwise runs the CUDA kernels' per-element functions (im2col element,
     # atomic-style scatter, offset/mask gradient) on the CPU: the GPU math, checked here without a GPU.
+    # DCNKIT_DCN_CPU_PATH=cuda-schedule runs the CUDA launchers themselves (their chunks of images, every
+    # GEMM's arguments, their per-thread index decoding) with the CPU GEMM, in chunks of ceil(N/2) images.
     cases = []
     for i, cfg in enumerate(CONFIGS):
         n, cin, h, w, cout, kh, kw, s, p, d, g, gd, mod, b = cfg
@@ -342,7 +345,7 @@ def test_elementwise_path_matches_fast_path(tmp_path):
         a["gy"] = torch.randn(run(a).shape, dtype=torch.float64)
         cases.append(a)
     torch.save(cases, tmp_path / "in.pt")
-    env = dict(os.environ, DCNKIT_DCN_CPU_PATH="elementwise")
+    env = dict(os.environ, DCNKIT_DCN_CPU_PATH=path)
     subprocess.run([sys.executable, "-c", _ELEMENTWISE_CHILD, str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
                    env=env, check=True, timeout=300)
     got = torch.load(tmp_path / "out.pt")

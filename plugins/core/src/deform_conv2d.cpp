@@ -490,12 +490,79 @@ Status first_error(const std::vector<Status>& v) {
 // The CUDA kernels' per-element functions (deform_conv2d_column, deform_conv2d_scatter_input,
 // deform_conv2d_offset_mask_grad) run serially on the CPU, so that CPU tests check the GPU math too:
 // selected with DCNKIT_DCN_CPU_PATH=elementwise (read once per process). Slow; for tests only.
-bool elementwise_path() {
-  static const bool on = [] {
+// DCNKIT_DCN_CPU_PATH=cuda-schedule runs the CUDA launchers themselves on the CPU: their schedule
+// (chunks of images, every GEMM's arguments, zeroing) and their per-thread element functions
+// (deform_conv2d_kernels.h), serially, with the context's GEMM and chunks of ceil(N/2) images.
+enum class CpuPath { kFast, kElementwise, kCudaSchedule };
+CpuPath cpu_path() {
+  static const CpuPath path = [] {
     const char* e = std::getenv("DCNKIT_DCN_CPU_PATH");
-    return e != nullptr && std::strcmp(e, "elementwise") == 0;
+    if (e != nullptr && std::strcmp(e, "elementwise") == 0) return CpuPath::kElementwise;
+    if (e != nullptr && std::strcmp(e, "cuda-schedule") == 0) return CpuPath::kCudaSchedule;
+    return CpuPath::kFast;
   }();
-  return on;
+  return path;
+}
+bool elementwise_path() { return cpu_path() == CpuPath::kElementwise; }
+bool cuda_schedule_path() { return cpu_path() == CpuPath::kCudaSchedule; }
+
+// The executor of the CUDA schedule on the CPU: each "kernel" is a serial loop over its element
+// function, in the order a CUDA grid would cover it; the scatter is a plain += (one thread).
+template <typename T>
+struct CpuScheduleExec {
+  const DeformConv2dParams& p;
+  const CpuContext& ctx;
+  const T *input, *offset, *mask, *bias, *grad_output;
+  T *output, *grad_input, *grad_offset, *grad_bias, *grad_mask;
+
+  int64_t column_elements(int64_t nb) const {
+    return nb * p.in_channels * p.kernel_size() * p.out_spatial();
+  }
+  Status im2col(int64_t n0, int64_t nb, T* columns) {
+    for (int64_t i = 0; i < column_elements(nb); ++i)
+      columns[i] = deform_conv2d_im2col_element<T, T>(p, input, offset, mask, n0, i);
+    return Status::Ok();
+  }
+  Status bias_fill(int64_t n0, int64_t nb) {
+    for (int64_t i = 0; i < nb * p.out_channels * p.out_spatial(); ++i)
+      deform_conv2d_bias_element(p, bias, n0, i, output);
+    return Status::Ok();
+  }
+  Status col2im(int64_t n0, int64_t nb, const T* grad_columns) {
+    for (int64_t i = 0; i < column_elements(nb); ++i)
+      deform_conv2d_col2im_element<T, T>(p, offset, mask, grad_columns, n0, i, grad_input,
+                                         [](T* dst, T v) { *dst += v; });
+    return Status::Ok();
+  }
+  Status offset_mask_grad(int64_t n0, int64_t nb, const T* grad_columns) {
+    for (int64_t i = 0; i < nb * p.attrs.deformable_groups * p.kernel_size() * p.out_spatial(); ++i)
+      deform_conv2d_offset_mask_grad_element(p, input, offset, mask, grad_columns, n0, i, grad_offset,
+                                             grad_mask);
+    return Status::Ok();
+  }
+  Status bias_grad() {
+    const int64_t P = p.out_spatial();
+    for (int64_t co = 0; co < p.out_channels; ++co) {
+      T s = T(0);
+      for (int64_t i = 0; i < p.batch * P; ++i) s += grad_output[(i / P * p.out_channels + co) * P + i % P];
+      grad_bias[co] = s;
+    }
+    return Status::Ok();
+  }
+  Status zero(T* dst, int64_t count) {
+    std::fill(dst, dst + count, T(0));
+    return Status::Ok();
+  }
+  Status gemm(const GemmArgs& ga) { return ctx.run_gemm(ga); }
+};
+
+int64_t cuda_schedule_chunk(const DeformConv2dParams& p) { return std::max<int64_t>(1, (p.batch + 1) / 2); }
+
+// Scratch of the CUDA-schedule path (a test path: it allocates, unlike the launchers).
+template <typename T>
+std::vector<T> cuda_schedule_columns(const DeformConv2dParams& p) {
+  return std::vector<T>(static_cast<size_t>(cuda_schedule_chunk(p) * p.in_channels * p.kernel_size() *
+                                            p.out_spatial()));
 }
 
 template <typename T>
@@ -591,6 +658,12 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
     forward_elementwise(p, input, offset, weight, bias, mask, output);
     return Status::Ok();
   }
+  if (cuda_schedule_path()) {
+    std::vector<T> columns = cuda_schedule_columns<T>(p);
+    CpuScheduleExec<T> ex{p, ctx, input, offset, mask, bias, nullptr, output, nullptr, nullptr, nullptr, nullptr};
+    return deform_conv2d_forward_schedule<T>(p, dtype_of_t<T>(), cuda_schedule_chunk(p), weight, bias != nullptr,
+                                             output, columns.data(), ex);
+  }
   const DType dt = dtype_of_t<T>();
   const int64_t K = p.kernel_size(), HW = p.height * p.width, Cin = p.in_channels, CK = Cin * K;
   const int64_t Gd = p.attrs.deformable_groups;
@@ -672,6 +745,14 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
   const int64_t KC = K * cin_g;  // columns of one conv group
   const int64_t nt = std::max(1, ctx.num_threads);
   if (!mask) grad_mask = nullptr;
+  if (cuda_schedule_path()) {
+    std::vector<T> columns = cuda_schedule_columns<T>(p);
+    CpuScheduleExec<T> ex{p, ctx, input, offset, mask, nullptr, grad_output,
+                          nullptr, grad_input, grad_offset, grad_bias, grad_mask};
+    return deform_conv2d_backward_schedule<T>(p, dt, cuda_schedule_chunk(p), grad_output, weight, mask != nullptr,
+                                              grad_input, grad_offset, grad_weight, grad_bias, grad_mask,
+                                              columns.data(), ex);
+  }
 
   if (grad_bias) {
     parallel_for(ctx, Cout, [&](int64_t b, int64_t e) {

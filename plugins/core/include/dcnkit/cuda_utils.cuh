@@ -59,6 +59,31 @@ template <typename T> struct AccType { using type = T; };
 template <> struct AccType<__half> { using type = float; };
 template <> struct AccType<__nv_bfloat16> { using type = float; };
 
+// Calls f(T{}) with the storage type T of `dtype` (float, double, __half, __nv_bfloat16): the forward
+// launchers' dispatch.
+template <typename F>
+Status dispatch_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32: return f(float{});
+    case DType::kFloat64: return f(double{});
+    case DType::kFloat16: return f(__half{});
+    case DType::kBFloat16: return f(__nv_bfloat16{});
+  }
+  return Status::Internal("unknown dtype " + std::to_string(static_cast<int>(dtype)));
+}
+
+// The same for float32 and float64 only (the backward launchers: atomicAdd in the storage type);
+// another dtype is an Invalid status naming `op`.
+template <typename F>
+Status dispatch_backward_dtype(const char* op, DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32: return f(float{});
+    case DType::kFloat64: return f(double{});
+    default: break;
+  }
+  return arg_error(op, "input", "dtype float32 or float64 (CUDA backward)", dtype_name(dtype));
+}
+
 // Data-dependent checks on the device (e.g. RoI batch indices): kernels set a flag in the workspace;
 // the launcher reads it back after the kernel and turns it into an Invalid status.
 struct DeviceErrorFlag {

@@ -159,4 +159,200 @@ DCNKIT_HD void deform_conv2d_offset_mask_grad(const DeformConv2dParams& p, const
   *grad_m = gm;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The CUDA launchers (deform_conv2d.cu), written once so that the CPU can run them too
+// (DCNKIT_DCN_CPU_PATH=cuda-schedule): element functions (the work of one CUDA thread) and the
+// schedule (chunks of images, GEMM arguments, zeroing) driven by an executor.
+//
+// Columns of a chunk of nb images starting at image n0: columns[b][c*K + k][pos] (b in [0, nb)), the
+// storage type. Element `idx` of a chunk of rows-per-image `rows` decodes as
+//   pos = idx % P,  row = (idx / P) % rows,  b = idx / (P * rows),  image n = n0 + b.
+
+// Pointers of image n.
+template <typename T>
+struct DcnImage {
+  const T* x;       // (Cin, H, W)
+  const T* offset;  // (Gd*2*K, P)
+  const T* mask;    // (Gd*K, P) or null
+};
+template <typename T>
+DCNKIT_HD DcnImage<T> deform_conv2d_image(const DeformConv2dParams& p, const T* input, const T* offset,
+                                          const T* mask, int64_t n) {
+  const int64_t K = p.kernel_h * p.kernel_w, P = p.out_h * p.out_w, Gd = p.attrs.deformable_groups;
+  return {input ? input + n * p.in_channels * p.height * p.width : nullptr, offset + n * 2 * Gd * K * P,
+          mask ? mask + n * Gd * K * P : nullptr};
+}
+
+struct ChunkIndex {
+  int64_t b, row, pos;
+};
+DCNKIT_HD ChunkIndex chunk_index(int64_t idx, int64_t rows, int64_t P) {
+  return {idx / (P * rows), (idx / P) % rows, idx % P};
+}
+
+// columns element idx (rows c*K + k) of the chunk starting at image n0.
+template <typename Acc, typename T>
+DCNKIT_HD Acc deform_conv2d_im2col_element(const DeformConv2dParams& p, const T* input, const T* offset,
+                                           const T* mask, int64_t n0, int64_t idx) {
+  const int64_t K = p.kernel_h * p.kernel_w;
+  const ChunkIndex e = chunk_index(idx, p.in_channels * K, p.out_h * p.out_w);
+  const DcnImage<T> im = deform_conv2d_image(p, input, offset, mask, n0 + e.b);
+  return deform_conv2d_column<Acc, T>(p, im.x, im.offset, im.mask, e.row / K, e.row % K, e.pos);
+}
+
+// output[n0 + b][co][pos] = bias[co] for element idx of (nb, Cout, P).
+template <typename T>
+DCNKIT_HD void deform_conv2d_bias_element(const DeformConv2dParams& p, const T* bias, int64_t n0,
+                                          int64_t idx, T* output) {
+  const int64_t P = p.out_h * p.out_w;
+  output[n0 * p.out_channels * P + idx] = bias[(idx / P) % p.out_channels];
+}
+
+// Scatter of grad_columns element idx into grad_input through add(T* dst, Acc v) (atomicAdd on CUDA).
+template <typename Acc, typename T, typename Add>
+DCNKIT_HD void deform_conv2d_col2im_element(const DeformConv2dParams& p, const T* offset, const T* mask,
+                                            const T* grad_columns, int64_t n0, int64_t idx, T* grad_input,
+                                            Add add) {
+  const int64_t K = p.kernel_h * p.kernel_w;
+  const ChunkIndex e = chunk_index(idx, p.in_channels * K, p.out_h * p.out_w);
+  const int64_t n = n0 + e.b;
+  const DcnImage<T> im = deform_conv2d_image<T>(p, nullptr, offset, mask, n);
+  deform_conv2d_scatter_input<Acc, T>(p, im.offset, im.mask, to_acc<Acc>(grad_columns[idx]), e.row / K,
+                                      e.row % K, e.pos,
+                                      grad_input + n * p.in_channels * p.height * p.width, add);
+}
+
+// grad_offset / grad_mask (either may be null) of element idx of (nb, Gd*K, P): rows g*K + k.
+template <typename T>
+DCNKIT_HD void deform_conv2d_offset_mask_grad_element(const DeformConv2dParams& p, const T* input,
+                                                      const T* offset, const T* mask,
+                                                      const T* grad_columns, int64_t n0, int64_t idx,
+                                                      T* grad_offset, T* grad_mask) {
+  const int64_t K = p.kernel_h * p.kernel_w, P = p.out_h * p.out_w, Gd = p.attrs.deformable_groups;
+  const ChunkIndex e = chunk_index(idx, Gd * K, P);
+  const int64_t n = n0 + e.b, g = e.row / K, k = e.row % K;
+  const DcnImage<T> im = deform_conv2d_image(p, input, offset, mask, n);
+  const T* gcol_b = grad_columns + e.b * p.in_channels * K * P;
+  T gy, gx, gm;
+  deform_conv2d_offset_mask_grad<T, T>(p, im.x, im.offset, im.mask, gcol_b + e.pos, P, g, k, e.pos, &gy,
+                                       &gx, &gm);
+  if (grad_offset) {
+    T* go = grad_offset + n * 2 * Gd * K * P;
+    go[(g * 2 * K + 2 * k) * P + e.pos] = gy;
+    go[(g * 2 * K + 2 * k + 1) * P + e.pos] = gx;
+  }
+  if (grad_mask) grad_mask[n * Gd * K * P + e.row * P + e.pos] = gm;
+}
+
+// The schedule (host only). An executor `ex` provides, each returning a Status:
+//   im2col(n0, nb, columns), bias_fill(n0, nb), col2im(n0, nb, grad_columns),
+//   offset_mask_grad(n0, nb, grad_columns)  -- the element functions above over a chunk;
+//   bias_grad()                              -- grad_bias[co] = sum over n, pos of grad_output;
+//   zero(T* dst, int64_t count), gemm(const GemmArgs&)   -- in stream order.
+// `columns` holds chunk * Cin*K*P elements.
+template <typename T, typename Exec>
+Status deform_conv2d_forward_schedule(const DeformConv2dParams& p, DType dt, int64_t chunk, const T* weight,
+                                      bool has_bias, T* output, T* columns, Exec& ex) {
+  const int64_t N = p.batch, P = p.out_h * p.out_w;
+  if (N == 0 || P == 0 || p.out_channels == 0) return Status::Ok();
+  const int64_t K = p.kernel_h * p.kernel_w, Cin = p.in_channels, Cout = p.out_channels;
+  const int64_t G = p.attrs.groups, cin_g = Cin / G, cout_g = Cout / G;
+  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+    const int64_t nb = chunk < N - n0 ? chunk : N - n0;
+    DCNKIT_RETURN_IF_ERROR(ex.im2col(n0, nb, columns));
+    if (has_bias) DCNKIT_RETURN_IF_ERROR(ex.bias_fill(n0, nb));
+    for (int64_t gc = 0; gc < G; ++gc) {
+      // output[n][gc] (Cout_g x P) (+)= W[gc] (Cout_g x Cin_g*K) x columns[b][gc] (Cin_g*K x P), batched over b.
+      GemmArgs ga;
+      ga.dtype = dt;
+      ga.m = cout_g;
+      ga.n = P;
+      ga.k = cin_g * K;
+      ga.beta = has_bias ? 1.f : 0.f;
+      ga.a = weight + gc * cout_g * cin_g * K;
+      ga.lda = cin_g * K;
+      ga.stride_a = 0;
+      ga.b = columns + gc * cin_g * K * P;
+      ga.ldb = P;
+      ga.stride_b = Cin * K * P;
+      ga.c = output + n0 * Cout * P + gc * cout_g * P;
+      ga.ldc = P;
+      ga.stride_c = Cout * P;
+      ga.batch = nb;
+      DCNKIT_RETURN_IF_ERROR(ex.gemm(ga));
+    }
+  }
+  return Status::Ok();
+}
+
+// Gradients that are null are not computed; grad_mask is ignored without a mask. Written, not accumulated.
+template <typename T, typename Exec>
+Status deform_conv2d_backward_schedule(const DeformConv2dParams& p, DType dt, int64_t chunk,
+                                       const T* grad_output, const T* weight, bool has_mask, T* grad_input,
+                                       T* grad_offset, T* grad_weight, T* grad_bias, T* grad_mask,
+                                       T* columns, Exec& ex) {
+  const int64_t N = p.batch, P = p.out_h * p.out_w;
+  const int64_t K = p.kernel_h * p.kernel_w, Cin = p.in_channels, Cout = p.out_channels;
+  const int64_t G = p.attrs.groups, cin_g = Cin / G, cout_g = Cout / G;
+  if (!has_mask) grad_mask = nullptr;
+  if (grad_input) DCNKIT_RETURN_IF_ERROR(ex.zero(grad_input, N * Cin * p.height * p.width));
+  if (grad_weight) DCNKIT_RETURN_IF_ERROR(ex.zero(grad_weight, Cout * cin_g * K));
+  if (grad_bias) DCNKIT_RETURN_IF_ERROR(ex.bias_grad());
+  const bool need_gcol = grad_input || grad_offset || grad_mask;
+  if (N == 0 || P == 0 || (!need_gcol && !grad_weight)) return Status::Ok();
+  for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+    const int64_t nb = chunk < N - n0 ? chunk : N - n0;
+    if (grad_weight) {
+      DCNKIT_RETURN_IF_ERROR(ex.im2col(n0, nb, columns));
+      for (int64_t b = 0; b < nb; ++b) {
+        // grad_weight[gc] += grad_out[n][gc] (Cout_g x P) x columns[b][gc]^T (P x Cin_g*K), batched over gc.
+        GemmArgs ga;
+        ga.dtype = dt;
+        ga.trans_b = true;
+        ga.m = cout_g;
+        ga.n = cin_g * K;
+        ga.k = P;
+        ga.beta = 1.f;
+        ga.a = grad_output + (n0 + b) * Cout * P;
+        ga.lda = P;
+        ga.stride_a = cout_g * P;
+        ga.b = columns + b * Cin * K * P;
+        ga.ldb = P;
+        ga.stride_b = cin_g * K * P;
+        ga.c = grad_weight;
+        ga.ldc = cin_g * K;
+        ga.stride_c = cout_g * cin_g * K;
+        ga.batch = G;
+        DCNKIT_RETURN_IF_ERROR(ex.gemm(ga));
+      }
+    }
+    if (!need_gcol) continue;
+    // The column gradient replaces the columns (stream order: after the grad_weight GEMMs).
+    for (int64_t gc = 0; gc < G; ++gc) {
+      // grad_columns[b][gc] = W[gc]^T (Cin_g*K x Cout_g) x grad_out[n][gc] (Cout_g x P), batched over b.
+      GemmArgs ga;
+      ga.dtype = dt;
+      ga.trans_a = true;
+      ga.m = cin_g * K;
+      ga.n = P;
+      ga.k = cout_g;
+      ga.beta = 0.f;
+      ga.a = weight + gc * cout_g * cin_g * K;
+      ga.lda = cin_g * K;
+      ga.stride_a = 0;
+      ga.b = grad_output + n0 * Cout * P + gc * cout_g * P;
+      ga.ldb = P;
+      ga.stride_b = Cout * P;
+      ga.c = columns + gc * cin_g * K * P;
+      ga.ldc = P;
+      ga.stride_c = Cin * K * P;
+      ga.batch = nb;
+      DCNKIT_RETURN_IF_ERROR(ex.gemm(ga));
+    }
+    if (grad_input) DCNKIT_RETURN_IF_ERROR(ex.col2im(n0, nb, columns));
+    if (grad_offset || grad_mask) DCNKIT_RETURN_IF_ERROR(ex.offset_mask_grad(n0, nb, columns));
+  }
+  return Status::Ok();
+}
+
 }  // namespace dcnkit
