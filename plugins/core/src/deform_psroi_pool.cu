@@ -5,6 +5,8 @@
 namespace dcnkit {
 namespace {
 
+constexpr const char* kOp = "deform_psroi_pool";
+
 // One thread per output (k, ctop, ph, pw).
 template <typename T, typename Acc>
 __global__ void deform_psroi_pool_forward_kernel(DeformPSRoIPoolParams p, const T* input,
@@ -12,18 +14,16 @@ __global__ void deform_psroi_pool_forward_kernel(DeformPSRoIPoolParams p, const 
                                                  int* flag) {
   const int64_t C = p.channels, H = p.height, W = p.width, D = p.attrs.output_dim;
   const int64_t P = p.attrs.output_size;
-  const int64_t n = p.num_rois * D * P * P;
-  DCNKIT_CUDA_KERNEL_LOOP(i, n) {
-    const int64_t pw = i % P, ph = (i / P) % P, ctop = (i / (P * P)) % D, k = i / (P * P * D);
-    const T* roi = rois + k * 5;
+  DCNKIT_CUDA_KERNEL_LOOP(i, p.num_rois * D * P * P) {
+    const RoIElement e = roi_element(i, D, P, P);
+    const T* roi = rois + e.k * 5;
     int64_t b = 0;
-    if (!roi_batch_index<Acc>(roi, p.batch, &b)) {
-      *flag = 1;
+    if (!roi_batch_index_or_flag<Acc>(roi, p.batch, flag, &b)) {
       output[i] = roi_store<T>(Acc(0));
       if (count != nullptr) count[i] = roi_store<T>(Acc(0));
       continue;
     }
-    const PSRoIBin<Acc> r = psroi_bin<Acc>(p, roi, trans, k, ctop, ph, pw);
+    const PSRoIBin<Acc> r = psroi_bin<Acc>(p, roi, trans, e.k, e.c, e.ph, e.pw);
     Acc cnt;
     const Acc v = psroi_bin_forward<Acc>(input + (b * C + r.channel) * H * W, H, W, r,
                                          p.attrs.sample_per_part, &cnt);
@@ -40,18 +40,14 @@ __global__ void deform_psroi_pool_backward_kernel(DeformPSRoIPoolParams p, const
                                                   int* flag) {
   const int64_t C = p.channels, H = p.height, W = p.width, D = p.attrs.output_dim;
   const int64_t P = p.attrs.output_size, spp = p.attrs.sample_per_part;
-  const int64_t n = p.num_rois * D * P * P;
-  DCNKIT_CUDA_KERNEL_LOOP(i, n) {
-    const int64_t pw = i % P, ph = (i / P) % P, ctop = (i / (P * P)) % D, k = i / (P * P * D);
-    const T* roi = rois + k * 5;
+  DCNKIT_CUDA_KERNEL_LOOP(i, p.num_rois * D * P * P) {
+    const RoIElement e = roi_element(i, D, P, P);
+    const T* roi = rois + e.k * 5;
     int64_t b = 0;
-    if (!roi_batch_index<T>(roi, p.batch, &b)) {
-      *flag = 1;
-      continue;
-    }
+    if (!roi_batch_index_or_flag<T>(roi, p.batch, flag, &b)) continue;
     const T g = grad_output[i];
     if (g == T(0)) continue;
-    const PSRoIBin<T> r = psroi_bin<T>(p, roi, trans, k, ctop, ph, pw);
+    const PSRoIBin<T> r = psroi_bin<T>(p, roi, trans, e.k, e.c, e.ph, e.pw);
     const T* img = input + (b * C + r.channel) * H * W;
     if (grad_input != nullptr) {
       RoIAtomicAdd<T> add{grad_input + (b * C + r.channel) * H * W};
@@ -67,41 +63,8 @@ __global__ void deform_psroi_pool_backward_kernel(DeformPSRoIPoolParams p, const
   }
 }
 
-template <typename T>
-void launch_forward(const DeformPSRoIPoolParams& p, const void* input, const void* rois,
-                    const void* trans, void* output, void* count, int* flag, cudaStream_t s) {
-  using Acc = typename AccType<T>::type;
-  const int64_t P = p.attrs.output_size;
-  const int64_t n = p.num_rois * p.attrs.output_dim * P * P;
-  deform_psroi_pool_forward_kernel<T, Acc><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
-      p, static_cast<const T*>(input), static_cast<const T*>(rois),
-      p.attrs.no_trans ? nullptr : static_cast<const T*>(trans), static_cast<T*>(output),
-      static_cast<T*>(count), flag);
-}
-
-template <typename T>
-Status launch_backward(const DeformPSRoIPoolParams& p, const void* grad_output, const void* input,
-                       const void* rois, const void* trans_, const void* count, void* grad_input,
-                       void* grad_trans, int* flag, cudaStream_t s) {
-  const int64_t P = p.attrs.output_size, ps = p.attrs.part_size;
-  const int64_t n = p.num_rois * p.attrs.output_dim * P * P;
-  const T* trans = p.attrs.no_trans ? nullptr : static_cast<const T*>(trans_);
-  if (grad_input != nullptr) {
-    const size_t bytes = sizeof(T) * p.batch * p.channels * p.height * p.width;
-    DCNKIT_RETURN_IF_ERROR(
-        cuda_status(cudaMemsetAsync(grad_input, 0, bytes, s), "deform_psroi_pool_backward_cuda"));
-  }
-  if (grad_trans != nullptr) {
-    const size_t bytes = sizeof(T) * p.num_rois * 2 * p.num_classes * ps * ps;
-    DCNKIT_RETURN_IF_ERROR(
-        cuda_status(cudaMemsetAsync(grad_trans, 0, bytes, s), "deform_psroi_pool_backward_cuda"));
-  }
-  if (n == 0) return Status::Ok();
-  deform_psroi_pool_backward_kernel<T><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
-      p, static_cast<const T*>(grad_output), static_cast<const T*>(input),
-      static_cast<const T*>(rois), trans, static_cast<const T*>(count), static_cast<T*>(grad_input),
-      static_cast<T*>(grad_trans), flag);
-  return Status::Ok();
+int64_t output_elements(const DeformPSRoIPoolParams& p) {
+  return p.num_rois * p.attrs.output_dim * p.attrs.output_size * p.attrs.output_size;
 }
 
 }  // namespace
@@ -114,49 +77,52 @@ Status deform_psroi_pool_forward_cuda(const DeformPSRoIPoolParams& p, DType dtyp
                                       const void* input, const void* rois, const void* trans,
                                       void* output, void* count, void* workspace,
                                       const CudaContext& ctx) {
-  const int64_t P = p.attrs.output_size;
-  if (p.num_rois * p.attrs.output_dim * P * P == 0) return Status::Ok();
+  const int64_t n = output_elements(p);
+  if (n == 0) return Status::Ok();
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
-  DeviceErrorFlag flag{static_cast<int*>(workspace)};
-  DCNKIT_RETURN_IF_ERROR(error_flag_reset(flag, s));
-  switch (dtype) {
-    case DType::kFloat32:
-      launch_forward<float>(p, input, rois, trans, output, count, flag.flag, s);
-      break;
-    case DType::kFloat64:
-      launch_forward<double>(p, input, rois, trans, output, count, flag.flag, s);
-      break;
-    case DType::kFloat16:
-      launch_forward<__half>(p, input, rois, trans, output, count, flag.flag, s);
-      break;
-    case DType::kBFloat16:
-      launch_forward<__nv_bfloat16>(p, input, rois, trans, output, count, flag.flag, s);
-      break;
-  }
-  DCNKIT_RETURN_IF_ERROR(cuda_launch_status("deform_psroi_pool_forward_cuda"));
-  return error_flag_check(flag, s, roi_batch_device_message("deform_psroi_pool", p.batch));
+  return roi_launch_checked(kOp, p.batch, workspace, s, [&](int* flag) {
+    return dispatch_dtype(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      deform_psroi_pool_forward_kernel<T, typename AccType<T>::type><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
+          p, static_cast<const T*>(input), static_cast<const T*>(rois),
+          p.attrs.no_trans ? nullptr : static_cast<const T*>(trans), static_cast<T*>(output),
+          static_cast<T*>(count), flag);
+      return cuda_launch_status("deform_psroi_pool_forward_cuda");
+    });
+  });
 }
 
 Status deform_psroi_pool_backward_cuda(const DeformPSRoIPoolParams& p, DType dtype,
                                        const void* grad_output, const void* input,
-                                       const void* rois, const void* trans, const void* count,
+                                       const void* rois, const void* trans_, const void* count,
                                        void* grad_input, void* grad_trans, void* workspace,
                                        const CudaContext& ctx) {
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
-  DeviceErrorFlag flag{static_cast<int*>(workspace)};
-  DCNKIT_RETURN_IF_ERROR(error_flag_reset(flag, s));
-  if (dtype == DType::kFloat32) {
-    DCNKIT_RETURN_IF_ERROR(launch_backward<float>(p, grad_output, input, rois, trans, count,
-                                                  grad_input, grad_trans, flag.flag, s));
-  } else if (dtype == DType::kFloat64) {
-    DCNKIT_RETURN_IF_ERROR(launch_backward<double>(p, grad_output, input, rois, trans, count,
-                                                   grad_input, grad_trans, flag.flag, s));
-  } else {
-    return arg_error("deform_psroi_pool", "input", "dtype float32 or float64 (CUDA backward)",
-                     dtype_name(dtype));
-  }
-  DCNKIT_RETURN_IF_ERROR(cuda_launch_status("deform_psroi_pool_backward_cuda"));
-  return error_flag_check(flag, s, roi_batch_device_message("deform_psroi_pool", p.batch));
+  const int64_t n = output_elements(p), ps = p.attrs.part_size;
+  return dispatch_backward_dtype(kOp, dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* trans = p.attrs.no_trans ? nullptr : static_cast<const T*>(trans_);
+    return roi_launch_checked(kOp, p.batch, workspace, s, [&](int* flag) {
+      if (grad_input != nullptr) {
+        const size_t bytes = sizeof(T) * static_cast<size_t>(p.batch * p.channels * p.height * p.width);
+        DCNKIT_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(grad_input, 0, bytes, s),
+                                           "deform_psroi_pool_backward_cuda: memset"));
+      }
+      if (grad_trans != nullptr) {
+        const size_t bytes = sizeof(T) * static_cast<size_t>(p.num_rois * 2 * p.num_classes * ps * ps);
+        DCNKIT_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(grad_trans, 0, bytes, s),
+                                           "deform_psroi_pool_backward_cuda: memset"));
+      }
+      if (n == 0 || (grad_input == nullptr && (grad_trans == nullptr || trans == nullptr))) {
+        return Status::Ok();
+      }
+      deform_psroi_pool_backward_kernel<T><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
+          p, static_cast<const T*>(grad_output), static_cast<const T*>(input),
+          static_cast<const T*>(rois), trans, static_cast<const T*>(count), static_cast<T*>(grad_input),
+          static_cast<T*>(grad_trans), flag);
+      return cuda_launch_status("deform_psroi_pool_backward_cuda");
+    });
+  });
 }
 
 }  // namespace dcnkit

@@ -39,34 +39,14 @@ Status make_deform_roi_pool_params(const char* op, const Shape& input, const Sha
   return Status::Ok();
 }
 
-namespace {
-
-template <typename T>
-RoIAlignBox<T> deform_box(const DeformRoIPoolParams& p, const T* roi) {
-  return roi_align_box<T>(roi, static_cast<T>(p.attrs.spatial_scale), true, p.attrs.pooled_h,
-                          p.attrs.pooled_w, p.attrs.sampling_ratio);
-}
-
-// Corner of bin (ph, pw) of RoI k.
-template <typename T>
-void deform_origin(const DeformRoIPoolParams& p, const RoIAlignBox<T>& box, const T* offset,
-                   int64_t k, int64_t ph, int64_t pw, T* y0, T* x0) {
-  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
-  const T* ox = offset ? offset + (k * 2 * oh + ph) * ow + pw : nullptr;
-  const T* oy = offset ? ox + oh * ow : nullptr;
-  roi_bin_origin<T, T>(box, ph, pw, ox, oy, static_cast<T>(p.attrs.gamma), y0, x0);
-}
-
-}  // namespace
-
 template <typename T>
 Status deform_roi_pool_forward_cpu(const DeformRoIPoolParams& p, const T* input, const T* rois,
                                    const T* offset, T* output, const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("deform_roi_pool", rois, p.num_rois, p.batch));
   if (!p.has_offset) offset = nullptr;
-  auto box_of = [&](const T* roi) { return deform_box(p, roi); };
+  auto box_of = [&](const T* roi) { return deform_roi_pool_box<T>(p, roi); };
   auto origin_of = [&](int64_t k, const RoIAlignBox<T>& box, int64_t ph, int64_t pw, T* y0, T* x0) {
-    deform_origin(p, box, offset, k, ph, pw, y0, x0);
+    deform_roi_pool_origin<T, T>(p, box, offset, k, ph, pw, y0, x0);
   };
   roi_pool_forward_cpu(ctx, p.num_rois, p.batch, p.channels, p.height, p.width, p.attrs.pooled_h,
                        p.attrs.pooled_w, false, input, rois, output, box_of, origin_of);
@@ -81,9 +61,9 @@ Status deform_roi_pool_backward_cpu(const DeformRoIPoolParams& p, const T* grad_
   const int64_t N = p.batch, C = p.channels, H = p.height, W = p.width;
   const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w, bins = oh * ow;
   if (!p.has_offset) offset = nullptr;
-  auto box_of = [&](const T* roi) { return deform_box(p, roi); };
+  auto box_of = [&](const T* roi) { return deform_roi_pool_box<T>(p, roi); };
   auto origin_of = [&](int64_t k, const RoIAlignBox<T>& box, int64_t ph, int64_t pw, T* y0, T* x0) {
-    deform_origin(p, box, offset, k, ph, pw, y0, x0);
+    deform_roi_pool_origin<T, T>(p, box, offset, k, ph, pw, y0, x0);
   };
   if (grad_input != nullptr) {
     roi_pool_backward_cpu(ctx, p.num_rois, N, C, H, W, oh, ow, false, grad_output, input, rois,

@@ -240,6 +240,22 @@ DCNKIT_HD void roi_align_bin_coord_grad(const T* img, int64_t H, int64_t W, cons
   roi_bin_coord_grad<Acc>(img, roi_bin_samples(b), RoIBinTaps<Acc>{&b, y0, x0, H, W}, gy, gx);
 }
 
+// DeformRoIPool: the box of an aligned RoIAlign, bins shifted by the offsets of RoI k (null: none).
+template <typename Acc, typename T>
+DCNKIT_HD RoIAlignBox<Acc> deform_roi_pool_box(const DeformRoIPoolParams& p, const T* roi) {
+  return roi_align_box<Acc>(roi, static_cast<Acc>(p.attrs.spatial_scale), true, p.attrs.pooled_h,
+                            p.attrs.pooled_w, p.attrs.sampling_ratio);
+}
+template <typename Acc, typename T>
+DCNKIT_HD void deform_roi_pool_origin(const DeformRoIPoolParams& p, const RoIAlignBox<Acc>& box,
+                                      const T* offset, int64_t k, int64_t ph, int64_t pw, Acc* y0,
+                                      Acc* x0) {
+  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
+  const T* ox = offset ? offset + (k * 2 * oh + ph) * ow + pw : nullptr;
+  const T* oy = offset ? ox + oh * ow : nullptr;
+  roi_bin_origin<Acc, T>(box, ph, pw, ox, oy, static_cast<Acc>(p.attrs.gamma), y0, x0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // CPU drivers of RoIAlign and DeformRoIPool (host only). Per RoI, the taps of a chunk of bins are
 // computed once and reused for every channel; the arithmetic is the bin functions above.
@@ -477,7 +493,37 @@ DCNKIT_HD void psroi_bin_trans_grad(const T* img, int64_t H, int64_t W, const PS
 // ---------------------------------------------------------------------------------------------
 // CUDA helpers of the RoI launchers (nvcc only)
 
+// Element i of a (K, C, oh, ow) tensor (outputs of the RoI ops; C is output_dim for DeformPSRoIPool).
+struct RoIElement {
+  int64_t k, c, ph, pw;
+};
+DCNKIT_HD RoIElement roi_element(int64_t i, int64_t C, int64_t oh, int64_t ow) {
+  return {i / (ow * oh * C), (i / (ow * oh)) % C, (i / ow) % oh, i % ow};
+}
+
 #if defined(__CUDACC__)
+// Batch index of RoI row `roi` (accumulation type Acc); false, with the device error flag raised, when
+// it is outside [0, batch) or NaN.
+template <typename Acc, typename T>
+__device__ __forceinline__ bool roi_batch_index_or_flag(const T* roi, int64_t batch, int* flag,
+                                                        int64_t* b) {
+  if (roi_batch_index<Acc>(roi, batch, b)) return true;
+  *flag = 1;
+  return false;
+}
+
+// A launcher's body: resets the device error flag (the workspace's first int), runs
+// launch(int* flag) (kernel launches on `stream`, each checked), then waits and turns a raised flag into
+// the Invalid status of a bad batch index.
+template <typename F>
+Status roi_launch_checked(const char* op, int64_t batch, void* workspace, cudaStream_t stream,
+                          F&& launch) {
+  DeviceErrorFlag flag{static_cast<int*>(workspace)};
+  DCNKIT_RETURN_IF_ERROR(error_flag_reset(flag, stream));
+  DCNKIT_RETURN_IF_ERROR(launch(flag.flag));
+  return error_flag_check(flag, stream, roi_batch_device_message(op, batch));
+}
+
 // Scatter functor of the backward functions: atomicAdd into `base` (float or double).
 template <typename T>
 struct RoIAtomicAdd {
