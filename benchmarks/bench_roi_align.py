@@ -4,7 +4,7 @@ roi_align on (N=2, C=256, 64x64), 512 RoIs, 7x7 output, sampling_ratio 2, aligne
 forward and forward+backward, dcnkit vs torchvision.ops.roi_align (median of --repeat runs after
 --warmup runs), plus dcnkit's max mode, deform_roi_pool and deform_psroi_pool.
 
-    python benchmarks/bench_roi_align.py [--threads 2] [--repeat 7] [--warmup 2] [--device cpu]
+    python benchmarks/bench_roi_align.py [--threads 2] [--repeat 7] [--warmup 5] [--device cpu]
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
