@@ -15,6 +15,8 @@ def _nvcc():
 
 
 @pytest.mark.skipif(_nvcc() is None, reason="no nvcc on this machine: CUDA kernels are not compiled")
+@pytest.mark.skipif(os.environ.get("DCNKIT_ALLOW_NO_CUDA") == "1",
+                    reason="DCNKIT_ALLOW_NO_CUDA=1 (a developer build configured with -DDCNKIT_WITH_CUDA=OFF)")
 def test_cuda_kernels_compiled_when_nvcc_is_present():
     assert dcnkit.cuda_compiled(), "nvcc is present but the torch library was built without CUDA kernels"
     cuda_lib = Path(dcnkit.ort_library()).with_name("libdcnkit_ort_cuda.so")
