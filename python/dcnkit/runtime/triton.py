@@ -12,7 +12,7 @@ writes::
         config.pbtxt          # platform "onnxruntime_onnx", inputs/outputs, max_batch_size, dynamic_batching,
                               # model_operations { op_library_filename: "/models/dcn/libdcnkit_ort.so" }
         libdcnkit_ort.so      # the kit's ONNX Runtime custom-op library (only when the model uses dcnkit ops),
-        libscipy_openblas.so  # with the private libraries it needs; its run path is rewritten to $ORIGIN
+        libscipy_openblas.so  # the private libraries it needs (the kit's libraries search $ORIGIN first)
         1/model.onnx
 
 ``op_library_filename`` is handed by Triton's onnxruntime backend to ``RegisterCustomOpsLibrary`` as it is,
