@@ -1,6 +1,6 @@
 // PyTorch kernels of dcnkit::deform_conv2d and dcnkit::_deform_conv2d_backward (schemas in schema.cpp):
-// one function per op, registered for CPU and CUDA, dispatching to the core launchers by device.
-// Fake kernels and autograd are registered in Python (python/dcnkit/ops/deform_conv.py).
+// one function per op, registered for CPU and CUDA, dispatching to the core launchers by device
+// (run_on_device). Fake kernels and autograd are registered in Python (python/dcnkit/ops/deform_conv.py).
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -9,10 +9,6 @@
 
 #include "dcnkit/deform_conv2d.h"
 #include "torch_common.h"
-
-#ifdef DCNKIT_WITH_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#endif
 
 namespace dcnkit::torch_binding {
 
@@ -152,31 +148,25 @@ at::Tensor deform_conv2d_forward(const at::Tensor& input, const at::Tensor& offs
   at::Tensor output = at::empty(p.output_shape(), r.input.options());
   if (output.numel() == 0) return output;
   const DType dt = dtype_of(r.input);
-
-  if (r.input.is_cpu()) {
-    const CpuContext ctx = fast_cpu_context();
-    at::Tensor ws = workspace_for(r.input, deform_conv2d_forward_workspace_cpu(p, dt, ctx));
-    AT_DISPATCH_FLOATING_TYPES(r.input.scalar_type(), "dcnkit::deform_conv2d", [&] {
-      throw_if_error(deform_conv2d_forward_cpu<scalar_t>(
-          p, r.input.const_data_ptr<scalar_t>(), r.offset.const_data_ptr<scalar_t>(),
-          r.weight.const_data_ptr<scalar_t>(), ptr_or_null<scalar_t>(r.bias),
-          ptr_or_null<scalar_t>(r.mask), output.mutable_data_ptr<scalar_t>(), ws.mutable_data_ptr(), ctx));
-    });
-    return output;
-  }
-#ifdef DCNKIT_WITH_CUDA
-  const c10::cuda::CUDAGuard guard(r.input.device());
-  const CudaContext ctx = cuda_context(r.input);
-  at::Tensor ws = workspace_for(r.input, deform_conv2d_forward_workspace_cuda(p, dt));
-  throw_if_error(deform_conv2d_forward_cuda(p, dt, r.input.const_data_ptr(), r.offset.const_data_ptr(),
-                                            r.weight.const_data_ptr(), vptr_or_null(r.bias),
-                                            vptr_or_null(r.mask), output.mutable_data_ptr(),
-                                            ws.mutable_data_ptr(), ctx));
+  run_on_device(
+      kOp, r.input,
+      [&](auto zero) {
+        using T = decltype(zero);
+        const CpuContext ctx = fast_cpu_context();
+        at::Tensor ws = workspace_for(r.input, deform_conv2d_forward_workspace_cpu(p, dt, ctx));
+        return deform_conv2d_forward_cpu<T>(
+            p, r.input.const_data_ptr<T>(), r.offset.const_data_ptr<T>(), r.weight.const_data_ptr<T>(),
+            ptr_or_null<T>(r.bias), ptr_or_null<T>(r.mask), output.mutable_data_ptr<T>(),
+            ws.mutable_data_ptr(), ctx);
+      },
+      [&](const CudaContext& ctx) {
+        at::Tensor ws = workspace_for(r.input, deform_conv2d_forward_workspace_cuda(p, dt));
+        return deform_conv2d_forward_cuda(p, dt, r.input.const_data_ptr(), r.offset.const_data_ptr(),
+                                          r.weight.const_data_ptr(), vptr_or_null(r.bias),
+                                          vptr_or_null(r.mask), output.mutable_data_ptr(),
+                                          ws.mutable_data_ptr(), ctx);
+      });
   return output;
-#else
-  TORCH_CHECK(false, kOp, ": input: expected a CPU tensor (dcnkit was built without CUDA), got ",
-              input.device());
-#endif
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_conv2d_backward(
@@ -200,50 +190,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   at::Tensor grad_bias = r.bias.defined() ? at::empty_like(r.bias) : at::empty({0}, r.input.options());
   at::Tensor grad_mask = r.mask.defined() ? at::zeros_like(r.mask) : at::empty({0}, r.input.options());
   const DType dt = dtype_of(r.input);
-
-  if (r.input.is_cpu()) {
-    const CpuContext ctx = fast_cpu_context();
-    at::Tensor ws = workspace_for(r.input, deform_conv2d_backward_workspace_cpu(p, dt, ctx));
-    AT_DISPATCH_FLOATING_TYPES(r.input.scalar_type(), "dcnkit::_deform_conv2d_backward", [&] {
-      throw_if_error(deform_conv2d_backward_cpu<scalar_t>(
-          p, gout.const_data_ptr<scalar_t>(), r.input.const_data_ptr<scalar_t>(),
-          r.offset.const_data_ptr<scalar_t>(), r.weight.const_data_ptr<scalar_t>(),
-          ptr_or_null<scalar_t>(r.mask), grad_input.mutable_data_ptr<scalar_t>(),
-          grad_offset.mutable_data_ptr<scalar_t>(), grad_weight.mutable_data_ptr<scalar_t>(),
-          mut_ptr_or_null<scalar_t>(r.bias.defined() ? grad_bias : at::Tensor()),
-          mut_ptr_or_null<scalar_t>(r.mask.defined() ? grad_mask : at::Tensor()),
-          ws.mutable_data_ptr(), ctx));
-    });
-    return {grad_input, grad_offset, grad_weight, grad_bias, grad_mask};
-  }
-#ifdef DCNKIT_WITH_CUDA
-  const c10::cuda::CUDAGuard guard(r.input.device());
-  const CudaContext ctx = cuda_context(r.input);
-  at::Tensor ws = workspace_for(r.input, deform_conv2d_backward_workspace_cuda(p, dt));
-  throw_if_error(deform_conv2d_backward_cuda(
-      p, dt, gout.const_data_ptr(), r.input.const_data_ptr(), r.offset.const_data_ptr(),
-      r.weight.const_data_ptr(), vptr_or_null(r.mask), grad_input.mutable_data_ptr(),
-      grad_offset.mutable_data_ptr(), grad_weight.mutable_data_ptr(),
-      r.bias.defined() ? grad_bias.mutable_data_ptr() : nullptr,
-      r.mask.defined() ? grad_mask.mutable_data_ptr() : nullptr, ws.mutable_data_ptr(), ctx));
+  run_on_device(
+      kBackwardOp, r.input,
+      [&](auto zero) {
+        using T = decltype(zero);
+        const CpuContext ctx = fast_cpu_context();
+        at::Tensor ws = workspace_for(r.input, deform_conv2d_backward_workspace_cpu(p, dt, ctx));
+        return deform_conv2d_backward_cpu<T>(
+            p, gout.const_data_ptr<T>(), r.input.const_data_ptr<T>(), r.offset.const_data_ptr<T>(),
+            r.weight.const_data_ptr<T>(), ptr_or_null<T>(r.mask), grad_input.mutable_data_ptr<T>(),
+            grad_offset.mutable_data_ptr<T>(), grad_weight.mutable_data_ptr<T>(),
+            mut_ptr_or_null<T>(r.bias.defined() ? grad_bias : at::Tensor()),
+            mut_ptr_or_null<T>(r.mask.defined() ? grad_mask : at::Tensor()), ws.mutable_data_ptr(),
+            ctx);
+      },
+      [&](const CudaContext& ctx) {
+        at::Tensor ws = workspace_for(r.input, deform_conv2d_backward_workspace_cuda(p, dt));
+        return deform_conv2d_backward_cuda(
+            p, dt, gout.const_data_ptr(), r.input.const_data_ptr(), r.offset.const_data_ptr(),
+            r.weight.const_data_ptr(), vptr_or_null(r.mask), grad_input.mutable_data_ptr(),
+            grad_offset.mutable_data_ptr(), grad_weight.mutable_data_ptr(),
+            r.bias.defined() ? grad_bias.mutable_data_ptr() : nullptr,
+            r.mask.defined() ? grad_mask.mutable_data_ptr() : nullptr, ws.mutable_data_ptr(), ctx);
+      });
   return {grad_input, grad_offset, grad_weight, grad_bias, grad_mask};
-#else
-  TORCH_CHECK(false, kBackwardOp, ": input: expected a CPU tensor (dcnkit was built without CUDA), got ",
-              input.device());
-#endif
+}
+
+void register_deform_conv2d(torch::Library& m) {
+  m.impl("deform_conv2d", &deform_conv2d_forward);
+  m.impl("_deform_conv2d_backward", &deform_conv2d_backward);
 }
 
 }  // namespace
 }  // namespace dcnkit::torch_binding
 
-TORCH_LIBRARY_IMPL(dcnkit, CPU, m) {
-  m.impl("deform_conv2d", &dcnkit::torch_binding::deform_conv2d_forward);
-  m.impl("_deform_conv2d_backward", &dcnkit::torch_binding::deform_conv2d_backward);
-}
-
-#ifdef DCNKIT_WITH_CUDA
-TORCH_LIBRARY_IMPL(dcnkit, CUDA, m) {
-  m.impl("deform_conv2d", &dcnkit::torch_binding::deform_conv2d_forward);
-  m.impl("_deform_conv2d_backward", &dcnkit::torch_binding::deform_conv2d_backward);
-}
-#endif
+DCNKIT_TORCH_IMPL_CPU_CUDA(dcnkit::torch_binding::register_deform_conv2d)

@@ -1,6 +1,6 @@
 // PyTorch kernels of roi_align, deform_roi_pool and deform_psroi_pool (and their backward ops): one
-// function per op for CPU and CUDA, dispatching on the device. Schemas: schema.cpp; fake kernels and
-// autograd: python/dcnkit/ops/roi_ops.py.
+// function per op for CPU and CUDA, dispatching on the device (run_on_device). Schemas: schema.cpp;
+// fake kernels and autograd: python/dcnkit/ops/roi_ops.py.
 #include <c10/core/DeviceGuard.h>
 
 #include <string>
@@ -25,6 +25,11 @@ void check_inputs(const char* op, const at::Tensor& input, bool backward,
 void check_grad_output(const char* op, const at::Tensor& grad_output, const Shape& expected) {
   TORCH_CHECK_VALUE(shape_of(grad_output) == expected, op, ": grad_output: expected shape ",
                     shape_str(expected), ", got ", shape_str(shape_of(grad_output)));
+}
+
+// The gradient buffer of an optional input: shaped like it, or empty (numel 0) when it is absent.
+at::Tensor grad_of_optional(const at::Tensor& t, const at::Tensor& input) {
+  return t.defined() ? at::empty_like(t, at::MemoryFormat::Contiguous) : input.new_empty({0});
 }
 
 // ---- roi_align --------------------------------------------------------------------------------
@@ -55,22 +60,19 @@ at::Tensor roi_align(const at::Tensor& input_, const at::Tensor& rois_, int64_t 
   const at::Tensor input = input_.contiguous(), rois = rois_.contiguous();
   at::Tensor output = at::empty(p.output_shape(), input.options());
   if (output.numel() == 0) return output;
-  if (input.is_cuda()) {
-#ifdef DCNKIT_WITH_CUDA
-    at::Tensor ws = workspace_for(input, roi_align_workspace_cuda(p));
-    throw_if_error(roi_align_forward_cuda(p, dtype_of(input), input.const_data_ptr(),
-                                          rois.const_data_ptr(), output.mutable_data_ptr(),
-                                          ws.mutable_data_ptr(), cuda_context(input)));
-#endif
-  } else if (input.scalar_type() == at::kFloat) {
-    throw_if_error(roi_align_forward_cpu<float>(p, input.const_data_ptr<float>(),
-                                                rois.const_data_ptr<float>(),
-                                                output.mutable_data_ptr<float>(), cpu_context()));
-  } else {
-    throw_if_error(roi_align_forward_cpu<double>(p, input.const_data_ptr<double>(),
-                                                 rois.const_data_ptr<double>(),
-                                                 output.mutable_data_ptr<double>(), cpu_context()));
-  }
+  run_on_device(
+      op, input,
+      [&](auto zero) {
+        using T = decltype(zero);
+        return roi_align_forward_cpu<T>(p, input.const_data_ptr<T>(), rois.const_data_ptr<T>(),
+                                        output.mutable_data_ptr<T>(), cpu_context());
+      },
+      [&](const CudaContext& cuda) {
+        at::Tensor ws = workspace_for(input, roi_align_workspace_cuda(p));
+        return roi_align_forward_cuda(p, dtype_of(input), input.const_data_ptr(),
+                                      rois.const_data_ptr(), output.mutable_data_ptr(),
+                                      ws.mutable_data_ptr(), cuda);
+      });
   return output;
 }
 
@@ -89,23 +91,20 @@ at::Tensor roi_align_backward(const at::Tensor& grad_output_, const at::Tensor& 
   at::Tensor grad_input = at::empty_like(input, at::MemoryFormat::Contiguous);
   if (grad_input.numel() == 0) return grad_input;
   if (p.num_rois == 0) return grad_input.zero_();
-  if (input.is_cuda()) {
-#ifdef DCNKIT_WITH_CUDA
-    at::Tensor ws = workspace_for(input, roi_align_workspace_cuda(p));
-    throw_if_error(roi_align_backward_cuda(
-        p, dtype_of(input), grad_output.const_data_ptr(), input.const_data_ptr(),
-        rois.const_data_ptr(), grad_input.mutable_data_ptr(), ws.mutable_data_ptr(),
-        cuda_context(input)));
-#endif
-  } else if (input.scalar_type() == at::kFloat) {
-    throw_if_error(roi_align_backward_cpu<float>(
-        p, grad_output.const_data_ptr<float>(), input.const_data_ptr<float>(),
-        rois.const_data_ptr<float>(), grad_input.mutable_data_ptr<float>(), cpu_context()));
-  } else {
-    throw_if_error(roi_align_backward_cpu<double>(
-        p, grad_output.const_data_ptr<double>(), input.const_data_ptr<double>(),
-        rois.const_data_ptr<double>(), grad_input.mutable_data_ptr<double>(), cpu_context()));
-  }
+  run_on_device(
+      op, input,
+      [&](auto zero) {
+        using T = decltype(zero);
+        return roi_align_backward_cpu<T>(p, grad_output.const_data_ptr<T>(),
+                                         input.const_data_ptr<T>(), rois.const_data_ptr<T>(),
+                                         grad_input.mutable_data_ptr<T>(), cpu_context());
+      },
+      [&](const CudaContext& cuda) {
+        at::Tensor ws = workspace_for(input, roi_align_workspace_cuda(p));
+        return roi_align_backward_cuda(p, dtype_of(input), grad_output.const_data_ptr(),
+                                       input.const_data_ptr(), rois.const_data_ptr(),
+                                       grad_input.mutable_data_ptr(), ws.mutable_data_ptr(), cuda);
+      });
   return grad_input;
 }
 
@@ -142,22 +141,20 @@ at::Tensor deform_roi_pool(const at::Tensor& input_, const at::Tensor& rois_,
   const at::Tensor input = input_.contiguous(), rois = rois_.contiguous();
   at::Tensor output = at::empty(p.output_shape(), input.options());
   if (output.numel() == 0) return output;
-  if (input.is_cuda()) {
-#ifdef DCNKIT_WITH_CUDA
-    at::Tensor ws = workspace_for(input, deform_roi_pool_workspace_cuda(p));
-    throw_if_error(deform_roi_pool_forward_cuda(
-        p, dtype_of(input), input.const_data_ptr(), rois.const_data_ptr(), vptr_or_null(offset),
-        output.mutable_data_ptr(), ws.mutable_data_ptr(), cuda_context(input)));
-#endif
-  } else if (input.scalar_type() == at::kFloat) {
-    throw_if_error(deform_roi_pool_forward_cpu<float>(
-        p, input.const_data_ptr<float>(), rois.const_data_ptr<float>(), ptr_or_null<float>(offset),
-        output.mutable_data_ptr<float>(), cpu_context()));
-  } else {
-    throw_if_error(deform_roi_pool_forward_cpu<double>(
-        p, input.const_data_ptr<double>(), rois.const_data_ptr<double>(),
-        ptr_or_null<double>(offset), output.mutable_data_ptr<double>(), cpu_context()));
-  }
+  run_on_device(
+      op, input,
+      [&](auto zero) {
+        using T = decltype(zero);
+        return deform_roi_pool_forward_cpu<T>(p, input.const_data_ptr<T>(), rois.const_data_ptr<T>(),
+                                              ptr_or_null<T>(offset), output.mutable_data_ptr<T>(),
+                                              cpu_context());
+      },
+      [&](const CudaContext& cuda) {
+        at::Tensor ws = workspace_for(input, deform_roi_pool_workspace_cuda(p));
+        return deform_roi_pool_forward_cuda(p, dtype_of(input), input.const_data_ptr(),
+                                            rois.const_data_ptr(), vptr_or_null(offset),
+                                            output.mutable_data_ptr(), ws.mutable_data_ptr(), cuda);
+      });
   return output;
 }
 
@@ -176,35 +173,25 @@ std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
   const at::Tensor input = input_.contiguous(), rois = rois_.contiguous();
   const at::Tensor grad_output = grad_output_.contiguous();
   at::Tensor grad_input = at::empty_like(input, at::MemoryFormat::Contiguous);
-  at::Tensor grad_offset =
-      offset.defined() ? at::empty_like(offset, at::MemoryFormat::Contiguous) : input.new_empty({0});
-  if (p.num_rois == 0 || p.channels == 0) {
-    grad_input.zero_();
-    grad_offset.zero_();
-    return {grad_input, grad_offset};
-  }
-  if (input.is_cuda()) {
-#ifdef DCNKIT_WITH_CUDA
-    at::Tensor ws = workspace_for(input, deform_roi_pool_workspace_cuda(p));
-    throw_if_error(deform_roi_pool_backward_cuda(
-        p, dtype_of(input), grad_output.const_data_ptr(), input.const_data_ptr(),
-        rois.const_data_ptr(), vptr_or_null(offset), grad_input.mutable_data_ptr(),
-        offset.defined() ? grad_offset.mutable_data_ptr() : nullptr, ws.mutable_data_ptr(),
-        cuda_context(input)));
-#endif
-  } else if (input.scalar_type() == at::kFloat) {
-    throw_if_error(deform_roi_pool_backward_cpu<float>(
-        p, grad_output.const_data_ptr<float>(), input.const_data_ptr<float>(),
-        rois.const_data_ptr<float>(), ptr_or_null<float>(offset),
-        grad_input.mutable_data_ptr<float>(),
-        offset.defined() ? grad_offset.mutable_data_ptr<float>() : nullptr, cpu_context()));
-  } else {
-    throw_if_error(deform_roi_pool_backward_cpu<double>(
-        p, grad_output.const_data_ptr<double>(), input.const_data_ptr<double>(),
-        rois.const_data_ptr<double>(), ptr_or_null<double>(offset),
-        grad_input.mutable_data_ptr<double>(),
-        offset.defined() ? grad_offset.mutable_data_ptr<double>() : nullptr, cpu_context()));
-  }
+  at::Tensor grad_offset = grad_of_optional(offset, input);
+  if (p.num_rois == 0 || p.channels == 0) return {grad_input.zero_(), grad_offset.zero_()};
+  run_on_device(
+      op, input,
+      [&](auto zero) {
+        using T = decltype(zero);
+        return deform_roi_pool_backward_cpu<T>(
+            p, grad_output.const_data_ptr<T>(), input.const_data_ptr<T>(), rois.const_data_ptr<T>(),
+            ptr_or_null<T>(offset), grad_input.mutable_data_ptr<T>(),
+            offset.defined() ? grad_offset.mutable_data_ptr<T>() : nullptr, cpu_context());
+      },
+      [&](const CudaContext& cuda) {
+        at::Tensor ws = workspace_for(input, deform_roi_pool_workspace_cuda(p));
+        return deform_roi_pool_backward_cuda(
+            p, dtype_of(input), grad_output.const_data_ptr(), input.const_data_ptr(),
+            rois.const_data_ptr(), vptr_or_null(offset), grad_input.mutable_data_ptr(),
+            offset.defined() ? grad_offset.mutable_data_ptr() : nullptr, ws.mutable_data_ptr(),
+            cuda);
+      });
   return {grad_input, grad_offset};
 }
 
@@ -247,24 +234,20 @@ std::tuple<at::Tensor, at::Tensor> deform_psroi_pool(
   at::Tensor output = at::empty(p.output_shape(), input.options());
   at::Tensor count = at::empty(p.output_shape(), input.options());
   if (output.numel() == 0) return {output, count};
-  if (input.is_cuda()) {
-#ifdef DCNKIT_WITH_CUDA
-    at::Tensor ws = workspace_for(input, deform_psroi_pool_workspace_cuda(p));
-    throw_if_error(deform_psroi_pool_forward_cuda(
-        p, dtype_of(input), input.const_data_ptr(), rois.const_data_ptr(), vptr_or_null(trans),
-        output.mutable_data_ptr(), count.mutable_data_ptr(), ws.mutable_data_ptr(),
-        cuda_context(input)));
-#endif
-  } else if (input.scalar_type() == at::kFloat) {
-    throw_if_error(deform_psroi_pool_forward_cpu<float>(
-        p, input.const_data_ptr<float>(), rois.const_data_ptr<float>(), ptr_or_null<float>(trans),
-        output.mutable_data_ptr<float>(), count.mutable_data_ptr<float>(), cpu_context()));
-  } else {
-    throw_if_error(deform_psroi_pool_forward_cpu<double>(
-        p, input.const_data_ptr<double>(), rois.const_data_ptr<double>(),
-        ptr_or_null<double>(trans), output.mutable_data_ptr<double>(),
-        count.mutable_data_ptr<double>(), cpu_context()));
-  }
+  run_on_device(
+      op, input,
+      [&](auto zero) {
+        using T = decltype(zero);
+        return deform_psroi_pool_forward_cpu<T>(
+            p, input.const_data_ptr<T>(), rois.const_data_ptr<T>(), ptr_or_null<T>(trans),
+            output.mutable_data_ptr<T>(), count.mutable_data_ptr<T>(), cpu_context());
+      },
+      [&](const CudaContext& cuda) {
+        at::Tensor ws = workspace_for(input, deform_psroi_pool_workspace_cuda(p));
+        return deform_psroi_pool_forward_cuda(
+            p, dtype_of(input), input.const_data_ptr(), rois.const_data_ptr(), vptr_or_null(trans),
+            output.mutable_data_ptr(), count.mutable_data_ptr(), ws.mutable_data_ptr(), cuda);
+      });
   return {output, count};
 }
 
@@ -288,59 +271,38 @@ std::tuple<at::Tensor, at::Tensor> deform_psroi_pool_backward(
   const at::Tensor input = input_.contiguous(), rois = rois_.contiguous();
   const at::Tensor grad_output = grad_output_.contiguous(), count = count_.contiguous();
   at::Tensor grad_input = at::empty_like(input, at::MemoryFormat::Contiguous);
-  at::Tensor grad_trans =
-      trans.defined() ? at::empty_like(trans, at::MemoryFormat::Contiguous) : input.new_empty({0});
-  if (p.num_rois == 0 || p.channels == 0) {
-    grad_input.zero_();
-    grad_trans.zero_();
-    return {grad_input, grad_trans};
-  }
-  if (input.is_cuda()) {
-#ifdef DCNKIT_WITH_CUDA
-    at::Tensor ws = workspace_for(input, deform_psroi_pool_workspace_cuda(p));
-    throw_if_error(deform_psroi_pool_backward_cuda(
-        p, dtype_of(input), grad_output.const_data_ptr(), input.const_data_ptr(),
-        rois.const_data_ptr(), vptr_or_null(trans), count.const_data_ptr(),
-        grad_input.mutable_data_ptr(), trans.defined() ? grad_trans.mutable_data_ptr() : nullptr,
-        ws.mutable_data_ptr(), cuda_context(input)));
-#endif
-  } else if (input.scalar_type() == at::kFloat) {
-    throw_if_error(deform_psroi_pool_backward_cpu<float>(
-        p, grad_output.const_data_ptr<float>(), input.const_data_ptr<float>(),
-        rois.const_data_ptr<float>(), ptr_or_null<float>(trans), count.const_data_ptr<float>(),
-        grad_input.mutable_data_ptr<float>(),
-        trans.defined() ? grad_trans.mutable_data_ptr<float>() : nullptr, cpu_context()));
-  } else {
-    throw_if_error(deform_psroi_pool_backward_cpu<double>(
-        p, grad_output.const_data_ptr<double>(), input.const_data_ptr<double>(),
-        rois.const_data_ptr<double>(), ptr_or_null<double>(trans), count.const_data_ptr<double>(),
-        grad_input.mutable_data_ptr<double>(),
-        trans.defined() ? grad_trans.mutable_data_ptr<double>() : nullptr, cpu_context()));
-  }
+  at::Tensor grad_trans = grad_of_optional(trans, input);
+  if (p.num_rois == 0 || p.channels == 0) return {grad_input.zero_(), grad_trans.zero_()};
+  run_on_device(
+      op, input,
+      [&](auto zero) {
+        using T = decltype(zero);
+        return deform_psroi_pool_backward_cpu<T>(
+            p, grad_output.const_data_ptr<T>(), input.const_data_ptr<T>(), rois.const_data_ptr<T>(),
+            ptr_or_null<T>(trans), count.const_data_ptr<T>(), grad_input.mutable_data_ptr<T>(),
+            trans.defined() ? grad_trans.mutable_data_ptr<T>() : nullptr, cpu_context());
+      },
+      [&](const CudaContext& cuda) {
+        at::Tensor ws = workspace_for(input, deform_psroi_pool_workspace_cuda(p));
+        return deform_psroi_pool_backward_cuda(
+            p, dtype_of(input), grad_output.const_data_ptr(), input.const_data_ptr(),
+            rois.const_data_ptr(), vptr_or_null(trans), count.const_data_ptr(),
+            grad_input.mutable_data_ptr(), trans.defined() ? grad_trans.mutable_data_ptr() : nullptr,
+            ws.mutable_data_ptr(), cuda);
+      });
   return {grad_input, grad_trans};
+}
+
+void register_roi_ops(torch::Library& m) {
+  m.impl("roi_align", &roi_align);
+  m.impl("_roi_align_backward", &roi_align_backward);
+  m.impl("deform_roi_pool", &deform_roi_pool);
+  m.impl("_deform_roi_pool_backward", &deform_roi_pool_backward);
+  m.impl("deform_psroi_pool", &deform_psroi_pool);
+  m.impl("_deform_psroi_pool_backward", &deform_psroi_pool_backward);
 }
 
 }  // namespace
 }  // namespace dcnkit::torch_binding
 
-TORCH_LIBRARY_IMPL(dcnkit, CPU, m) {
-  using namespace dcnkit::torch_binding;
-  m.impl("roi_align", &roi_align);
-  m.impl("_roi_align_backward", &roi_align_backward);
-  m.impl("deform_roi_pool", &deform_roi_pool);
-  m.impl("_deform_roi_pool_backward", &deform_roi_pool_backward);
-  m.impl("deform_psroi_pool", &deform_psroi_pool);
-  m.impl("_deform_psroi_pool_backward", &deform_psroi_pool_backward);
-}
-
-#ifdef DCNKIT_WITH_CUDA
-TORCH_LIBRARY_IMPL(dcnkit, CUDA, m) {
-  using namespace dcnkit::torch_binding;
-  m.impl("roi_align", &roi_align);
-  m.impl("_roi_align_backward", &roi_align_backward);
-  m.impl("deform_roi_pool", &deform_roi_pool);
-  m.impl("_deform_roi_pool_backward", &deform_roi_pool_backward);
-  m.impl("deform_psroi_pool", &deform_psroi_pool);
-  m.impl("_deform_psroi_pool_backward", &deform_psroi_pool_backward);
-}
-#endif
+DCNKIT_TORCH_IMPL_CPU_CUDA(dcnkit::torch_binding::register_roi_ops)

@@ -13,6 +13,10 @@
 #include "dcnkit/common.h"
 #include "dcnkit/context.h"
 
+#ifdef DCNKIT_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
 namespace dcnkit::torch_binding {
 
 inline Shape shape_of(const at::Tensor& t) { return Shape(t.sizes().begin(), t.sizes().end()); }
@@ -91,4 +95,34 @@ inline at::Tensor workspace_for(const at::Tensor& like, size_t bytes) {
 CudaContext cuda_context(const at::Tensor& like);
 #endif
 
+// Runs an op's launcher on the device of `input` and raises its error: `cpu(T{})` for a CPU input, T
+// float or double (the CPU dtypes check_dtype_supported lets through); `cuda(ctx)` for a CUDA input, on
+// its device, with cuda_context(input). Both return a Status.
+template <typename Cpu, typename Cuda>
+void run_on_device([[maybe_unused]] const char* op, const at::Tensor& input, Cpu&& cpu,
+                   [[maybe_unused]] Cuda&& cuda) {
+  if (input.is_cpu()) {
+    throw_if_error(input.scalar_type() == at::kFloat ? cpu(float{}) : cpu(double{}));
+    return;
+  }
+#ifdef DCNKIT_WITH_CUDA
+  const c10::cuda::CUDAGuard guard(input.device());
+  throw_if_error(cuda(cuda_context(input)));
+#else
+  TORCH_CHECK(false, op, ": input: expected a CPU tensor (dcnkit was built without CUDA), got ",
+              input.device());
+#endif
+}
+
 }  // namespace dcnkit::torch_binding
+
+// Registers one kernel list, `register_fn(torch::Library&)`, for the CPU and (built with CUDA) the CUDA
+// dispatch key: every kernel serves both devices.
+#ifdef DCNKIT_WITH_CUDA
+#define DCNKIT_TORCH_IMPL_CPU_CUDA(register_fn)          \
+  TORCH_LIBRARY_IMPL(dcnkit, CPU, m) { register_fn(m); }  \
+  TORCH_LIBRARY_IMPL(dcnkit, CUDA, m) { register_fn(m); }
+#else
+#define DCNKIT_TORCH_IMPL_CPU_CUDA(register_fn)          \
+  TORCH_LIBRARY_IMPL(dcnkit, CPU, m) { register_fn(m); }
+#endif
