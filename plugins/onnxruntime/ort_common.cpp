@@ -117,27 +117,24 @@ RawAttr read_raw(const OrtKernelInfo* info, const char* name) {
   // The array getters report size 0 (and success) for attributes of other types: only a non-empty
   // array identifies the type.
   bool empty_array = false;
-  n = 0;
-  if (status_ok(a.KernelInfoGetAttributeArray_int64(info, name, nullptr, &n))) {
-    if (n > 0) {
-      r.ints.resize(n);
-      if (status_ok(a.KernelInfoGetAttributeArray_int64(info, name, r.ints.data(), &n))) {
-        r.type = RawAttr::kInts;
-        return r;
-      }
+  // Reads the array into `values` with `get`; true when it holds elements.
+  auto read_array = [&](auto get, auto& values) {
+    size_t len = 0;
+    if (!status_ok(get(info, name, nullptr, &len))) return false;
+    if (len > 0) {
+      values.resize(len);
+      if (status_ok(get(info, name, values.data(), &len))) return true;
     }
     empty_array = true;
+    return false;
+  };
+  if (read_array(a.KernelInfoGetAttributeArray_int64, r.ints)) {
+    r.type = RawAttr::kInts;
+    return r;
   }
-  n = 0;
-  if (status_ok(a.KernelInfoGetAttributeArray_float(info, name, nullptr, &n))) {
-    if (n > 0) {
-      r.floats.resize(n);
-      if (status_ok(a.KernelInfoGetAttributeArray_float(info, name, r.floats.data(), &n))) {
-        r.type = RawAttr::kFloats;
-        return r;
-      }
-    }
-    empty_array = true;
+  if (read_array(a.KernelInfoGetAttributeArray_float, r.floats)) {
+    r.type = RawAttr::kFloats;
+    return r;
   }
   if (empty_array && missing_msg.find("No attribute") == std::string::npos) {
     r.type = RawAttr::kInts;  // an empty list

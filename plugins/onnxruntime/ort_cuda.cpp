@@ -94,15 +94,6 @@ DType dtype_of(const Kernel& k) {
   return k.dtype == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ? DType::kFloat16 : DType::kFloat32;
 }
 
-Status output_tensor(OrtKernelContext* ctx, size_t index, const Shape& shape, void** data) {
-  OrtValue* out = nullptr;
-  DCNKIT_RETURN_IF_ERROR(
-      from_ort(api().KernelContext_GetOutput(ctx, index, shape.data(), shape.size(), &out), "KernelContext_GetOutput"));
-  *data = nullptr;
-  if (out == nullptr) return Status::Ok();
-  return from_ort(api().GetTensorMutableData(out, data), "GetTensorMutableData");
-}
-
 const void* ptr(const TensorView& t) { return t.present() ? t.data : nullptr; }
 
 }  // namespace
@@ -113,58 +104,42 @@ Status compute_cuda(Kernel& k, OrtKernelContext* ctx) {
   DCNKIT_RETURN_IF_ERROR(gather_inputs(k, ctx, in, kMaxInputs));
   CudaContext cuda;
   DCNKIT_RETURN_IF_ERROR(prepare(k, ctx, &cuda));
-  const char* op = k.variant->op_type;
   const DType dt = dtype_of(k);
   // Workspace on the device the inputs live on.
   const OrtMemoryInfo* mem = nullptr;
   DCNKIT_RETURN_IF_ERROR(from_ort(api().GetTensorMemoryInfo(in[kDcInput].value, &mem), "GetTensorMemoryInfo"));
 
+  void* y = nullptr;
+
   switch (k.variant->kind) {
     case OpKind::kDeformConv2d: {
-      const TensorView &x = in[kDcInput], &off = in[kDcOffset], &w = in[kDcWeight], &b = in[kDcBias],
-                       &m = in[kDcMask];
       DeformConv2dParams p;
-      DCNKIT_RETURN_IF_ERROR(make_deform_conv2d_params(op, x.shape, off.shape, w.shape,
-                                                       b.present() ? &b.shape : nullptr,
-                                                       m.present() ? &m.shape : nullptr, k.dcn, &p));
-      void* y = nullptr;
-      DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 0, p.output_shape(), &y));
+      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
       Workspace ws;
       DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, deform_conv2d_forward_workspace_cuda(p, dt)));
-      return deform_conv2d_forward_cuda(p, dt, ptr(x), ptr(off), ptr(w), ptr(b), ptr(m), y,
-                                        ws.data(), cuda);
+      return deform_conv2d_forward_cuda(p, dt, ptr(in[kDcInput]), ptr(in[kDcOffset]), ptr(in[kDcWeight]),
+                                        ptr(in[kDcBias]), ptr(in[kDcMask]), y, ws.data(), cuda);
     }
     case OpKind::kRoIAlign: {
       RoIAlignParams p;
-      DCNKIT_RETURN_IF_ERROR(make_roi_align_params(op, in[kRaInput].shape, in[kRaRois].shape, k.roi, &p));
-      void* y = nullptr;
-      DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 0, p.output_shape(), &y));
+      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
       Workspace ws;
       DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, roi_align_workspace_cuda(p)));
       return roi_align_forward_cuda(p, dt, ptr(in[kRaInput]), ptr(in[kRaRois]), y, ws.data(), cuda);
     }
     case OpKind::kDeformRoIPool: {
       DeformRoIPoolParams p;
-      DCNKIT_RETURN_IF_ERROR(make_deform_roi_pool_params(op, in[kDrInput].shape, in[kDrRois].shape,
-                                                         in[kDrOffset].present() ? &in[kDrOffset].shape : nullptr,
-                                                         k.droi, &p));
-      void* y = nullptr;
-      DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 0, p.output_shape(), &y));
+      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
       Workspace ws;
       DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, deform_roi_pool_workspace_cuda(p)));
-      return deform_roi_pool_forward_cuda(p, dt, ptr(in[kDrInput]), ptr(in[kDrRois]), ptr(in[kDrOffset]), y, ws.data(), cuda);
+      return deform_roi_pool_forward_cuda(p, dt, ptr(in[kDrInput]), ptr(in[kDrRois]), ptr(in[kDrOffset]), y,
+                                          ws.data(), cuda);
     }
     case OpKind::kDeformPSRoIPool: {
       DeformPSRoIPoolParams p;
-      DCNKIT_RETURN_IF_ERROR(make_deform_psroi_pool_params(op, in[kPsInput].shape, in[kPsRois].shape,
-                                                           in[kPsTrans].present() ? &in[kPsTrans].shape : nullptr,
-                                                           k.psroi, &p));
-      void* y = nullptr;
-      DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 0, p.output_shape(), &y));
-      size_t nout = 0;
-      DCNKIT_RETURN_IF_ERROR(from_ort(api().KernelContext_GetOutputCount(ctx, &nout), "GetOutputCount"));
+      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
       void* count = nullptr;
-      if (nout > 1) DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 1, p.output_shape(), &count));
+      DCNKIT_RETURN_IF_ERROR(optional_output(ctx, 1, p.output_shape(), &count));
       // The launcher always writes the count: give it device scratch when the model does not want it.
       int64_t numel = 1;
       for (int64_t d : p.output_shape()) numel *= d;
@@ -174,8 +149,8 @@ Status compute_cuda(Kernel& k, OrtKernelContext* ctx) {
       DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, count_bytes + ws_bytes));
       if (count == nullptr) count = ws.data();
       void* launcher_ws = ws_bytes ? static_cast<char*>(ws.data()) + count_bytes : nullptr;
-      return deform_psroi_pool_forward_cuda(p, dt, ptr(in[kPsInput]), ptr(in[kPsRois]), ptr(in[kPsTrans]), y, count, launcher_ws,
-                                            cuda);
+      return deform_psroi_pool_forward_cuda(p, dt, ptr(in[kPsInput]), ptr(in[kPsRois]), ptr(in[kPsTrans]), y, count,
+                                            launcher_ws, cuda);
     }
   }
   return Status::Internal("unknown op kind");

@@ -25,80 +25,66 @@ constexpr bool cstr_eq(const char* a, const char* b) {
   return *a == *b;
 }
 
-template <size_t N>
-constexpr int attr_index(const AttrDef (&defs)[N], const char* name) {
+// Index of the entry called `name` in an AttrDef or TensorDef table (-1: none).
+template <typename Def, size_t N>
+constexpr int def_index(const Def (&defs)[N], const char* name) {
   for (size_t i = 0; i < N; ++i)
     if (cstr_eq(defs[i].name, name)) return static_cast<int>(i);
   return -1;
 }
 
-template <size_t N>
-constexpr int input_index(const TensorDef (&defs)[N], const char* name) {
-  for (size_t i = 0; i < N; ++i)
-    if (cstr_eq(defs[i].name, name)) return static_cast<int>(i);
-  return -1;
+template <int I>
+constexpr int found_index() {
+  static_assert(I >= 0, "op_defs.h: an attribute or input named here is not in its table (renamed?)");
+  return I;
 }
 
-#define DCNKIT_ATTR(table, name) std::integral_constant<int, attr_index(table, name)>::value
-#define DCNKIT_INPUT(table, name) std::integral_constant<int, input_index(table, name)>::value
+// The index of attribute or input `name` in `table`, at compile time; a name missing there fails the
+// build on the line that uses it.
+#define DCNKIT_INDEX(table, name) found_index<def_index(table, name)>()
 
 // DeformConv2d
-constexpr int kDcStride = DCNKIT_ATTR(kDeformConv2dAttrs, "stride");
-constexpr int kDcPadding = DCNKIT_ATTR(kDeformConv2dAttrs, "padding");
-constexpr int kDcDilation = DCNKIT_ATTR(kDeformConv2dAttrs, "dilation");
-constexpr int kDcGroups = DCNKIT_ATTR(kDeformConv2dAttrs, "groups");
-constexpr int kDcDeformGroups = DCNKIT_ATTR(kDeformConv2dAttrs, "deformable_groups");
-constexpr int kDcInput = DCNKIT_INPUT(kDeformConv2dInputs, "input");
-constexpr int kDcOffset = DCNKIT_INPUT(kDeformConv2dInputs, "offset");
-constexpr int kDcWeight = DCNKIT_INPUT(kDeformConv2dInputs, "weight");
-constexpr int kDcBias = DCNKIT_INPUT(kDeformConv2dInputs, "bias");
-constexpr int kDcMask = DCNKIT_INPUT(kDeformConv2dInputs, "mask");
-static_assert(kDcStride >= 0 && kDcPadding >= 0 && kDcDilation >= 0 && kDcGroups >= 0 &&
-                  kDcDeformGroups >= 0,
-              "op_defs.h: DeformConv2d attributes changed");
-static_assert(kDcInput >= 0 && kDcOffset >= 0 && kDcWeight >= 0 && kDcBias >= 0 && kDcMask >= 0,
-              "op_defs.h: DeformConv2d inputs changed");
+constexpr int kDcStride = DCNKIT_INDEX(kDeformConv2dAttrs, "stride");
+constexpr int kDcPadding = DCNKIT_INDEX(kDeformConv2dAttrs, "padding");
+constexpr int kDcDilation = DCNKIT_INDEX(kDeformConv2dAttrs, "dilation");
+constexpr int kDcGroups = DCNKIT_INDEX(kDeformConv2dAttrs, "groups");
+constexpr int kDcDeformGroups = DCNKIT_INDEX(kDeformConv2dAttrs, "deformable_groups");
+constexpr int kDcInput = DCNKIT_INDEX(kDeformConv2dInputs, "input");
+constexpr int kDcOffset = DCNKIT_INDEX(kDeformConv2dInputs, "offset");
+constexpr int kDcWeight = DCNKIT_INDEX(kDeformConv2dInputs, "weight");
+constexpr int kDcBias = DCNKIT_INDEX(kDeformConv2dInputs, "bias");
+constexpr int kDcMask = DCNKIT_INDEX(kDeformConv2dInputs, "mask");
 
 // RoIAlign
-constexpr int kRaOutputSize = DCNKIT_ATTR(kRoIAlignAttrs, "output_size");
-constexpr int kRaScale = DCNKIT_ATTR(kRoIAlignAttrs, "spatial_scale");
-constexpr int kRaSampling = DCNKIT_ATTR(kRoIAlignAttrs, "sampling_ratio");
-constexpr int kRaAligned = DCNKIT_ATTR(kRoIAlignAttrs, "aligned");
-constexpr int kRaPoolMode = DCNKIT_ATTR(kRoIAlignAttrs, "pool_mode");
-constexpr int kRaInput = DCNKIT_INPUT(kRoIAlignInputs, "input");
-constexpr int kRaRois = DCNKIT_INPUT(kRoIAlignInputs, "rois");
-static_assert(kRaOutputSize >= 0 && kRaScale >= 0 && kRaSampling >= 0 && kRaAligned >= 0 &&
-                  kRaPoolMode >= 0 && kRaInput >= 0 && kRaRois >= 0,
-              "op_defs.h: RoIAlign definition changed");
+constexpr int kRaOutputSize = DCNKIT_INDEX(kRoIAlignAttrs, "output_size");
+constexpr int kRaScale = DCNKIT_INDEX(kRoIAlignAttrs, "spatial_scale");
+constexpr int kRaSampling = DCNKIT_INDEX(kRoIAlignAttrs, "sampling_ratio");
+constexpr int kRaAligned = DCNKIT_INDEX(kRoIAlignAttrs, "aligned");
+constexpr int kRaPoolMode = DCNKIT_INDEX(kRoIAlignAttrs, "pool_mode");
+constexpr int kRaInput = DCNKIT_INDEX(kRoIAlignInputs, "input");
+constexpr int kRaRois = DCNKIT_INDEX(kRoIAlignInputs, "rois");
 
 // DeformRoIPool
-constexpr int kDrOutputSize = DCNKIT_ATTR(kDeformRoIPoolAttrs, "output_size");
-constexpr int kDrScale = DCNKIT_ATTR(kDeformRoIPoolAttrs, "spatial_scale");
-constexpr int kDrSampling = DCNKIT_ATTR(kDeformRoIPoolAttrs, "sampling_ratio");
-constexpr int kDrGamma = DCNKIT_ATTR(kDeformRoIPoolAttrs, "gamma");
-constexpr int kDrInput = DCNKIT_INPUT(kDeformRoIPoolInputs, "input");
-constexpr int kDrRois = DCNKIT_INPUT(kDeformRoIPoolInputs, "rois");
-constexpr int kDrOffset = DCNKIT_INPUT(kDeformRoIPoolInputs, "offset");
-static_assert(kDrOutputSize >= 0 && kDrScale >= 0 && kDrSampling >= 0 && kDrGamma >= 0 &&
-                  kDrInput >= 0 && kDrRois >= 0 && kDrOffset >= 0,
-              "op_defs.h: DeformRoIPool definition changed");
+constexpr int kDrOutputSize = DCNKIT_INDEX(kDeformRoIPoolAttrs, "output_size");
+constexpr int kDrScale = DCNKIT_INDEX(kDeformRoIPoolAttrs, "spatial_scale");
+constexpr int kDrSampling = DCNKIT_INDEX(kDeformRoIPoolAttrs, "sampling_ratio");
+constexpr int kDrGamma = DCNKIT_INDEX(kDeformRoIPoolAttrs, "gamma");
+constexpr int kDrInput = DCNKIT_INDEX(kDeformRoIPoolInputs, "input");
+constexpr int kDrRois = DCNKIT_INDEX(kDeformRoIPoolInputs, "rois");
+constexpr int kDrOffset = DCNKIT_INDEX(kDeformRoIPoolInputs, "offset");
 
 // DeformPSRoIPool
-constexpr int kPsScale = DCNKIT_ATTR(kDeformPSRoIPoolAttrs, "spatial_scale");
-constexpr int kPsOutputSize = DCNKIT_ATTR(kDeformPSRoIPoolAttrs, "output_size");
-constexpr int kPsOutputDim = DCNKIT_ATTR(kDeformPSRoIPoolAttrs, "output_dim");
-constexpr int kPsGroupSize = DCNKIT_ATTR(kDeformPSRoIPoolAttrs, "group_size");
-constexpr int kPsPartSize = DCNKIT_ATTR(kDeformPSRoIPoolAttrs, "part_size");
-constexpr int kPsSamplePerPart = DCNKIT_ATTR(kDeformPSRoIPoolAttrs, "sample_per_part");
-constexpr int kPsTransStd = DCNKIT_ATTR(kDeformPSRoIPoolAttrs, "trans_std");
-constexpr int kPsNoTrans = DCNKIT_ATTR(kDeformPSRoIPoolAttrs, "no_trans");
-constexpr int kPsInput = DCNKIT_INPUT(kDeformPSRoIPoolInputs, "input");
-constexpr int kPsRois = DCNKIT_INPUT(kDeformPSRoIPoolInputs, "rois");
-constexpr int kPsTrans = DCNKIT_INPUT(kDeformPSRoIPoolInputs, "trans");
-static_assert(kPsScale >= 0 && kPsOutputSize >= 0 && kPsOutputDim >= 0 && kPsGroupSize >= 0 &&
-                  kPsPartSize >= 0 && kPsSamplePerPart >= 0 && kPsTransStd >= 0 && kPsNoTrans >= 0 &&
-                  kPsInput >= 0 && kPsRois >= 0 && kPsTrans >= 0,
-              "op_defs.h: DeformPSRoIPool definition changed");
+constexpr int kPsScale = DCNKIT_INDEX(kDeformPSRoIPoolAttrs, "spatial_scale");
+constexpr int kPsOutputSize = DCNKIT_INDEX(kDeformPSRoIPoolAttrs, "output_size");
+constexpr int kPsOutputDim = DCNKIT_INDEX(kDeformPSRoIPoolAttrs, "output_dim");
+constexpr int kPsGroupSize = DCNKIT_INDEX(kDeformPSRoIPoolAttrs, "group_size");
+constexpr int kPsPartSize = DCNKIT_INDEX(kDeformPSRoIPoolAttrs, "part_size");
+constexpr int kPsSamplePerPart = DCNKIT_INDEX(kDeformPSRoIPoolAttrs, "sample_per_part");
+constexpr int kPsTransStd = DCNKIT_INDEX(kDeformPSRoIPoolAttrs, "trans_std");
+constexpr int kPsNoTrans = DCNKIT_INDEX(kDeformPSRoIPoolAttrs, "no_trans");
+constexpr int kPsInput = DCNKIT_INDEX(kDeformPSRoIPoolInputs, "input");
+constexpr int kPsRois = DCNKIT_INDEX(kDeformPSRoIPoolInputs, "rois");
+constexpr int kPsTrans = DCNKIT_INDEX(kDeformPSRoIPoolInputs, "trans");
 
 // The feature map is the first input of every operator (the CUDA path takes its memory info).
 static_assert(kDcInput == 0 && kRaInput == 0 && kDrInput == 0 && kPsInput == 0, "op_defs.h: input order changed");
@@ -122,6 +108,25 @@ struct Kernel {
 
 // The node's inputs in canonical order (absent ones have value == nullptr).
 Status gather_inputs(const Kernel& k, const OrtKernelContext* ctx, TensorView* inputs, size_t max_inputs);
+
+// The run's core params from the node's attributes and the shapes of its inputs `in` (canonical order),
+// checked by the core: one overload per op kind, shared by the CPU and CUDA paths.
+Status make_params(const Kernel& k, const TensorView* in, DeformConv2dParams* p);
+Status make_params(const Kernel& k, const TensorView* in, RoIAlignParams* p);
+Status make_params(const Kernel& k, const TensorView* in, DeformRoIPoolParams* p);
+Status make_params(const Kernel& k, const TensorView* in, DeformPSRoIPoolParams* p);
+
+// Output `index` with `shape`; *data is null when ONNX Runtime gives no tensor.
+Status output_tensor(OrtKernelContext* ctx, size_t index, const Shape& shape, void** data);
+// Output `index` when the node has that many outputs (else *data = nullptr).
+Status optional_output(OrtKernelContext* ctx, size_t index, const Shape& shape, void** data);
+
+// make_params, then output 0 allocated to the params' output shape.
+template <typename Params>
+Status prepare_run(const Kernel& k, const TensorView* in, OrtKernelContext* ctx, Params* p, void** y) {
+  DCNKIT_RETURN_IF_ERROR(make_params(k, in, p));
+  return output_tensor(ctx, 0, p->output_shape(), y);
+}
 
 Status compute_cpu(Kernel& k, OrtKernelContext* ctx);
 

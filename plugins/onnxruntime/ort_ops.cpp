@@ -214,9 +214,33 @@ Status gather_inputs(const Kernel& k, const OrtKernelContext* ctx, TensorView* i
 }
 
 // ---------------------------------------------------------------------------------------------
-// CPU compute
+// Per-run params and outputs (CPU and CUDA)
 
 namespace {
+
+const Shape* shape_or_null(const TensorView& t) { return t.present() ? &t.shape : nullptr; }
+
+}  // namespace
+
+Status make_params(const Kernel& k, const TensorView* in, DeformConv2dParams* p) {
+  return make_deform_conv2d_params(k.variant->op_type, in[kDcInput].shape, in[kDcOffset].shape,
+                                   in[kDcWeight].shape, shape_or_null(in[kDcBias]),
+                                   shape_or_null(in[kDcMask]), k.dcn, p);
+}
+
+Status make_params(const Kernel& k, const TensorView* in, RoIAlignParams* p) {
+  return make_roi_align_params(k.variant->op_type, in[kRaInput].shape, in[kRaRois].shape, k.roi, p);
+}
+
+Status make_params(const Kernel& k, const TensorView* in, DeformRoIPoolParams* p) {
+  return make_deform_roi_pool_params(k.variant->op_type, in[kDrInput].shape, in[kDrRois].shape,
+                                     shape_or_null(in[kDrOffset]), k.droi, p);
+}
+
+Status make_params(const Kernel& k, const TensorView* in, DeformPSRoIPoolParams* p) {
+  return make_deform_psroi_pool_params(k.variant->op_type, in[kPsInput].shape, in[kPsRois].shape,
+                                       shape_or_null(in[kPsTrans]), k.psroi, p);
+}
 
 Status output_tensor(OrtKernelContext* ctx, size_t index, const Shape& shape, void** data) {
   OrtValue* out = nullptr;
@@ -227,12 +251,17 @@ Status output_tensor(OrtKernelContext* ctx, size_t index, const Shape& shape, vo
   return from_ort(api().GetTensorMutableData(out, data), "GetTensorMutableData");
 }
 
-size_t output_count(OrtKernelContext* ctx) {
+Status optional_output(OrtKernelContext* ctx, size_t index, const Shape& shape, void** data) {
+  *data = nullptr;
   size_t n = 0;
-  OrtStatus* st = api().KernelContext_GetOutputCount(ctx, &n);
-  if (st) api().ReleaseStatus(st);
-  return n;
+  DCNKIT_RETURN_IF_ERROR(from_ort(api().KernelContext_GetOutputCount(ctx, &n), "GetOutputCount"));
+  return n > index ? output_tensor(ctx, index, shape, data) : Status::Ok();
 }
+
+// ---------------------------------------------------------------------------------------------
+// CPU compute
+
+namespace {
 
 template <typename T>
 const T* ptr(const TensorView& t) {
@@ -244,7 +273,6 @@ const T* ptr(const TensorView& t) {
 Status compute_cpu(Kernel& k, OrtKernelContext* ctx) {
   TensorView in[kMaxInputs];
   DCNKIT_RETURN_IF_ERROR(gather_inputs(k, ctx, in, kMaxInputs));
-  const char* op = k.variant->op_type;
   CpuRun run;
   run.context = ctx;
   const CpuContext cpu = cpu_context(&run);
@@ -254,52 +282,38 @@ Status compute_cpu(Kernel& k, OrtKernelContext* ctx) {
   std::unique_ptr<OrtMemoryInfo, void (*)(OrtMemoryInfo*)> mem_guard(mem, [](OrtMemoryInfo* m) {
     api().ReleaseMemoryInfo(m);
   });
+  void* y = nullptr;
 
   switch (k.variant->kind) {
     case OpKind::kDeformConv2d: {
-      const TensorView &x = in[kDcInput], &off = in[kDcOffset], &w = in[kDcWeight], &b = in[kDcBias],
-                       &m = in[kDcMask];
       DeformConv2dParams p;
-      DCNKIT_RETURN_IF_ERROR(make_deform_conv2d_params(op, x.shape, off.shape, w.shape,
-                                                       b.present() ? &b.shape : nullptr,
-                                                       m.present() ? &m.shape : nullptr, k.dcn, &p));
-      void* y = nullptr;
-      DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 0, p.output_shape(), &y));
+      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
       Workspace ws;
       DCNKIT_RETURN_IF_ERROR(
           ws.allocate(ctx, mem, deform_conv2d_forward_workspace_cpu(p, DType::kFloat32, cpu)));
-      return deform_conv2d_forward_cpu<float>(p, ptr<float>(x), ptr<float>(off), ptr<float>(w), ptr<float>(b),
-                                              ptr<float>(m), static_cast<float*>(y), ws.data(), cpu);
+      return deform_conv2d_forward_cpu<float>(p, ptr<float>(in[kDcInput]), ptr<float>(in[kDcOffset]),
+                                              ptr<float>(in[kDcWeight]), ptr<float>(in[kDcBias]),
+                                              ptr<float>(in[kDcMask]), static_cast<float*>(y), ws.data(), cpu);
     }
     case OpKind::kRoIAlign: {
       RoIAlignParams p;
-      DCNKIT_RETURN_IF_ERROR(make_roi_align_params(op, in[kRaInput].shape, in[kRaRois].shape, k.roi, &p));
-      void* y = nullptr;
-      DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 0, p.output_shape(), &y));
+      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
       return roi_align_forward_cpu<float>(p, ptr<float>(in[kRaInput]), ptr<float>(in[kRaRois]),
                                           static_cast<float*>(y), cpu);
     }
     case OpKind::kDeformRoIPool: {
-      const TensorView& off = in[kDrOffset];
       DeformRoIPoolParams p;
-      DCNKIT_RETURN_IF_ERROR(make_deform_roi_pool_params(op, in[kDrInput].shape, in[kDrRois].shape,
-                                                         off.present() ? &off.shape : nullptr, k.droi, &p));
-      void* y = nullptr;
-      DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 0, p.output_shape(), &y));
+      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
       return deform_roi_pool_forward_cpu<float>(p, ptr<float>(in[kDrInput]), ptr<float>(in[kDrRois]),
-                                                ptr<float>(off), static_cast<float*>(y), cpu);
+                                                ptr<float>(in[kDrOffset]), static_cast<float*>(y), cpu);
     }
     case OpKind::kDeformPSRoIPool: {
-      const TensorView& tr = in[kPsTrans];
       DeformPSRoIPoolParams p;
-      DCNKIT_RETURN_IF_ERROR(make_deform_psroi_pool_params(op, in[kPsInput].shape, in[kPsRois].shape,
-                                                           tr.present() ? &tr.shape : nullptr, k.psroi, &p));
-      void* y = nullptr;
-      DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 0, p.output_shape(), &y));
+      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
       // The count output is optional in the model, not in the launcher.
       void* count = nullptr;
+      DCNKIT_RETURN_IF_ERROR(optional_output(ctx, 1, p.output_shape(), &count));
       std::vector<float> own_count;
-      if (output_count(ctx) > 1) DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, 1, p.output_shape(), &count));
       if (count == nullptr) {
         int64_t n = 1;
         for (int64_t d : p.output_shape()) n *= d;
@@ -307,7 +321,7 @@ Status compute_cpu(Kernel& k, OrtKernelContext* ctx) {
         count = own_count.data();
       }
       return deform_psroi_pool_forward_cpu<float>(p, ptr<float>(in[kPsInput]), ptr<float>(in[kPsRois]),
-                                                  ptr<float>(tr), static_cast<float*>(y),
+                                                  ptr<float>(in[kPsTrans]), static_cast<float*>(y),
                                                   static_cast<float*>(count), cpu);
     }
   }
