@@ -35,3 +35,12 @@ def test_libraries_share_one_op_table():
     assert tables[0] == tables[1] == dcnkit.op_defs()
     assert [op["onnx_type"] for op in tables[0]["ops"]] == ["DeformConv2d", "RoIAlign", "DeformRoIPool",
                                                             "DeformPSRoIPool"]
+
+
+def test_subpackages_are_reachable_from_the_top_level():
+    # As in the README: `import dcnkit` then dcnkit.runtime.ort_session / dcnkit.export.to_onnx / dcnkit.reference.
+    assert callable(dcnkit.runtime.ort_session)
+    assert callable(dcnkit.export.to_onnx)
+    assert callable(dcnkit.reference.deform_conv2d)
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        dcnkit.no_such_thing

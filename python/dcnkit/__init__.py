@@ -38,3 +38,14 @@ else:
     from dcnkit import ops  # noqa: F401,E402
     from dcnkit import nn  # noqa: F401,E402
     from dcnkit.export import _register  # noqa: F401,E402  (plain torch.onnx.export handles dcnkit ops)
+
+_LAZY_SUBMODULES = ("runtime", "reference", "export", "server", "cli", "demo", "polygraphy_ext")
+
+
+def __getattr__(name: str):
+    """``dcnkit.runtime``, ``dcnkit.reference``, ... import on first use (they pull in ONNX Runtime, FastAPI...)."""
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"dcnkit.{name}")
+    raise AttributeError(f"module 'dcnkit' has no attribute {name!r}")
