@@ -7,8 +7,11 @@
 // Forward: tiles of output positions per task; a tile's columns (~256 KB) are built in the task's
 // workspace slot and multiplied into the output (ldc = Ho*Wo) by one strided-batched GEMM over the
 // convolution groups, the bias written first. The whole column matrix never exists.
-// Backward: per image and chunk of positions, race-free parallel steps (each writes disjoint memory),
-// hence deterministic for a given number of threads.
+// Backward: per image and chunk of positions, each task takes a contiguous range of the chunk's
+// positions: its column-gradient rows (GEMM), then one pass over their sampling points (columns for
+// grad_weight, grad_offset/grad_mask, and the scatter into the task's own channels-last grad_input
+// buffer, the buffers summed in task order per image); then the grad_weight GEMM, rows split over tasks.
+// Every step writes disjoint memory, hence deterministic for a given number of threads.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -151,10 +154,6 @@ int64_t backward_chunk(const DeformConv2dParams& p, size_t elem) {
   return positions_per(p, elem, bytes);
 }
 
-size_t taps_bytes(DType dtype) {
-  return dtype == DType::kFloat64 ? sizeof(SampleTaps<double>) : sizeof(SampleTaps<float>);
-}
-
 size_t bytes_of(int64_t count, size_t elem) { return align_up(static_cast<size_t>(count) * elem); }
 
 struct ForwardLayout {
@@ -172,21 +171,28 @@ ForwardLayout forward_layout(const DeformConv2dParams& p, DType dtype, const Cpu
   return l;
 }
 
+// Backward position tasks: each owns a channels-last grad_input buffer (summed in task order at the end
+// of the image), so the count is capped to bound the workspace.
+constexpr int64_t kMaxBackwardTasks = 16;
+
+int64_t backward_tasks(const CpuContext& ctx) {
+  return std::min<int64_t>(std::max(1, ctx.num_threads), kMaxBackwardTasks);
+}
+
 struct BackwardLayout {
-  size_t x_hwc, gin_hwc, weight_t, gweight_t, taps, col, gcol;
-  size_t total() const { return x_hwc + gin_hwc + weight_t + gweight_t + taps + col + gcol; }
+  size_t x_hwc, gin_hwc /* one per backward task */, weight_t, gweight_t, col, gcol;
+  size_t total() const { return x_hwc + gin_hwc + weight_t + gweight_t + col + gcol; }
 };
 
-BackwardLayout backward_layout(const DeformConv2dParams& p, DType dtype) {
+BackwardLayout backward_layout(const DeformConv2dParams& p, DType dtype, const CpuContext& ctx) {
   const size_t e = dtype_size(dtype);
   const int64_t C = backward_chunk(p, e);
   const int64_t wsz = p.out_channels * p.in_per_group() * p.kernel_size();
   BackwardLayout l;
   l.x_hwc = bytes_of(p.in_channels * p.height * p.width, e);
-  l.gin_hwc = l.x_hwc;
+  l.gin_hwc = static_cast<size_t>(backward_tasks(ctx)) * l.x_hwc;
   l.weight_t = bytes_of(wsz, e);
   l.gweight_t = l.weight_t;
-  l.taps = bytes_of(p.attrs.deformable_groups * p.kernel_size() * C, taps_bytes(dtype));
   l.col = bytes_of(p.in_channels * p.kernel_size() * C, e);
   l.gcol = l.col;
   return l;
@@ -230,6 +236,20 @@ void to_channels_first(const T* __restrict src, T* __restrict dst, int64_t C, in
     for (int64_t c = cb; c < ce; ++c) {
       T* d = dst + c * HW;
       for (int64_t q = b; q < e; ++q) d[q] = src[q * C + c];
+    }
+  }
+}
+
+// dst (C, HW) += src (HW, C) for channels [cb, ce).
+template <typename T>
+void add_channels_first(const T* __restrict src, T* __restrict dst, int64_t C, int64_t HW, int64_t cb,
+                        int64_t ce) {
+  constexpr int64_t kBlock = 64;
+  for (int64_t b = 0; b < HW; b += kBlock) {
+    const int64_t e = std::min(HW, b + kBlock);
+    for (int64_t c = cb; c < ce; ++c) {
+      T* d = dst + c * HW;
+      for (int64_t q = b; q < e; ++q) d[q] += src[q * C + c];
     }
   }
 }
@@ -307,58 +327,8 @@ inline void build_columns(const CpuImage<double>& im, int64_t p0, int64_t tn, do
   build_columns_f64(im, p0, tn, col);
 }
 
-// grad_input (channels-last) += scatter of the chunk's column gradient, for the channels [cb0, ce0).
-// taps[(t*K + k)*Gd + g] are the chunk's masked taps.
-template <typename T>
-__attribute__((always_inline)) inline void scatter_chunk_impl(const DeformConv2dParams& p,
-                                                              const SampleTaps<T>* taps, const T* gcol,
-                                                              int64_t pc, int64_t cb0, int64_t ce0,
-                                                              T* gin_hwc) {
-  const int64_t K = p.kernel_size(), Cin = p.in_channels, CK = Cin * K;
-  const int64_t Gd = p.attrs.deformable_groups, cpg = p.in_per_deformable_group(), cin_g = p.in_per_group();
-  const int64_t KC = K * cin_g;
-  for (int64_t t = 0; t < pc; ++t) {
-    const T* grow = gcol + t * CK;
-    for (int64_t k = 0; k < K; ++k) {
-      for (int64_t g = 0; g < Gd; ++g) {
-        const SampleTaps<T>& s = taps[(t * K + k) * Gd + g];
-        for (int64_t cb = std::max(cb0, g * cpg), cend = std::min(ce0, (g + 1) * cpg); cb < cend;) {
-          const int64_t gc = cb / cin_g;
-          const int64_t ce = std::min(cend, (gc + 1) * cin_g);
-          const T* __restrict src = grow + gc * KC + k * cin_g + (cb - gc * cin_g);
-          const int64_t len = ce - cb;
-          for (int q = 0; q < 4; ++q) {
-            const T w = s.w[q];
-            if (w == T(0)) continue;
-            T* __restrict dst = gin_hwc + s.idx[q] * Cin + cb;
-            for (int64_t c = 0; c < len; ++c) dst[c] += w * src[c];
-          }
-          cb = ce;
-        }
-      }
-    }
-  }
-}
-
-DCNKIT_CPU_CLONES void scatter_chunk_f32(const DeformConv2dParams& p, const SampleTaps<float>* taps,
-                                         const float* gcol, int64_t pc, int64_t cb0, int64_t ce0, float* gin) {
-  scatter_chunk_impl<float>(p, taps, gcol, pc, cb0, ce0, gin);
-}
-DCNKIT_CPU_CLONES void scatter_chunk_f64(const DeformConv2dParams& p, const SampleTaps<double>* taps,
-                                         const double* gcol, int64_t pc, int64_t cb0, int64_t ce0, double* gin) {
-  scatter_chunk_impl<double>(p, taps, gcol, pc, cb0, ce0, gin);
-}
-inline void scatter_chunk(const DeformConv2dParams& p, const SampleTaps<float>* taps, const float* gcol,
-                          int64_t pc, int64_t cb0, int64_t ce0, float* gin) {
-  scatter_chunk_f32(p, taps, gcol, pc, cb0, ce0, gin);
-}
-inline void scatter_chunk(const DeformConv2dParams& p, const SampleTaps<double>* taps, const double* gcol,
-                          int64_t pc, int64_t cb0, int64_t ce0, double* gin) {
-  scatter_chunk_f64(p, taps, gcol, pc, cb0, ce0, gin);
-}
-
 // d[q] = sum_c g[c] * x_q[c] for c < n, in a fixed order (blocks of kLanes independent partial sums,
-// which vectorise without reassociation, then the tail).
+// which vectorise without reassociation, summed pairwise, then the tail).
 template <typename T>
 __attribute__((always_inline)) inline void dots4(const T* __restrict g, const T* __restrict x0,
                                                  const T* __restrict x1, const T* __restrict x2,
@@ -375,13 +345,16 @@ __attribute__((always_inline)) inline void dots4(const T* __restrict g, const T*
       a3[j] += gj * x3[c + j];
     }
   }
-  T s0 = T(0), s1 = T(0), s2 = T(0), s3 = T(0);
-  for (int j = 0; j < kLanes; ++j) {
-    s0 += a0[j];
-    s1 += a1[j];
-    s2 += a2[j];
-    s3 += a3[j];
+  // Lanes summed pairwise (halving steps vectorise; the order is fixed).
+  for (int h = kLanes / 2; h >= 1; h /= 2) {
+    for (int j = 0; j < h; ++j) {
+      a0[j] += a0[j + h];
+      a1[j] += a1[j + h];
+      a2[j] += a2[j + h];
+      a3[j] += a3[j + h];
+    }
   }
+  T s0 = a0[0], s1 = a1[0], s2 = a2[0], s3 = a3[0];
   for (; c < n; ++c) {
     s0 += g[c] * x0[c];
     s1 += g[c] * x1[c];
@@ -394,36 +367,61 @@ __attribute__((always_inline)) inline void dots4(const T* __restrict g, const T*
   d[3] += s3;
 }
 
-// grad_offset / grad_mask of the positions p0+b .. p0+e of the chunk (every g, k).
+// One pass over the positions p0+b .. p0+e of a backward chunk (every k, g), each sampling point's
+// taps computed once and its four input rows read once for:
+//   col (if not null): the chunk's columns (rows b..e), as build_columns writes them;
+//   gin (if not null): this task's channels-last grad_input += the scatter of the column gradient;
+//   goff_n / gmask_n (if not null): grad_offset / grad_mask, the group's channel sums (dots4).
 template <typename T>
-__attribute__((always_inline)) inline void offset_mask_grad_impl(const CpuImage<T>& im, const T* gcol,
-                                                                 int64_t p0, int64_t b, int64_t e,
-                                                                 T* goff_n, T* gmask_n) {
+__attribute__((always_inline)) inline void backward_pass_impl(const CpuImage<T>& im, const T* gcol, int64_t p0,
+                                                              int64_t b, int64_t e, T* col, T* gin, T* goff_n,
+                                                              T* gmask_n) {
   const DeformConv2dParams& p = *im.p;
   const int64_t K = p.kernel_size(), Cin = p.in_channels, CK = Cin * K, P = p.out_spatial();
   const int64_t Gd = p.attrs.deformable_groups, cpg = p.in_per_deformable_group(), cin_g = p.in_per_group();
   const int64_t KC = K * cin_g;
+  const bool dots = goff_n != nullptr || gmask_n != nullptr;
   int64_t ho = (p0 + b) / p.out_w, wo = (p0 + b) - ho * p.out_w;
   for (int64_t t = b; t < e; ++t) {
     const int64_t pos = p0 + t;
     const T* grow = gcol + t * CK;
+    T* crow = col ? col + t * CK : nullptr;
     for (int64_t i = 0, k = 0; i < p.kernel_h; ++i) {
       for (int64_t j = 0; j < p.kernel_w; ++j, ++k) {
         for (int64_t g = 0; g < Gd; ++g) {
           T py, px, m;
           deform_conv2d_point_at<T, T>(p, im.offset, im.mask, g, k, i, j, ho, wo, pos, &py, &px, &m);
           const Taps<T> tp = dcn_taps<T>(py, px, p.height, p.width);
+          // As masked_taps.
+          T w[4];
+          for (int q = 0; q < 4; ++q) w[q] = tp.inside ? tp.w[q] * m : T(0);
+          T d[4] = {T(0), T(0), T(0), T(0)};
+          // The group's channels, cut at conv-group borders.
+          for (int64_t cb = g * cpg, cend = (g + 1) * cpg; cb < cend;) {
+            const int64_t gc = cb / cin_g;
+            const int64_t ce = std::min(cend, (gc + 1) * cin_g);
+            const int64_t at = gc * KC + k * cin_g + (cb - gc * cin_g), len = ce - cb;
+            const T* x = im.x_hwc + cb;
+            const T *x0 = x + tp.idx[0] * Cin, *x1 = x + tp.idx[1] * Cin, *x2 = x + tp.idx[2] * Cin,
+                    *x3 = x + tp.idx[3] * Cin;
+            if (crow) blend4<T>(crow + at, x0, x1, x2, x3, w[0], w[1], w[2], w[3], len);
+            if (tp.inside) {
+              if (dots) dots4<T>(grow + at, x0, x1, x2, x3, len, d);
+              if (gin) {
+                const T* __restrict src = grow + at;
+                for (int q = 0; q < 4; ++q) {
+                  const T wq = w[q];
+                  if (wq == T(0)) continue;
+                  T* __restrict dst = gin + tp.idx[q] * Cin + cb;
+                  for (int64_t c = 0; c < len; ++c) dst[c] += wq * src[c];
+                }
+              }
+            }
+            cb = ce;
+          }
+          if (!dots) continue;
           T gy = T(0), gx = T(0), gm = T(0);
           if (tp.inside) {
-            T d[4] = {T(0), T(0), T(0), T(0)};
-            for (int64_t cb = g * cpg, cend = (g + 1) * cpg; cb < cend;) {
-              const int64_t gc = cb / cin_g;
-              const int64_t ce = std::min(cend, (gc + 1) * cin_g);
-              const T* x = im.x_hwc + cb;
-              dots4<T>(grow + gc * KC + k * cin_g + (cb - gc * cin_g), x + tp.idx[0] * Cin, x + tp.idx[1] * Cin,
-                       x + tp.idx[2] * Cin, x + tp.idx[3] * Cin, ce - cb, d);
-              cb = ce;
-            }
             // As taps_channel_dots: combine the four channel sums with the tap weights / derivatives.
             for (int q = 0; q < 4; ++q) {
               gy += tp.dwy[q] * d[q];
@@ -446,21 +444,21 @@ __attribute__((always_inline)) inline void offset_mask_grad_impl(const CpuImage<
   }
 }
 
-DCNKIT_CPU_CLONES void offset_mask_grad_f32(const CpuImage<float>& im, const float* gcol, int64_t p0,
-                                            int64_t b, int64_t e, float* goff, float* gmask) {
-  offset_mask_grad_impl<float>(im, gcol, p0, b, e, goff, gmask);
+DCNKIT_CPU_CLONES void backward_pass_f32(const CpuImage<float>& im, const float* gcol, int64_t p0, int64_t b,
+                                         int64_t e, float* col, float* gin, float* goff, float* gmask) {
+  backward_pass_impl<float>(im, gcol, p0, b, e, col, gin, goff, gmask);
 }
-DCNKIT_CPU_CLONES void offset_mask_grad_f64(const CpuImage<double>& im, const double* gcol, int64_t p0,
-                                            int64_t b, int64_t e, double* goff, double* gmask) {
-  offset_mask_grad_impl<double>(im, gcol, p0, b, e, goff, gmask);
+DCNKIT_CPU_CLONES void backward_pass_f64(const CpuImage<double>& im, const double* gcol, int64_t p0, int64_t b,
+                                         int64_t e, double* col, double* gin, double* goff, double* gmask) {
+  backward_pass_impl<double>(im, gcol, p0, b, e, col, gin, goff, gmask);
 }
-inline void offset_mask_grad(const CpuImage<float>& im, const float* gcol, int64_t p0, int64_t b, int64_t e,
-                             float* goff, float* gmask) {
-  offset_mask_grad_f32(im, gcol, p0, b, e, goff, gmask);
+inline void backward_pass(const CpuImage<float>& im, const float* gcol, int64_t p0, int64_t b, int64_t e,
+                          float* col, float* gin, float* goff, float* gmask) {
+  backward_pass_f32(im, gcol, p0, b, e, col, gin, goff, gmask);
 }
-inline void offset_mask_grad(const CpuImage<double>& im, const double* gcol, int64_t p0, int64_t b,
-                             int64_t e, double* goff, double* gmask) {
-  offset_mask_grad_f64(im, gcol, p0, b, e, goff, gmask);
+inline void backward_pass(const CpuImage<double>& im, const double* gcol, int64_t p0, int64_t b, int64_t e,
+                          double* col, double* gin, double* goff, double* gmask) {
+  backward_pass_f64(im, gcol, p0, b, e, col, gin, goff, gmask);
 }
 
 // weight (Cout, Cin_g, K) -> (Cout, K, Cin_g).
@@ -644,8 +642,8 @@ size_t deform_conv2d_forward_workspace_cpu(const DeformConv2dParams& p, DType dt
   return l.x_hwc + l.weight_t + static_cast<size_t>(std::max(1, ctx.num_threads)) * l.slot;
 }
 
-size_t deform_conv2d_backward_workspace_cpu(const DeformConv2dParams& p, DType dtype, const CpuContext&) {
-  return backward_layout(p, dtype).total();
+size_t deform_conv2d_backward_workspace_cpu(const DeformConv2dParams& p, DType dtype, const CpuContext& ctx) {
+  return backward_layout(p, dtype, ctx).total();
 }
 
 template <typename T>
@@ -773,7 +771,7 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
     return Status::Ok();
   }
 
-  const BackwardLayout l = backward_layout(p, dt);
+  const BackwardLayout l = backward_layout(p, dt, ctx);
   char* ws = static_cast<char*>(workspace);
   T* x_hwc = reinterpret_cast<T*>(ws);
   ws += l.x_hwc;
@@ -783,8 +781,6 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
   ws += l.weight_t;
   T* gwt = reinterpret_cast<T*>(ws);
   ws += l.gweight_t;
-  SampleTaps<T>* taps = reinterpret_cast<SampleTaps<T>*>(ws);
-  ws += l.taps;
   T* col = reinterpret_cast<T*>(ws);
   ws += l.col;
   T* gcol = reinterpret_cast<T*>(ws);
@@ -796,24 +792,68 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
   }
   weight_to_kc(p, weight, wt);
   const int64_t chunk = backward_chunk(p, sizeof(T));
-  std::vector<Status> statuses(static_cast<size_t>(nt));
+  const int64_t nbt = backward_tasks(ctx);
+  const int64_t gin_stride = static_cast<int64_t>(l.x_hwc / sizeof(T));  // between the tasks' buffers
+  std::vector<Status> statuses(static_cast<size_t>(std::max(nt, nbt)));
   bool first_weight_step = true;
 
   for (int64_t n = 0; n < N; ++n) {
     const T* off_n = offset + n * 2 * Gd * K * P;
     const T* mask_n = mask ? mask + n * Gd * K * P : nullptr;
     const T* gout_n = grad_output + n * Cout * P;
+    T* goff_n = grad_offset ? grad_offset + n * 2 * Gd * K * P : nullptr;
+    T* gmask_n = grad_mask ? grad_mask + n * Gd * K * P : nullptr;
     parallel_for(ctx, HW, [&](int64_t b, int64_t e) {
       to_channels_last(input + n * Cin * HW, x_hwc, Cin, HW, b, e);
-      if (grad_input) std::fill(gin_hwc + b * Cin, gin_hwc + e * Cin, T(0));
+      if (grad_input) {
+        for (int64_t task = 0; task < nbt; ++task)
+          std::fill(gin_hwc + task * gin_stride + b * Cin, gin_hwc + task * gin_stride + e * Cin, T(0));
+      }
     });
     const CpuImage<T> im{&p, x_hwc, off_n, mask_n};
 
     for (int64_t p0 = 0; p0 < P; p0 += chunk) {
       const int64_t pc = std::min(chunk, P - p0);
-      // 1. grad_weight (as (Cout, K, Cin_g)) += grad_out x columns, rows of Cout split over tasks.
-      if (grad_weight) {
+      if (need_gcol) {
+        // 1. Per task, a contiguous range of the chunk's positions: grad_col (rows x Cin*K) = grad_out^T x
+        // weight, then one pass over the range's sampling points (backward_pass): the columns (for
+        // step 2), the task's grad_input scatter, grad_offset / grad_mask.
+        const int64_t parts = std::min<int64_t>(nbt, pc);
+        parallel_tasks(ctx, parts, [&](int64_t task) {
+          int64_t tb, te;
+          split_range(pc, parts, task, &tb, &te);
+          if (tb >= te) return;
+          GemmArgs ga;
+          ga.dtype = dt;
+          ga.trans_a = true;
+          ga.m = te - tb;
+          ga.n = KC;
+          ga.k = cout_g;
+          ga.beta = 0.f;
+          ga.a = gout_n + p0 + tb;
+          ga.lda = P;
+          ga.stride_a = cout_g * P;
+          ga.b = wt;
+          ga.ldb = KC;
+          ga.stride_b = cout_g * KC;
+          ga.c = gcol + tb * CK;
+          ga.ldc = CK;
+          ga.stride_c = KC;
+          ga.batch = G;
+          Status s = ctx.run_gemm(ga);
+          if (!s.ok()) {
+            statuses[static_cast<size_t>(task)] = s;
+            return;
+          }
+          backward_pass(im, gcol, p0, tb, te, grad_weight ? col : nullptr,
+                        grad_input ? gin_hwc + task * gin_stride : nullptr, goff_n, gmask_n);
+        });
+        DCNKIT_RETURN_IF_ERROR(first_error(statuses));
+      } else {
         parallel_for(ctx, pc, [&](int64_t b, int64_t e) { build_columns(im, p0 + b, e - b, col + b * CK); });
+      }
+      // 2. grad_weight (as (Cout, K, Cin_g)) += grad_out x columns, rows of Cout split over tasks.
+      if (grad_weight) {
         const float beta = first_weight_step ? 0.f : 1.f;
         const int64_t parts = std::min<int64_t>(nt, Cout);
         parallel_tasks(ctx, parts, [&](int64_t task) {
@@ -844,73 +884,14 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
         DCNKIT_RETURN_IF_ERROR(first_error(statuses));
         first_weight_step = false;
       }
-      if (!need_gcol) continue;
-      // 2. grad_col (pc x Cin*K) = grad_out^T x weight, positions split over tasks.
-      {
-        const int64_t parts = std::min<int64_t>(nt, pc);
-        parallel_tasks(ctx, parts, [&](int64_t task) {
-          int64_t tb, te;
-          split_range(pc, parts, task, &tb, &te);
-          if (tb >= te) return;
-          GemmArgs ga;
-          ga.dtype = dt;
-          ga.trans_a = true;
-          ga.m = te - tb;
-          ga.n = KC;
-          ga.k = cout_g;
-          ga.beta = 0.f;
-          ga.a = gout_n + p0 + tb;
-          ga.lda = P;
-          ga.stride_a = cout_g * P;
-          ga.b = wt;
-          ga.ldb = KC;
-          ga.stride_b = cout_g * KC;
-          ga.c = gcol + tb * CK;
-          ga.ldc = CK;
-          ga.stride_c = KC;
-          ga.batch = G;
-          Status s = ctx.run_gemm(ga);
-          if (!s.ok()) statuses[static_cast<size_t>(task)] = s;
-        });
-        DCNKIT_RETURN_IF_ERROR(first_error(statuses));
-      }
-      // 3. grad_input: taps of the chunk, then a task owns a slice of channels (race-free).
-      if (grad_input) {
-        parallel_for(ctx, pc, [&](int64_t b, int64_t e) {
-          int64_t ho = (p0 + b) / p.out_w, wo = (p0 + b) - ho * p.out_w;
-          for (int64_t t = b; t < e; ++t) {
-            for (int64_t i = 0, k = 0; i < p.kernel_h; ++i) {
-              for (int64_t j = 0; j < p.kernel_w; ++j, ++k) {
-                for (int64_t g = 0; g < Gd; ++g) {
-                  T py, px, m;
-                  deform_conv2d_point_at<T, T>(p, off_n, mask_n, g, k, i, j, ho, wo, p0 + t, &py, &px, &m);
-                  taps[(t * K + k) * Gd + g] = masked_taps<T>(py, px, m, p.height, p.width);
-                }
-              }
-            }
-            if (++wo == p.out_w) {
-              wo = 0;
-              ++ho;
-            }
-          }
-        });
-        const int64_t parts = std::min<int64_t>(nt, Cin);
-        parallel_tasks(ctx, parts, [&](int64_t task) {
-          int64_t cb0, ce0;
-          split_range(Cin, parts, task, &cb0, &ce0);
-          scatter_chunk(p, taps, gcol, pc, cb0, ce0, gin_hwc);
-        });
-      }
-      // 4. grad_offset / grad_mask per (g, k, position), summed over the group's channels.
-      if (grad_offset || grad_mask) {
-        T* goff_n = grad_offset ? grad_offset + n * 2 * Gd * K * P : nullptr;
-        T* gmask_n = grad_mask ? grad_mask + n * Gd * K * P : nullptr;
-        parallel_for(ctx, pc, [&](int64_t b, int64_t e) { offset_mask_grad(im, gcol, p0, b, e, goff_n, gmask_n); });
-      }
     }
     if (grad_input) {
+      // The tasks' buffers summed in task order, to channels-first.
       T* gin_n = grad_input + n * Cin * HW;
-      parallel_for(ctx, Cin, [&](int64_t b, int64_t e) { to_channels_first(gin_hwc, gin_n, Cin, HW, b, e); });
+      parallel_for(ctx, Cin, [&](int64_t b, int64_t e) {
+        to_channels_first(gin_hwc, gin_n, Cin, HW, b, e);
+        for (int64_t task = 1; task < nbt; ++task) add_channels_first(gin_hwc + task * gin_stride, gin_n, Cin, HW, b, e);
+      });
     }
   }
   if (grad_weight) weight_from_kc(p, gwt, grad_weight);
