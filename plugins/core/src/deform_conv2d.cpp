@@ -226,8 +226,8 @@ void to_channels_last(const T* __restrict src, T* __restrict dst, int64_t C, int
   }
 }
 
-// (HW, C) -> (C, HW) for channels [cb, ce).
-template <typename T>
+// dst (C, HW) = src (HW, C) (kAdd: dst += src) for channels [cb, ce).
+template <bool kAdd, typename T>
 void to_channels_first(const T* __restrict src, T* __restrict dst, int64_t C, int64_t HW, int64_t cb,
                        int64_t ce) {
   constexpr int64_t kBlock = 64;
@@ -235,21 +235,13 @@ void to_channels_first(const T* __restrict src, T* __restrict dst, int64_t C, in
     const int64_t e = std::min(HW, b + kBlock);
     for (int64_t c = cb; c < ce; ++c) {
       T* d = dst + c * HW;
-      for (int64_t q = b; q < e; ++q) d[q] = src[q * C + c];
-    }
-  }
-}
-
-// dst (C, HW) += src (HW, C) for channels [cb, ce).
-template <typename T>
-void add_channels_first(const T* __restrict src, T* __restrict dst, int64_t C, int64_t HW, int64_t cb,
-                        int64_t ce) {
-  constexpr int64_t kBlock = 64;
-  for (int64_t b = 0; b < HW; b += kBlock) {
-    const int64_t e = std::min(HW, b + kBlock);
-    for (int64_t c = cb; c < ce; ++c) {
-      T* d = dst + c * HW;
-      for (int64_t q = b; q < e; ++q) d[q] += src[q * C + c];
+      for (int64_t q = b; q < e; ++q) {
+        if constexpr (kAdd) {
+          d[q] += src[q * C + c];
+        } else {
+          d[q] = src[q * C + c];
+        }
+      }
     }
   }
 }
@@ -889,8 +881,10 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
       // The tasks' buffers summed in task order, to channels-first.
       T* gin_n = grad_input + n * Cin * HW;
       parallel_for(ctx, Cin, [&](int64_t b, int64_t e) {
-        to_channels_first(gin_hwc, gin_n, Cin, HW, b, e);
-        for (int64_t task = 1; task < nbt; ++task) add_channels_first(gin_hwc + task * gin_stride, gin_n, Cin, HW, b, e);
+        to_channels_first<false>(gin_hwc, gin_n, Cin, HW, b, e);
+        for (int64_t task = 1; task < nbt; ++task) {
+          to_channels_first<true>(gin_hwc + task * gin_stride, gin_n, Cin, HW, b, e);
+        }
       });
     }
   }
