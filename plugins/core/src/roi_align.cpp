@@ -19,16 +19,8 @@ Status parse_pool_mode(const char* op, const std::string& s, PoolMode* mode) {
 
 Status make_roi_align_params(const char* op, const Shape& input, const Shape& rois,
                              const RoIAlignAttrs& attrs, RoIAlignParams* p) {
-  DCNKIT_RETURN_IF_ERROR(check_rank(op, "input", input, 4, "(N, C, H, W)"));
-  DCNKIT_RETURN_IF_ERROR(check_rank(op, "rois", rois, 2, "(K, 5)"));
-  DCNKIT_RETURN_IF_ERROR(check_dim(op, "rois", rois, 1, 5, "[batch_index, x1, y1, x2, y2]"));
-  if (attrs.pooled_h < 1 || attrs.pooled_w < 1) {
-    return arg_error(op, "output_size", "(oh, ow) >= 1",
-                     "(" + std::to_string(attrs.pooled_h) + ", " + std::to_string(attrs.pooled_w) + ")");
-  }
-  if (!(std::isfinite(attrs.spatial_scale) && attrs.spatial_scale > 0)) {
-    return arg_error(op, "spatial_scale", "a finite value > 0", to_str(attrs.spatial_scale));
-  }
+  DCNKIT_RETURN_IF_ERROR(
+      check_roi_pool_args(op, input, rois, attrs.pooled_h, attrs.pooled_w, attrs.spatial_scale));
   if (attrs.mode != PoolMode::kAvg && attrs.mode != PoolMode::kMax) {
     return arg_error(op, "pool_mode", "'avg' or 'max'", std::to_string(static_cast<int>(attrs.mode)));
   }

@@ -24,6 +24,24 @@
 namespace dcnkit {
 
 // ---------------------------------------------------------------------------------------------
+// Checks shared by the RoIAlign-style ops (host): input (N, C, H, W), rois (K, 5), output size
+// (oh, ow) >= 1, spatial_scale finite and > 0.
+inline Status check_roi_pool_args(const char* op, const Shape& input, const Shape& rois, int64_t pooled_h,
+                                  int64_t pooled_w, double spatial_scale) {
+  DCNKIT_RETURN_IF_ERROR(check_rank(op, "input", input, 4, "(N, C, H, W)"));
+  DCNKIT_RETURN_IF_ERROR(check_rank(op, "rois", rois, 2, "(K, 5)"));
+  DCNKIT_RETURN_IF_ERROR(check_dim(op, "rois", rois, 1, 5, "[batch_index, x1, y1, x2, y2]"));
+  if (pooled_h < 1 || pooled_w < 1) {
+    return arg_error(op, "output_size", "(oh, ow) >= 1",
+                     "(" + std::to_string(pooled_h) + ", " + std::to_string(pooled_w) + ")");
+  }
+  if (!(std::isfinite(spatial_scale) && spatial_scale > 0)) {
+    return arg_error(op, "spatial_scale", "a finite value > 0", to_str(spatial_scale));
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
 // RoI rows
 
 // Batch index of the RoI row `roi` ([batch_index, x1, y1, x2, y2]); false when it is outside
