@@ -33,18 +33,33 @@ Status make_roi_align_params(const char* op, const Shape& input, const Shape& ro
   return Status::Ok();
 }
 
+namespace {
+
+// RoI row -> box of RoIAlign, and a bin's origin (no offsets): the geometry both CPU passes use.
+template <typename T>
+auto roi_align_box_of(const RoIAlignAttrs& a) {
+  const T scale = static_cast<T>(a.spatial_scale);
+  return [scale, a](const T* roi) {
+    return roi_align_box<T>(roi, scale, a.aligned, a.pooled_h, a.pooled_w, a.sampling_ratio);
+  };
+}
+
+template <typename T>
+auto roi_align_origin_of() {
+  return [](int64_t, const RoIAlignBox<T>& box, int64_t ph, int64_t pw, T* y0, T* x0) {
+    roi_bin_origin<T, T>(box, ph, pw, nullptr, nullptr, T(0), y0, x0);
+  };
+}
+
+}  // namespace
+
 template <typename T>
 Status roi_align_forward_cpu(const RoIAlignParams& p, const T* input, const T* rois, T* output,
                              const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("roi_align", rois, p.num_rois, p.batch));
   const RoIAlignAttrs& a = p.attrs;
-  const T scale = static_cast<T>(a.spatial_scale);
-  auto box_of = [&](const T* roi) {
-    return roi_align_box<T>(roi, scale, a.aligned, a.pooled_h, a.pooled_w, a.sampling_ratio);
-  };
-  auto origin_of = [](int64_t, const RoIAlignBox<T>& box, int64_t ph, int64_t pw, T* y0, T* x0) {
-    roi_bin_origin<T, T>(box, ph, pw, nullptr, nullptr, T(0), y0, x0);
-  };
+  const auto box_of = roi_align_box_of<T>(a);
+  const auto origin_of = roi_align_origin_of<T>();
   roi_pool_forward_cpu(ctx, p.num_rois, p.batch, p.channels, p.height, p.width, a.pooled_h,
                        a.pooled_w, a.mode == PoolMode::kMax, input, rois, output, box_of, origin_of);
   return Status::Ok();
@@ -55,13 +70,8 @@ Status roi_align_backward_cpu(const RoIAlignParams& p, const T* grad_output, con
                               const T* rois, T* grad_input, const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("roi_align", rois, p.num_rois, p.batch));
   const RoIAlignAttrs& a = p.attrs;
-  const T scale = static_cast<T>(a.spatial_scale);
-  auto box_of = [&](const T* roi) {
-    return roi_align_box<T>(roi, scale, a.aligned, a.pooled_h, a.pooled_w, a.sampling_ratio);
-  };
-  auto origin_of = [](int64_t, const RoIAlignBox<T>& box, int64_t ph, int64_t pw, T* y0, T* x0) {
-    roi_bin_origin<T, T>(box, ph, pw, nullptr, nullptr, T(0), y0, x0);
-  };
+  const auto box_of = roi_align_box_of<T>(a);
+  const auto origin_of = roi_align_origin_of<T>();
   roi_pool_backward_cpu(ctx, p.num_rois, p.batch, p.channels, p.height, p.width, a.pooled_h,
                         a.pooled_w, a.mode == PoolMode::kMax, grad_output, input, rois, grad_input,
                         box_of, origin_of);
