@@ -191,6 +191,16 @@ size_t deform_conv2d_backward_workspace_cuda(const DeformConv2dParams& p, DType 
   return column_bytes(p, dtype);
 }
 
+size_t deform_conv2d_forward_workspace_cuda_bound(const DeformConv2dParams& max_params, DType dtype) {
+  // Chunks hold min(batch, kCudaColumnBytes / per_image) images (at least one), so the columns of any
+  // smaller problem take at most min(batch * per_image, max(per_image, kCudaColumnBytes)) bytes.
+  const DeformConv2dParams& p = max_params;
+  const int64_t per_image = std::max<int64_t>(
+      1, p.in_channels * p.kernel_size() * p.out_spatial() * static_cast<int64_t>(dtype_size(dtype)));
+  const int64_t all = std::max<int64_t>(1, p.batch) * per_image;
+  return align_up(static_cast<size_t>(std::min<int64_t>(all, std::max<int64_t>(per_image, kCudaColumnBytes))));
+}
+
 Status deform_conv2d_forward_cuda(const DeformConv2dParams& p, DType dtype, const void* input,
                                   const void* offset, const void* weight, const void* bias,
                                   const void* mask, void* output, void* workspace,
