@@ -253,7 +253,30 @@ Status read_attrs(const OpVariant& variant, const std::function<RawAttr(const ch
 // ---------------------------------------------------------------------------------------------
 // Canonical values -> checked core attrs
 
+namespace {
+Status check_op_attrs(const OpVariant& variant, const std::vector<AttrValue>& a, OpAttrs* out);
+}  // namespace
+
 Status make_op_attrs(const OpVariant& variant, const std::vector<AttrValue>& a, OpAttrs* out) {
+  const Status s = check_op_attrs(variant, a, out);
+  if (s.ok() || variant.aliases.empty()) return s;
+  // The core names canonical attributes ("<op>: <arg>: expected ..."): add the names the model used.
+  const std::string& m = s.message();
+  const size_t b = std::strlen(variant.op_type) + 2, e = m.find(": ", b);
+  if (m.compare(0, b, std::string(variant.op_type) + ": ") != 0 || e == std::string::npos) return s;
+  const std::string arg = ", " + m.substr(b, e - b) + ",";
+  std::string names;
+  for (const AttrAlias& al : variant.aliases) {
+    if (arg.find(std::string(", ") + al.canonical + ",") != std::string::npos) {
+      names += (names.empty() ? "" : ", ") + std::string(al.onnx_name);
+    }
+  }
+  return names.empty() ? s : Status(s.code(), m + " (attribute " + names + ")");
+}
+
+namespace {
+
+Status check_op_attrs(const OpVariant& variant, const std::vector<AttrValue>& a, OpAttrs* out) {
   const char* op = variant.op_type;
   out->kind = variant.kind;
   switch (variant.kind) {
@@ -327,6 +350,8 @@ Status make_op_attrs(const OpVariant& variant, const std::vector<AttrValue>& a, 
   }
   return Status::Internal("unknown op kind");
 }
+
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Params of a call
