@@ -542,6 +542,19 @@ int main(int argc, char** argv) {
 
   int32_t n = 0;
   IPluginCreatorInterface* const* list = get_creators(n);
+  if (argc > 2 && std::string(argv[2]) == "--list") {
+    // One line per creator: name, version, namespace, then field:type:length (types as PluginFieldType).
+    for (int32_t i = 0; i < n; ++i) {
+      if (std::strcmp(list[i]->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") != 0) continue;
+      auto* cr = static_cast<IPluginCreatorV3One*>(list[i]);
+      std::printf("%s\t%s\t%s\t", cr->getPluginName(), cr->getPluginVersion(), cr->getPluginNamespace());
+      const PluginFieldCollection* f = cr->getFieldNames();
+      for (int32_t j = 0; f && j < f->nbFields; ++j)
+        std::printf("%s%s:%d:%d", j ? "," : "", f->fields[j].name, static_cast<int>(f->fields[j].type), f->fields[j].length);
+      std::printf("\n");
+    }
+    return 0;
+  }
   const std::vector<Case> expected = cases();
   check(n == static_cast<int32_t>(expected.size()), "getCreators returns " + std::to_string(expected.size()) +
                                                          " creators (got " + std::to_string(n) + ")");
