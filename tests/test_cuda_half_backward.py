@@ -44,8 +44,9 @@ def test_cuda_16bit_dcn_grad_weight_sums_many_images_in_float32(dtype):
     _check("deform_conv2d_v1", dtype, n=32)
 
 
-def test_cuda_16bit_training_step_of_a_half_model():
-    # A model cast to half trains: forward, backward and an optimizer step, gradients finite and non-zero.
+def test_cuda_float16_loss_backward_gives_float16_gradients():
+    # A model cast to half trains: a float32 loss of a float16 output back-propagates into float16 gradients
+    # of every input, finite and non-zero.
     _, fn, data, diff = case("deform_conv2d_v2")
     leaves = [t.to("cuda", torch.float16).requires_grad_(d) for t, d in zip(data, diff)]
     loss = fn(*leaves).float().square().mean()
