@@ -1,11 +1,13 @@
 // CUDA execution-provider kernels (libdcnkit_ort_cuda.so only): the core CUDA launchers on ONNX Runtime's
-// compute stream, GEMM through cuBLAS on that stream, workspace from ONNX Runtime's device allocator.
+// compute stream, GEMM through cuBLAS on that stream (dcnkit/cublas_gemm.h), scratch memory from the kernel
+// context's stream-ordered scratch buffer (ort_scratch.h).
 #include <cuda_runtime.h>
 
 #include <memory>
 
 #include "dcnkit/cublas_gemm.h"
 #include "ort_kernels.h"
+#include "ort_scratch.h"
 
 namespace dcnkit::ort {
 
@@ -67,7 +69,7 @@ Status compute_cuda(Kernel& k, OrtKernelContext* ctx) {
     case OpKind::kDeformConv2d: {
       DeformConv2dParams p;
       DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
-      Workspace ws;
+      StreamScratch ws;  // stream-ordered (ort_scratch.h)
       DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, deform_conv2d_forward_workspace_cuda(p, dt)));
       return deform_conv2d_forward_cuda(p, dt, ptr(in[kDcInput]), ptr(in[kDcOffset]), ptr(in[kDcWeight]),
                                         ptr(in[kDcBias]), ptr(in[kDcMask]), y, ws.data(), cuda);
@@ -75,14 +77,14 @@ Status compute_cuda(Kernel& k, OrtKernelContext* ctx) {
     case OpKind::kRoIAlign: {
       RoIAlignParams p;
       DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
-      Workspace ws;
+      StreamScratch ws;  // stream-ordered (ort_scratch.h)
       DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, roi_align_workspace_cuda(p)));
       return roi_align_forward_cuda(p, dt, ptr(in[kRaInput]), ptr(in[kRaRois]), y, ws.data(), cuda);
     }
     case OpKind::kDeformRoIPool: {
       DeformRoIPoolParams p;
       DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
-      Workspace ws;
+      StreamScratch ws;  // stream-ordered (ort_scratch.h)
       DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, deform_roi_pool_workspace_cuda(p)));
       return deform_roi_pool_forward_cuda(p, dt, ptr(in[kDrInput]), ptr(in[kDrRois]), ptr(in[kDrOffset]), y,
                                           ws.data(), cuda);
@@ -97,7 +99,7 @@ Status compute_cuda(Kernel& k, OrtKernelContext* ctx) {
       for (int64_t d : p.output_shape()) numel *= d;
       const size_t count_bytes = count == nullptr ? align_up(static_cast<size_t>(numel) * dtype_size(dt)) : 0;
       const size_t ws_bytes = deform_psroi_pool_workspace_cuda(p);
-      Workspace ws;
+      StreamScratch ws;  // stream-ordered (ort_scratch.h)
       DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, count_bytes + ws_bytes));
       if (count == nullptr) count = ws.data();
       void* launcher_ws = ws_bytes ? static_cast<char*>(ws.data()) + count_bytes : nullptr;

@@ -540,6 +540,7 @@ struct CpuScheduleExec {
     return Status::Ok();
   }
   Status gemm(const GemmArgs& ga) { return ctx.run_gemm(ga); }
+  Status weight_gemm(const GemmArgs& ga) { return ctx.run_gemm(ga); }
 };
 
 int64_t cuda_schedule_chunk(const DeformConv2dParams& p) { return std::max<int64_t>(1, (p.batch + 1) / 2); }

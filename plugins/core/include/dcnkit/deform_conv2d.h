@@ -86,7 +86,8 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
                                   T* grad_offset, T* grad_weight, T* grad_bias, T* grad_mask,
                                   void* workspace, const CpuContext& ctx);
 
-// ---- CUDA (forward: float32, float64, float16, bfloat16; backward: float32, float64) ---------------
+// ---- CUDA (float32, float64, float16, bfloat16; forward and backward) --------------------------------
+// 16-bit backward: float32 accumulation of grad_input and grad_weight in the backward workspace.
 // The dtype is passed explicitly and pointers are untyped so this header needs no CUDA headers.
 size_t deform_conv2d_forward_workspace_cuda(const DeformConv2dParams& p, DType dtype);
 size_t deform_conv2d_backward_workspace_cuda(const DeformConv2dParams& p, DType dtype);
