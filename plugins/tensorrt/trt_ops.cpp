@@ -96,8 +96,9 @@ class DeformConv2dPlugin final : public PluginBase {
   Status run(const CanonicalInputs& in, DType dt, void* const* outputs, void* ws, cudaStream_t stream) override {
     DeformConv2dParams p;
     DCNKIT_RETURN_IF_ERROR(params_of(*variant_, attrs_, in, &p));
-    auto* gemm = static_cast<CublasGemm*>(blas_gemm());
-    if (gemm == nullptr) return Status::Internal("no cuBLAS handle: the plugin was not attached to a context");
+    Status s;
+    auto* gemm = static_cast<CublasGemm*>(blas_gemm(&s));
+    if (gemm == nullptr) return s;
     gemm->stream = stream;
     CudaContext ctx = cuda_context(stream);
     ctx.gemm = &cublas_gemm;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <memory>
 
 #include "dcnkit/cublas_gemm.h"
 
@@ -276,7 +277,15 @@ PluginBase::~PluginBase() {
   }
 }
 
-void* PluginBase::blas_gemm() const { return blas_ != nullptr ? &blas_->gemm : nullptr; }
+void* PluginBase::blas_gemm(Status* s) {
+  if (blas_ == nullptr) {
+    auto b = std::make_unique<Blas>();
+    *s = cublas_status(cublasCreate(&b->gemm.handle), "cublasCreate");
+    if (!s->ok()) return nullptr;
+    blas_ = b.release();
+  }
+  return &blas_->gemm;
+}
 
 std::string PluginBase::where() const { return std::string(variant_->op_type) + " node '" + name_ + "': "; }
 
@@ -441,14 +450,11 @@ IPluginV3* PluginBase::attachToContext(IPluginResourceContext*) noexcept {
   PluginBase* copy = nullptr;
   try {
     copy = make_copy();
-    if (needs_blas()) {
-      copy->blas_ = new Blas();
-      const Status s = cublas_status(cublasCreate(&copy->blas_->gemm.handle), "cublasCreate");
-      if (!s.ok()) {
-        log_error(where() + s.message());
-        delete copy;
-        return nullptr;
-      }
+    Status s;
+    if (needs_blas() && copy->blas_gemm(&s) == nullptr) {
+      log_error(where() + s.message());
+      delete copy;
+      return nullptr;
     }
     return copy;
   } catch (const std::exception& e) {

@@ -145,7 +145,9 @@ class PluginBase : public nvinfer1::IPluginV3,
   struct Blas;
   Blas* blas_ = nullptr;
   int32_t nb_inputs_ = -1;  // the layer's input count, from onShapeChange (enqueue does not pass it)
-  void* blas_gemm() const;  // the CublasGemm of blas_ (the GemmFn's self)
+  // The CublasGemm of blas_ (the GemmFn's self), created on first use by an instance that was not attached
+  // (TensorRT may time a build-time instance); null with the error in *s when cuBLAS fails.
+  void* blas_gemm(Status* s);
 
  private:
   FieldStore serialized_;
