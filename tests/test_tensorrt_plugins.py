@@ -160,3 +160,56 @@ def test_exported_custom_nodes_address_a_creator_with_their_fields(lifecycle, tm
             assert all(node.input), f"{node.op_type}: an empty inner input"
             seen.add(node.op_type)
     assert seen == {d["onnx_type"] for d in dcnkit.op_defs()["ops"]}
+
+
+def test_a_plain_dlopen_into_a_process_with_tensorrt_registers_the_creators(lifecycle, tmp_path):
+    """Triton's plugins= option, LD_PRELOAD and Polygraphy's --plugins only dlopen the library: with TensorRT's
+    libnvinfer (here a stand-in with its soname and a recording registry) already loaded, the library registers
+    its creators itself, and getCreators (IPluginRegistry::loadLibrary) takes them back for TensorRT to register."""
+    _, lib = lifecycle
+    cxx = shutil.which("g++") or shutil.which("c++")
+    import re
+
+    header = (_trt_include() / "NvInferVersion.h").read_text()
+    major = int(re.search(r"#define (?:TRT_MAJOR_ENTERPRISE|NV_TENSORRT_MAJOR) (\d+)", header).group(1))
+    fake = tmp_path / f"libnvinfer.so.{major}"
+    build = subprocess.run(
+        [cxx, "-std=c++17", "-shared", "-fPIC", "-O1", "-Wno-deprecated-declarations", "-isystem", str(_trt_include()),
+         "-isystem", str(_cuda_include()), f"-Wl,-soname,libnvinfer.so.{major}", str(LIFECYCLE_SRC.parent / "fake_nvinfer.cpp"),
+         "-o", str(fake)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    script = f"""
+import ctypes, os
+lib = {str(lib)!r}
+# Without TensorRT in the process nothing is registered (and nothing fails).
+plain = ctypes.CDLL(lib, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+fake = ctypes.CDLL({str(fake)!r}, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+fake.fake_registered_keys.restype = ctypes.c_char_p
+assert fake.fake_registered_keys() == b"", fake.fake_registered_keys()
+"""
+    # The library's static initialiser runs once per process: a second process loads it after the stand-in.
+    script2 = f"""
+import ctypes, os
+fake = ctypes.CDLL({str(fake)!r}, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+fake.fake_registered_keys.restype = ctypes.c_char_p
+lib = ctypes.CDLL({str(lib)!r}, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+keys = sorted(k for k in fake.fake_registered_keys().decode().split(";") if k)
+print(";".join(keys))
+n = ctypes.c_int32(0)
+lib.getCreators.restype = ctypes.c_void_p
+lib.getCreators(ctypes.byref(n))
+print(n.value, fake.fake_registered_keys().decode() == "")
+"""
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-c", script2], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    keys_line, after = r.stdout.strip().splitlines()[-2:]
+    keys = keys_line.split(";")
+    ops = [d["onnx_type"] for d in dcnkit.op_defs()["ops"]]
+    assert {f"dcnkit::{t}" for t in ops} <= set(keys)
+    assert {"::MMCVModulatedDeformConv2d", "::MMCVDeformConv2d", "::MMCVRoiAlign"} <= set(keys)
+    count, emptied = after.split()
+    assert int(count) == len(keys) and emptied == "True"  # getCreators took them back
