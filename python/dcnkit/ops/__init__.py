@@ -1,7 +1,9 @@
 """dcnkit operators for PyTorch (drop-in for torchvision.ops / mmcv.ops signatures).
 
-All four are ``torch.library`` operators in the ``dcnkit`` namespace with fake kernels and autograd,
-so ``torch.compile(fullgraph=True)``, ``torch.export`` and ``torch.library.opcheck`` work.
+All four are ``torch.library`` operators in the ``dcnkit`` namespace with fake kernels, autograd and
+autocast kernels, so ``torch.compile(fullgraph=True)``, ``torch.export``, ``torch.library.opcheck`` and AMP
+work. The Python wrappers script (``torch.jit.script``) and are ``torch.fx`` leaves; CPU float16/bfloat16
+compute in float32.
 """
 import torch as _torch
 
