@@ -85,16 +85,3 @@ def test_export_emits_no_warning_from_dcnkit(dynamo, standard, tmp_path):
     for e, g in zip(expected, got):
         np.testing.assert_allclose(g, e.numpy(), rtol=1e-5, atol=1e-5)
 
-
-def test_legacy_export_warned_before():
-    """What the test above guards against: tracing a Python size check warns (the old wrappers' way)."""
-
-    def old_style_check(x):
-        if x.shape[1] % 18 != 0:
-            raise ValueError("bad")
-        return x * 2
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.jit.trace(old_style_check, torch.zeros(1, 18, 2, 2))
-    assert any(issubclass(w.category, torch.jit.TracerWarning) and w.filename == __file__ for w in caught)
