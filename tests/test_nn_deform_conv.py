@@ -154,3 +154,37 @@ def test_new_checkpoint_keys_win():
 def test_module_empty_batch_and_double():
     m = ModulatedDeformConv2dPack(3, 4, 3, padding=1).double()
     assert m(torch.zeros(0, 3, 5, 5, dtype=torch.float64)).shape == (0, 4, 5, 5)
+
+
+# ---- a module's own deform_groups (mmcv raises when the offset or mask disagrees) -------------------
+
+
+def test_offset_channels_must_match_deform_groups():
+    x = torch.randn(1, 8, 6, 6)
+    m = DeformConv2d(8, 8, 3, padding=1, deform_groups=2)
+    with pytest.raises(ValueError, match=r"DeformConv2d: offset: expected 36 channels \(2 \* deform_groups \* kh "
+                                         r"\* kw with deform_groups = 2, kernel 3x3\), got 18"):
+        m(x, torch.zeros(1, 18, 6, 6))
+    assert m(x, torch.zeros(1, 36, 6, 6)).shape == (1, 8, 6, 6)
+
+    v2 = ModulatedDeformConv2d(8, 8, (3, 1), padding=(1, 0), deform_groups=1)
+    with pytest.raises(ValueError, match=r"ModulatedDeformConv2d: offset: expected 6 channels .*"
+                                         r"deform_groups = 1, kernel 3x1\), got 12"):
+        v2(x, torch.zeros(1, 12, 6, 6), torch.zeros(1, 6, 6, 6))  # two groups' offset and mask
+    with pytest.raises(ValueError, match=r"ModulatedDeformConv2d: mask: expected 3 channels \(deform_groups \* kh "
+                                         r"\* kw with deform_groups = 1, kernel 3x1\), got 6"):
+        v2(x, torch.zeros(1, 6, 6, 6), torch.zeros(1, 6, 6, 6))
+    # The same checks inside TorchScript.
+    with pytest.raises(torch.jit.Error, match=r"DeformConv2d: offset: expected 36 channels .*got 18"):
+        torch.jit.script(m)(x, torch.zeros(1, 18, 6, 6))
+
+
+def test_matching_deform_groups_compute_the_reference():
+    g = torch.Generator().manual_seed(7)
+    m = ModulatedDeformConv2d(8, 4, 3, padding=1, deform_groups=2).double()
+    x = torch.randn(1, 8, 5, 5, generator=g, dtype=torch.float64)
+    off = torch.randn(1, 36, 5, 5, generator=g, dtype=torch.float64)
+    mask = torch.rand(1, 18, 5, 5, generator=g, dtype=torch.float64)
+    expected = reference.deform_conv2d(x.numpy(), off.numpy(), m.weight.detach().numpy(), m.bias.detach().numpy(),
+                                       (1, 1), (1, 1), (1, 1), mask.numpy())
+    torch.testing.assert_close(m(x, off, mask), torch.from_numpy(expected), rtol=1e-12, atol=1e-12)

@@ -97,20 +97,25 @@ struct Prepared {
   at::Tensor input, offset, weight, bias, mask;
 };
 
+// Device and dtype of every tensor (each on input's device with input's dtype).
+void check_devices_and_dtypes(const char* op, const at::Tensor& input, const at::Tensor& offset,
+                              const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                              const std::optional<at::Tensor>& mask, bool backward) {
+  TORCH_CHECK_VALUE(input.device().is_cpu() || input.device().is_cuda(), op,
+                    ": input: expected a CPU or CUDA tensor, got ", input.device());
+  const at::Tensor b = bias.has_value() ? *bias : at::Tensor();
+  const at::Tensor m = mask.has_value() ? *mask : at::Tensor();
+  check_inputs(op, input, backward, {{"offset", &offset}, {"weight", &weight}, {"bias", &b}, {"mask", &m}});
+}
+
 Prepared prepare(const char* op, const at::Tensor& input, const at::Tensor& offset,
                  const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                  const std::optional<at::Tensor>& mask, int64_t stride_h, int64_t stride_w,
                  int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
                  int64_t groups, int64_t deformable_groups, bool backward) {
-  TORCH_CHECK_VALUE(input.device().is_cpu() || input.device().is_cuda(), op,
-                    ": input: expected a CPU or CUDA tensor, got ", input.device());
-  check_dtype_supported(op, input, backward);
-  check_tensor(op, "offset", offset, input);
-  check_tensor(op, "weight", weight, input);
+  check_devices_and_dtypes(op, input, offset, weight, bias, mask, backward);
   const bool has_bias = bias.has_value() && bias->defined();
   const bool has_mask = mask.has_value() && mask->defined();
-  if (has_bias) check_tensor(op, "bias", *bias, input);
-  if (has_mask) check_tensor(op, "mask", *mask, input);
 
   DeformConv2dAttrs a;
   a.stride_h = stride_h;
@@ -142,6 +147,13 @@ at::Tensor deform_conv2d_forward(const at::Tensor& input, const at::Tensor& offs
                                  const std::optional<at::Tensor>& mask, int64_t stride_h,
                                  int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
                                  int64_t dilation_w, int64_t groups, int64_t deformable_groups) {
+  if (computes_in_float32(input)) {
+    check_devices_and_dtypes(kOp, input, offset, weight, bias, mask, /*backward=*/false);
+    return deform_conv2d_forward(to_float32(input), to_float32(offset), to_float32(weight),
+                                 to_float32(bias), to_float32(mask), stride_h, stride_w, pad_h, pad_w,
+                                 dilation_h, dilation_w, groups, deformable_groups)
+        .to(input.scalar_type());
+  }
   Prepared r = prepare(kOp, input, offset, weight, bias, mask, stride_h, stride_w, pad_h, pad_w,
                        dilation_h, dilation_w, groups, deformable_groups, /*backward=*/false);
   const DeformConv2dParams& p = r.p;
@@ -175,6 +187,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
     const std::optional<at::Tensor>& mask, int64_t stride_h, int64_t stride_w, int64_t pad_h,
     int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups,
     int64_t deformable_groups) {
+  if (computes_in_float32(input)) {
+    check_devices_and_dtypes(kBackwardOp, input, offset, weight, bias, mask, /*backward=*/true);
+    check_tensor(kBackwardOp, "grad_output", grad_output, input);
+    auto [gi, go, gw, gb, gm] = deform_conv2d_backward(
+        to_float32(grad_output), to_float32(input), to_float32(offset), to_float32(weight),
+        to_float32(bias), to_float32(mask), stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
+        groups, deformable_groups);
+    const auto st = input.scalar_type();
+    return {gi.to(st), go.to(st), gw.to(st), gb.to(st), gm.to(st)};
+  }
   Prepared r = prepare(kBackwardOp, input, offset, weight, bias, mask, stride_h, stride_w, pad_h,
                        pad_w, dilation_h, dilation_w, groups, deformable_groups, /*backward=*/true);
   const DeformConv2dParams& p = r.p;

@@ -14,15 +14,6 @@
 namespace dcnkit::torch_binding {
 namespace {
 
-// Common checks: supported dtype of input, every other tensor on input's device with input's dtype.
-void check_inputs(const char* op, const at::Tensor& input, bool backward,
-                  std::initializer_list<std::pair<const char*, const at::Tensor*>> others) {
-  check_dtype_supported(op, input, backward);
-  for (const auto& o : others) {
-    if (o.second != nullptr && o.second->defined()) check_tensor(op, o.first, *o.second, input);
-  }
-}
-
 void check_grad_output(const char* op, const at::Tensor& grad_output, const Shape& expected) {
   TORCH_CHECK_VALUE(shape_of(grad_output) == expected, op, ": grad_output: expected shape ",
                     shape_str(expected), ", got ", shape_str(shape_of(grad_output)));
@@ -64,6 +55,11 @@ at::Tensor roi_align(const at::Tensor& input_, const at::Tensor& rois_, int64_t 
                      c10::string_view pool_mode) {
   const char* op = "roi_align";
   check_inputs(op, input_, false, {{"rois", &rois_}});
+  if (computes_in_float32(input_)) {
+    return roi_align(to_float32(input_), to_float32(rois_), pooled_h, pooled_w, spatial_scale,
+                     sampling_ratio, aligned, pool_mode)
+        .to(input_.scalar_type());
+  }
   const RoIAlignParams p = roi_align_params(op, input_, rois_, pooled_h, pooled_w, spatial_scale,
                                             sampling_ratio, aligned, pool_mode);
   c10::DeviceGuard guard(input_.device());
@@ -93,6 +89,11 @@ at::Tensor roi_align_backward(const at::Tensor& grad_output_, const at::Tensor& 
                               c10::string_view pool_mode) {
   const char* op = "_roi_align_backward";
   check_inputs(op, input_, true, {{"rois", &rois_}, {"grad_output", &grad_output_}});
+  if (computes_in_float32(input_)) {
+    return roi_align_backward(to_float32(grad_output_), to_float32(input_), to_float32(rois_),
+                              pooled_h, pooled_w, spatial_scale, sampling_ratio, aligned, pool_mode)
+        .to(input_.scalar_type());
+  }
   const RoIAlignParams p = roi_align_params(op, input_, rois_, pooled_h, pooled_w, spatial_scale,
                                             sampling_ratio, aligned, pool_mode);
   check_grad_output(op, grad_output_, p.output_shape());
@@ -147,6 +148,11 @@ at::Tensor deform_roi_pool(const at::Tensor& input_, const at::Tensor& rois_,
   const char* op = "deform_roi_pool";
   const at::Tensor offset = contiguous_or_undefined(offset_);
   check_inputs(op, input_, false, {{"rois", &rois_}, {"offset", &offset}});
+  if (computes_in_float32(input_)) {
+    return deform_roi_pool(to_float32(input_), to_float32(rois_), to_float32(offset_), pooled_h,
+                           pooled_w, spatial_scale, sampling_ratio, gamma)
+        .to(input_.scalar_type());
+  }
   const DeformRoIPoolParams p = deform_roi_pool_params(op, input_, rois_, offset, pooled_h,
                                                        pooled_w, spatial_scale, sampling_ratio, gamma);
   c10::DeviceGuard guard(input_.device());
@@ -179,6 +185,12 @@ std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
   const at::Tensor offset = contiguous_or_undefined(offset_);
   check_inputs(op, input_, true,
                {{"rois", &rois_}, {"offset", &offset}, {"grad_output", &grad_output_}});
+  if (computes_in_float32(input_)) {
+    auto [gi, go] = deform_roi_pool_backward(to_float32(grad_output_), to_float32(input_),
+                                             to_float32(rois_), to_float32(offset_), pooled_h,
+                                             pooled_w, spatial_scale, sampling_ratio, gamma);
+    return {gi.to(input_.scalar_type()), go.to(input_.scalar_type())};
+  }
   const DeformRoIPoolParams p = deform_roi_pool_params(op, input_, rois_, offset, pooled_h,
                                                        pooled_w, spatial_scale, sampling_ratio, gamma);
   check_grad_output(op, grad_output_, p.output_shape());
@@ -240,6 +252,12 @@ std::tuple<at::Tensor, at::Tensor> deform_psroi_pool(
   const char* op = "deform_psroi_pool";
   const at::Tensor trans = contiguous_or_undefined(trans_);
   check_inputs(op, input_, false, {{"rois", &rois_}, {"trans", &trans}});
+  if (computes_in_float32(input_)) {
+    auto [out, count] = deform_psroi_pool(to_float32(input_), to_float32(rois_), to_float32(trans_),
+                                          spatial_scale, output_size, output_dim, group_size,
+                                          part_size, sample_per_part, trans_std);
+    return {out.to(input_.scalar_type()), count.to(input_.scalar_type())};
+  }
   const DeformPSRoIPoolParams p =
       deform_psroi_pool_params(op, input_, rois_, trans, spatial_scale, output_size, output_dim,
                                group_size, part_size, sample_per_part, trans_std);
@@ -276,6 +294,13 @@ std::tuple<at::Tensor, at::Tensor> deform_psroi_pool_backward(
   check_inputs(op, input_, true,
                {{"rois", &rois_}, {"trans", &trans}, {"grad_output", &grad_output_},
                 {"count", &count_}});
+  if (computes_in_float32(input_)) {
+    auto [gi, gt] = deform_psroi_pool_backward(
+        to_float32(grad_output_), to_float32(input_), to_float32(rois_), to_float32(trans_),
+        to_float32(count_), spatial_scale, output_size, output_dim, group_size, part_size,
+        sample_per_part, trans_std);
+    return {gi.to(input_.scalar_type()), gt.to(input_.scalar_type())};
+  }
   const DeformPSRoIPoolParams p =
       deform_psroi_pool_params(op, input_, rois_, trans, spatial_scale, output_size, output_dim,
                                group_size, part_size, sample_per_part, trans_std);

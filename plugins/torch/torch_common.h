@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -51,16 +52,38 @@ inline void check_tensor(const char* op, const char* arg, const at::Tensor& t,
                    like.scalar_type(), " (the dtype of input), got ", t.scalar_type());
 }
 
-// Checks the dtypes a device supports: CPU float32/float64; CUDA also float16/bfloat16 (forward and
-// backward: the CUDA backward accumulates 16-bit gradients in float32).
+// Checks the dtypes a device supports: float32/float64 everywhere; float16/bfloat16 on the CPU (computed in
+// float32, see computes_in_float32) and on CUDA, forward and backward (the CUDA backward accumulates 16-bit
+// gradients in float32).
 inline void check_dtype_supported(const char* op, const at::Tensor& input, [[maybe_unused]] bool backward) {
   const auto st = input.scalar_type();
   const bool base = st == at::kFloat || st == at::kDouble;
   const bool half = st == at::kHalf || st == at::kBFloat16;
-  const bool ok = base || (input.is_cuda() && half);
+  const bool ok = base || half;
   TORCH_CHECK_TYPE(ok, op, ": input: expected dtype ",
-                   input.is_cuda() ? "float32, float64, float16 or bfloat16 (CUDA)" : "float32 or float64 (CPU)",
+                   input.is_cuda() ? "float32, float64, float16 or bfloat16 (CUDA)"
+                                   : "float32, float64, float16 or bfloat16 (CPU)",
                    ", got ", st);
+}
+
+// Checks a supported dtype of input, then every other given tensor on input's device with input's dtype.
+inline void check_inputs(const char* op, const at::Tensor& input, bool backward,
+                         std::initializer_list<std::pair<const char*, const at::Tensor*>> others) {
+  check_dtype_supported(op, input, backward);
+  for (const auto& o : others) {
+    if (o.second != nullptr && o.second->defined()) check_tensor(op, o.first, *o.second, input);
+  }
+}
+
+// CPU float16 / bfloat16: the op converts its tensors to float32 at its boundary, runs the float32 CPU
+// kernels and returns its results in the input's dtype (no reduced-precision kernel math on the CPU).
+inline bool computes_in_float32(const at::Tensor& input) {
+  return input.is_cpu() && (input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16);
+}
+inline at::Tensor to_float32(const at::Tensor& t) { return t.defined() ? t.to(at::kFloat) : t; }
+inline std::optional<at::Tensor> to_float32(const std::optional<at::Tensor>& t) {
+  if (!t.has_value() || !t->defined()) return t;
+  return t->to(at::kFloat);
 }
 
 inline at::Tensor contiguous_or_undefined(const std::optional<at::Tensor>& t) {
@@ -95,12 +118,18 @@ CudaContext cuda_context(const at::Tensor& like);
 #endif
 
 // Runs an op's launcher on the device of `input` and raises its error: `cpu(T{})` for a CPU input, T
-// float or double (the CPU dtypes check_dtype_supported lets through); `cuda(ctx)` for a CUDA input, on
-// its device, with cuda_context(input). Both return a Status.
+// float or double (CPU float16/bfloat16 were converted to float32 before: computes_in_float32);
+// `cuda(ctx)` for a CUDA input, on its device, with cuda_context(input). Both return a Status.
+// Autocast is excluded inside: the ATen calls the launchers make (the GEMM's at::bmm / baddbmm_) run in
+// the dtype the op was given, never recast; our autocast kernels (autocast.cpp) chose it at the boundary.
 template <typename Cpu, typename Cuda>
 void run_on_device([[maybe_unused]] const char* op, const at::Tensor& input, Cpu&& cpu,
                    [[maybe_unused]] Cuda&& cuda) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   if (input.is_cpu()) {
+    TORCH_CHECK_TYPE(input.scalar_type() == at::kFloat || input.scalar_type() == at::kDouble, op,
+                     ": input: expected float32 or float64 inside the CPU kernel, got ",
+                     input.scalar_type());
     throw_if_error(input.scalar_type() == at::kFloat ? cpu(float{}) : cpu(double{}));
     return;
   }

@@ -14,11 +14,37 @@ import torch.nn as nn
 from torch import Tensor
 from torch.nn.modules.utils import _pair
 
+from dcnkit.ops._tracing import eager_call
 from dcnkit.ops.deform_conv import deform_conv2d
 
 __all__ = ["DeformConv2d", "ModulatedDeformConv2d", "DeformConv2dPack", "ModulatedDeformConv2dPack"]
 
 _Size = Union[int, Tuple[int, int]]
+
+
+def _check_deform_groups(module: str, offset: Tensor, mask: Optional[Tensor], deform_groups: int,
+                         kernel_size: Tuple[int, int]) -> None:
+    """The offset (and mask) channels of a module's input agree with its own deform_groups (as mmcv's).
+
+    An fx leaf like the ops (a node of the traced graph, checked when the GraphModule runs)."""
+    if not torch.jit.is_scripting():
+        eager_call(_check_deform_groups, _deform_groups_check, (module, offset, mask, deform_groups, kernel_size))
+        return
+    _deform_groups_check(module, offset, mask, deform_groups, kernel_size)
+
+
+def _deform_groups_check(module: str, offset: Tensor, mask: Optional[Tensor], deform_groups: int,
+                         kernel_size: Tuple[int, int]) -> None:
+    k = kernel_size[0] * kernel_size[1]
+    # Other shapes are the functional op's to report.
+    if offset.dim() == 4 and offset.size(1) != 2 * deform_groups * k:
+        raise ValueError(
+            f"{module}: offset: expected {2 * deform_groups * k} channels (2 * deform_groups * kh * kw with "
+            f"deform_groups = {deform_groups}, kernel {kernel_size[0]}x{kernel_size[1]}), got {offset.size(1)}")
+    if mask is not None and mask.dim() == 4 and mask.size(1) != deform_groups * k:
+        raise ValueError(
+            f"{module}: mask: expected {deform_groups * k} channels (deform_groups * kh * kw with "
+            f"deform_groups = {deform_groups}, kernel {kernel_size[0]}x{kernel_size[1]}), got {mask.size(1)}")
 
 
 def _deform_groups(deform_groups: int, kwargs: dict) -> int:
@@ -97,6 +123,7 @@ class DeformConv2d(_DeformConvBase):
         self._init_weight()
 
     def forward(self, x: Tensor, offset: Tensor) -> Tensor:
+        _check_deform_groups("DeformConv2d", offset, None, self.deform_groups, self.kernel_size)
         return self._conv(x, offset, None)
 
 
@@ -115,7 +142,13 @@ class ModulatedDeformConv2d(_DeformConvBase):
         self._init_weight()
 
     def forward(self, x: Tensor, offset: Tensor, mask: Tensor) -> Tensor:
+        _check_deform_groups("ModulatedDeformConv2d", offset, mask, self.deform_groups, self.kernel_size)
         return self._conv(x, offset, mask)
+
+
+# torch.fx.symbolic_trace keeps these calls as single nodes (fx leaves).
+torch.fx.wrap("deform_conv2d")
+torch.fx.wrap("_check_deform_groups")
 
 
 def _rename_old_offset_keys(state_dict: dict, prefix: str, old_names: Tuple[str, ...]) -> None:

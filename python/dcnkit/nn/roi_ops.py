@@ -1,23 +1,49 @@
 """RoI pooling modules with mmcv's constructor arguments and parameter names (checkpoints load)."""
 from __future__ import annotations
 
+import importlib
 from typing import Optional
 
 import torch
 import torch.nn as nn
 from torch import Tensor
 
+from dcnkit.ops._tracing import eager_call
 from dcnkit.ops.roi_ops import _pair, deform_psroi_pool, deform_roi_pool, roi_align
 
 __all__ = ["RoIAlign", "DeformRoIPool", "DeformRoIPoolPack", "ModulatedDeformRoIPoolPack",
            "DeformPSRoIPool"]
 
 
+def _check_input_channels(module: str, input: Tensor, output_channels: int) -> None:
+    """The Pack modules' input has their output_channels channels (an fx leaf, like the ops)."""
+    if not torch.jit.is_scripting():
+        eager_call(_check_input_channels, _input_channels_check, (module, input, output_channels))
+        return
+    _input_channels_check(module, input, output_channels)
+
+
+def _input_channels_check(module: str, input: Tensor, output_channels: int) -> None:
+    if input.size(1) != output_channels:
+        raise ValueError(f"{module}: input: expected {output_channels} channels (output_channels), "
+                         f"got {input.size(1)}")
+
+
+# torch.fx.symbolic_trace keeps these calls as single nodes (fx leaves).
+torch.fx.wrap("roi_align")
+torch.fx.wrap("deform_roi_pool")
+torch.fx.wrap("deform_psroi_pool")
+torch.fx.wrap("_check_input_channels")
+
+
 class RoIAlign(nn.Module):
     """mmcv.ops.RoIAlign: forward(input (N, C, H, W), rois (K, 5)) -> (K, C, oh, ow).
 
-    use_torchvision=True runs torchvision.ops.roi_align instead (avg mode only), as mmcv does.
+    use_torchvision=True runs torchvision's roi_align operator instead (avg mode only), as mmcv does.
     """
+
+    # A TorchScript constant: the torchvision branch is compiled only where it is taken.
+    __constants__ = ["use_torchvision"]
 
     def __init__(self, output_size, spatial_scale: float = 1.0, sampling_ratio: int = 0,
                  pool_mode: str = "avg", aligned: bool = True, use_torchvision: bool = False):
@@ -32,13 +58,14 @@ class RoIAlign(nn.Module):
         self.pool_mode = pool_mode
         self.aligned = bool(aligned)
         self.use_torchvision = bool(use_torchvision)
+        if self.use_torchvision:
+            importlib.import_module("torchvision")  # registers torch.ops.torchvision.roi_align
 
     def forward(self, input: Tensor, rois: Tensor) -> Tensor:
         if self.use_torchvision:
-            from torchvision.ops import roi_align as tv_roi_align
-
-            return tv_roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio,
-                                self.aligned)
+            # What torchvision.ops.roi_align runs for a Tensor[K, 5] of boxes.
+            return torch.ops.torchvision.roi_align(input, rois, self.spatial_scale, self.output_size[0],
+                                                   self.output_size[1], self.sampling_ratio, self.aligned)
         return roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio,
                          self.aligned, self.pool_mode)
 
@@ -88,18 +115,13 @@ class DeformRoIPoolPack(DeformRoIPool):
         nn.init.zeros_(self.offset_fc[-1].weight)
         nn.init.zeros_(self.offset_fc[-1].bias)
 
-    def _check_channels(self, input: Tensor) -> None:
-        if input.size(1) != self.output_channels:
-            raise ValueError(f"{type(self).__name__}: input: expected {self.output_channels} channels "
-                             f"(output_channels), got {input.size(1)}")
-
     def _offset(self, x: Tensor) -> Tensor:
         k = x.size(0)
         oh, ow = self.output_size
         return self.offset_fc(x.reshape(k, -1)).view(k, 2, oh, ow)
 
     def forward(self, input: Tensor, rois: Tensor) -> Tensor:
-        self._check_channels(input)
+        _check_input_channels("DeformRoIPoolPack", input, self.output_channels)
         x = deform_roi_pool(input, rois, None, self.output_size, self.spatial_scale,
                             self.sampling_ratio, self.gamma)
         offset = self._offset(x)
@@ -126,7 +148,7 @@ class ModulatedDeformRoIPoolPack(DeformRoIPoolPack):
         nn.init.zeros_(self.mask_fc[2].bias)
 
     def forward(self, input: Tensor, rois: Tensor) -> Tensor:
-        self._check_channels(input)
+        _check_input_channels("ModulatedDeformRoIPoolPack", input, self.output_channels)
         x = deform_roi_pool(input, rois, None, self.output_size, self.spatial_scale,
                             self.sampling_ratio, self.gamma)
         k = x.size(0)

@@ -12,13 +12,15 @@ import torch
 from torch import Tensor
 
 from dcnkit.ops import _loader  # noqa: F401  (loads libdcnkit_torch.so)
+from dcnkit.ops._tracing import eager_call
 
 __all__ = ["deform_conv2d"]
 
 _IntPair = Union[int, Tuple[int, int]]
 
 
-def _pair(name: str, v) -> Tuple[int, int]:
+@torch.jit.unused
+def _pair_eager(name: str, v) -> Tuple[int, int]:
     if isinstance(v, int) and not isinstance(v, bool):
         return (v, v)
     try:
@@ -30,8 +32,16 @@ def _pair(name: str, v) -> Tuple[int, int]:
     return t
 
 
-def _shape_error(arg: str, expected: str, t: Tensor) -> ValueError:
-    return ValueError(f"deform_conv2d: {arg}: expected {expected}, got shape {list(t.shape)}")
+def _pair(name: str, v: _IntPair) -> Tuple[int, int]:
+    if not torch.jit.is_scripting():
+        return _pair_eager(name, v)
+    if isinstance(v, int):
+        return (v, v)
+    return v
+
+
+def _raise_shape_error(arg: str, expected: str, t: Tensor) -> None:
+    raise ValueError(f"deform_conv2d: {arg}: expected {expected}, got shape {list(t.shape)}")
 
 
 def deform_conv2d(
@@ -56,16 +66,26 @@ def deform_conv2d(
 
     Returns:
         ``(N, Cout, Ho, Wo)``.
+
+    Scriptable (``torch.jit.script``), an fx leaf (``torch.fx``); CPU float16/bfloat16 compute in float32.
     """
+    if not torch.jit.is_scripting():
+        return eager_call(deform_conv2d, _deform_conv2d,
+                          (input, offset, weight, bias, stride, padding, dilation, mask))
+    return _deform_conv2d(input, offset, weight, bias, stride, padding, dilation, mask)
+
+
+def _deform_conv2d(input: Tensor, offset: Tensor, weight: Tensor, bias: Optional[Tensor], stride: _IntPair,
+                   padding: _IntPair, dilation: _IntPair, mask: Optional[Tensor]) -> Tensor:
     sh, sw = _pair("stride", stride)
     ph, pw = _pair("padding", padding)
     dh, dw = _pair("dilation", dilation)
     if input.dim() != 4:
-        raise _shape_error("input", "a 4-D tensor (N, Cin, H, W)", input)
+        _raise_shape_error("input", "a 4-D tensor (N, Cin, H, W)", input)
     if weight.dim() != 4:
-        raise _shape_error("weight", "a 4-D tensor (Cout, Cin/groups, kh, kw)", weight)
+        _raise_shape_error("weight", "a 4-D tensor (Cout, Cin/groups, kh, kw)", weight)
     if offset.dim() != 4:
-        raise _shape_error("offset", "a 4-D tensor (N, 2*deformable_groups*kh*kw, Ho, Wo)", offset)
+        _raise_shape_error("offset", "a 4-D tensor (N, 2*deformable_groups*kh*kw, Ho, Wo)", offset)
     cin = input.shape[1]
     cin_g = weight.shape[1]
     kh, kw = weight.shape[2], weight.shape[3]
@@ -83,12 +103,17 @@ def deform_conv2d(
         )
     deformable_groups = offset.shape[1] // k2
     if mask is not None and mask.dim() != 4:
-        raise _shape_error("mask", "a 4-D tensor (N, deformable_groups*kh*kw, Ho, Wo)", mask)
+        _raise_shape_error("mask", "a 4-D tensor (N, deformable_groups*kh*kw, Ho, Wo)", mask)
     if bias is not None and bias.dim() != 1:
-        raise _shape_error("bias", "a 1-D tensor (Cout)", bias)
+        _raise_shape_error("bias", "a 1-D tensor (Cout)", bias)
     return torch.ops.dcnkit.deform_conv2d(
         input, offset, weight, bias, mask, sh, sw, ph, pw, dh, dw, groups, deformable_groups
     )
+
+
+# torch.fx.symbolic_trace records calls to deform_conv2d as one node (an fx leaf), as torchvision's
+# roi_align; see _tracing.eager_call for the calls this name does not reach.
+torch.fx.wrap("deform_conv2d")
 
 
 # ---- fake kernels ------------------------------------------------------------------------------

@@ -6,18 +6,19 @@ The kernels are ``torch.ops.dcnkit.*`` (C++/CUDA); this module registers their f
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
+from torch.jit.annotations import BroadcastingList2
 
 from dcnkit.ops import _loader  # noqa: F401  (loads libdcnkit_torch.so)
+from dcnkit.ops._tracing import eager_call
 
 __all__ = ["roi_align", "deform_roi_pool", "deform_psroi_pool"]
 
-_POOL_MODES = ("avg", "max")
 
-
+@torch.jit.unused
 def _pair(v, name: str) -> Tuple[int, int]:
     if isinstance(v, int):
         return int(v), int(v)
@@ -28,7 +29,34 @@ def _pair(v, name: str) -> Tuple[int, int]:
     raise ValueError(f"{name}: expected an int or a pair (h, w), got {v!r}")
 
 
-def _boxes_to_rois(boxes: Union[Tensor, Sequence[Tensor]]) -> Tensor:
+def _output_size(v: List[int], name: str) -> Tuple[int, int]:
+    """output_size (an int or a pair in Python; BroadcastingList2[int] under TorchScript) -> (h, w)."""
+    if not torch.jit.is_scripting():
+        return _pair(v, name)
+    if len(v) != 2:
+        raise ValueError(f"{name}: expected an int or a pair (h, w), got {v}")
+    return v[0], v[1]
+
+
+def _quoted(s: str) -> str:
+    if not torch.jit.is_scripting():
+        return repr(s)
+    return "'" + s + "'"
+
+
+@torch.jit.unused
+def _check_box_list_eager(boxes) -> None:
+    """The checks of a box list that only Python can fail (TorchScript has typed them already)."""
+    if not isinstance(boxes, (list, tuple)):
+        raise ValueError(
+            f"roi_align: boxes: expected a Tensor[K, 5] or a list of Tensor[L, 4], got {type(boxes).__name__}")
+    for i, b in enumerate(boxes):
+        if not isinstance(b, Tensor) or b.dim() != 2 or b.size(1) != 4:
+            shape = list(b.shape) if isinstance(b, Tensor) else type(b).__name__
+            raise ValueError(f"roi_align: boxes[{i}]: expected a Tensor[L, 4], got {shape}")
+
+
+def _boxes_to_rois(boxes: Union[Tensor, List[Tensor]]) -> Tensor:
     """torchvision's two box forms -> (K, 5) rows [batch_index, x1, y1, x2, y2]."""
     if isinstance(boxes, Tensor):
         if boxes.dim() != 2 or boxes.size(1) != 5:
@@ -36,46 +64,62 @@ def _boxes_to_rois(boxes: Union[Tensor, Sequence[Tensor]]) -> Tensor:
                 f"roi_align: boxes: expected a Tensor[K, 5] or a list of Tensor[L, 4], "
                 f"got a tensor of shape {list(boxes.shape)}")
         return boxes
-    if isinstance(boxes, (list, tuple)):
-        for i, b in enumerate(boxes):
-            if not isinstance(b, Tensor) or b.dim() != 2 or b.size(1) != 4:
-                shape = list(b.shape) if isinstance(b, Tensor) else type(b).__name__
-                raise ValueError(f"roi_align: boxes[{i}]: expected a Tensor[L, 4], got {shape}")
-        if len(boxes) == 0:
-            raise ValueError("roi_align: boxes: expected a non-empty list of Tensor[L, 4], got []")
-        concat = torch.cat(list(boxes), dim=0)
-        ids = torch.cat([torch.full_like(b[:, :1], i) for i, b in enumerate(boxes)], dim=0)
-        return torch.cat([ids, concat], dim=1)
-    raise ValueError(
-        f"roi_align: boxes: expected a Tensor[K, 5] or a list of Tensor[L, 4], got {type(boxes).__name__}")
+    if not torch.jit.is_scripting():
+        _check_box_list_eager(boxes)
+    ids: List[Tensor] = []
+    for i, b in enumerate(boxes):
+        if b.dim() != 2 or b.size(1) != 4:
+            raise ValueError(f"roi_align: boxes[{i}]: expected a Tensor[L, 4], got {list(b.shape)}")
+        ids.append(torch.full_like(b[:, :1], i))
+    if len(boxes) == 0:
+        raise ValueError("roi_align: boxes: expected a non-empty list of Tensor[L, 4], got []")
+    return torch.cat([torch.cat(ids, dim=0), torch.cat(list(boxes), dim=0)], dim=1)
 
 
 # ------------------------------------------------------------------------------------------------
-# Public functions
+# Public functions: scriptable (torch.jit.script), fx leaves (torch.fx.wrap below and
+# _tracing.eager_call); CPU float16/bfloat16 compute in float32.
 
 
-def roi_align(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size, spatial_scale: float = 1.0,
-              sampling_ratio: int = -1, aligned: bool = False, pool_mode: str = "avg") -> Tensor:
+def roi_align(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size: BroadcastingList2[int],
+              spatial_scale: float = 1.0, sampling_ratio: int = -1, aligned: bool = False,
+              pool_mode: str = "avg") -> Tensor:
     """RoIAlign (torchvision.ops.roi_align, plus ``pool_mode`` "avg" | "max" as in mmcv).
 
     boxes: Tensor[K, 5] rows [batch_index, x1, y1, x2, y2], or a list of Tensor[L, 4] (one per image).
     sampling_ratio <= 0: adaptive, ceil(roi_size / output_size) samples per bin and axis.
     """
-    if pool_mode not in _POOL_MODES:
-        raise ValueError(f"roi_align: pool_mode: expected 'avg' or 'max', got {pool_mode!r}")
-    oh, ow = _pair(output_size, "roi_align: output_size")
+    if not torch.jit.is_scripting():
+        return eager_call(roi_align, _roi_align,
+                          (input, boxes, output_size, spatial_scale, sampling_ratio, aligned, pool_mode))
+    return _roi_align(input, boxes, output_size, spatial_scale, sampling_ratio, aligned, pool_mode)
+
+
+def _roi_align(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size: List[int],
+               spatial_scale: float, sampling_ratio: int, aligned: bool, pool_mode: str) -> Tensor:
+    if pool_mode != "avg" and pool_mode != "max":
+        raise ValueError(f"roi_align: pool_mode: expected 'avg' or 'max', got {_quoted(pool_mode)}")
+    oh, ow = _output_size(output_size, "roi_align: output_size")
     rois = _boxes_to_rois(boxes)
     return torch.ops.dcnkit.roi_align(input, rois, oh, ow, float(spatial_scale), int(sampling_ratio),
                                       bool(aligned), pool_mode)
 
 
-def deform_roi_pool(input: Tensor, rois: Tensor, offset: Optional[Tensor], output_size,
+def deform_roi_pool(input: Tensor, rois: Tensor, offset: Optional[Tensor], output_size: BroadcastingList2[int],
                     spatial_scale: float = 1.0, sampling_ratio: int = 0, gamma: float = 0.1) -> Tensor:
     """mmcv's deform_roi_pool: aligned RoIAlign (avg) whose bins move by gamma * roi_size * offset.
 
     offset: (K, 2, oh, ow) with offset[:, 0] along x and offset[:, 1] along y, or None.
     """
-    oh, ow = _pair(output_size, "deform_roi_pool: output_size")
+    if not torch.jit.is_scripting():
+        return eager_call(deform_roi_pool, _deform_roi_pool,
+                          (input, rois, offset, output_size, spatial_scale, sampling_ratio, gamma))
+    return _deform_roi_pool(input, rois, offset, output_size, spatial_scale, sampling_ratio, gamma)
+
+
+def _deform_roi_pool(input: Tensor, rois: Tensor, offset: Optional[Tensor], output_size: List[int],
+                     spatial_scale: float, sampling_ratio: int, gamma: float) -> Tensor:
+    oh, ow = _output_size(output_size, "deform_roi_pool: output_size")
     return torch.ops.dcnkit.deform_roi_pool(input, rois, offset, oh, ow, float(spatial_scale),
                                             int(sampling_ratio), float(gamma))
 
@@ -89,10 +133,27 @@ def deform_psroi_pool(input: Tensor, rois: Tensor, trans: Optional[Tensor], spat
     input (N, output_dim * group_size^2, H, W), trans (K, 2 * num_classes, part_size, part_size);
     returns (K, output_dim, output_size, output_size).
     """
+    if not torch.jit.is_scripting():
+        return eager_call(deform_psroi_pool, _deform_psroi_pool,
+                          (input, rois, trans, spatial_scale, output_size, output_dim, group_size, part_size,
+                           sample_per_part, trans_std))
+    return _deform_psroi_pool(input, rois, trans, spatial_scale, output_size, output_dim, group_size, part_size,
+                              sample_per_part, trans_std)
+
+
+def _deform_psroi_pool(input: Tensor, rois: Tensor, trans: Optional[Tensor], spatial_scale: float,
+                       output_size: int, output_dim: int, group_size: int, part_size: Optional[int],
+                       sample_per_part: int, trans_std: float) -> Tensor:
     out, _count = torch.ops.dcnkit.deform_psroi_pool(
         input, rois, trans, float(spatial_scale), int(output_size), int(output_dim), int(group_size),
         0 if part_size is None else int(part_size), int(sample_per_part), float(trans_std))
     return out
+
+
+# torch.fx.symbolic_trace records calls to these as one node each (fx leaves, as torchvision's roi_align).
+torch.fx.wrap("roi_align")
+torch.fx.wrap("deform_roi_pool")
+torch.fx.wrap("deform_psroi_pool")
 
 
 # ------------------------------------------------------------------------------------------------
