@@ -242,6 +242,15 @@ def test_float16_conversion_computes_the_same_model():
     assert max(np.abs(got[n] - want[n]).max() for n in ("feat", "pooled")) > 1e-4
 
 
+def test_conversion_of_initializers_listed_as_graph_inputs():
+    model = _dcn_model()
+    model.graph.input.append(helper.make_tensor_value_info("w", T.FLOAT, [6, 4, 3, 3]))  # IR < 4 style
+    conv, _ = precision.convert_float_tensors(model, "float16")
+    onnx.checker.check_model(conv, full_check=True)
+    assert _types(conv)["w"] == T.FLOAT16
+    assert next(v for v in conv.graph.input if v.name == "w").type.tensor_type.elem_type == T.FLOAT16
+
+
 def test_conversion_clips_to_the_float16_range_and_rejects_other_types():
     conv, report = precision.convert_float_tensors(_dcn_model(big_weight=True), "float16")
     w = numpy_helper.to_array(next(t for t in conv.graph.initializer if t.name == "w"))

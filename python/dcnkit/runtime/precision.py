@@ -125,7 +125,7 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
 
     floats = _float_names(graph)
     init_names = {t.name for t in graph.initializer}
-    io_names = {v.name for v in graph.input} | {v.name for v in graph.output}
+    out_names = {v.name for v in graph.output}
     keep = [_float32_only(n, opset, target) for n in graph.node]
 
     # An initializer used only where float32 is required stays float32 (no precision lost to a round trip).
@@ -135,10 +135,15 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
             uses.setdefault(name, []).append(i in keep_in)
     stay32 = {name for name in init_names if uses.get(name) and all(uses[name])}
 
+    converted = set()
     for i, t in enumerate(list(graph.initializer)):
-        if t.data_type == _FLOAT and t.name not in stay32 and t.name not in io_names:
+        if t.data_type == _FLOAT and t.name not in stay32 and t.name not in out_names:
             graph.initializer[i].CopyFrom(_convert_tensor(t, dtype, report))
+            converted.add(t.name)
             report.initializers += 1
+    for v in graph.input:  # old files list initializers among the graph inputs too: same type as the initializer
+        if v.name in converted:
+            v.type.tensor_type.elem_type = target
     for v in graph.value_info:
         if v.type.tensor_type.elem_type == _FLOAT:
             v.type.tensor_type.elem_type = target
@@ -236,6 +241,12 @@ def convert_float_tensors(model, dtype: str = "float16", keep_io_types: bool = T
     if dtype not in _TARGETS:
         raise ValueError(f"dtype: expected one of {', '.join(_TARGETS)}, got {dtype!r}")
     target = _TARGETS[dtype]
+    try:  # the dcnkit schemas, so that shape inference types the tensors after our nodes too
+        from dcnkit.export.schemas import register_onnx_schemas
+
+        register_onnx_schemas()
+    except Exception:  # pragma: no cover - without them those tensors are typed by value infos only
+        pass
     try:  # the types of intermediate tensors (which inputs of a float32-only position are float)
         out = onnx.shape_inference.infer_shapes(model)
     except Exception:

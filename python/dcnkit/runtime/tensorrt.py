@@ -295,9 +295,7 @@ def build_engine_bytes(model, *, precision: str | None = None, shapes: Mapping |
 
     path = Path(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else None
     proto = load_model(model)
-    changed = add_plugin_namespace(proto)
-    if changed:
-        say(f"onnx: {changed} dcnkit node(s) got plugin_namespace=\"{PLUGIN_NAMESPACE}\"")
+    changed = 0
     flags = {}
     if precision:
         if strongly_typed_only():
@@ -313,6 +311,10 @@ def build_engine_bytes(model, *, precision: str | None = None, shapes: Mapping |
                 "(TensorRT chooses the precision per layer)")
     else:
         say(f"precision: as written in the ONNX (TensorRT {trt.__version__})")
+    named = add_plugin_namespace(proto)
+    if named:
+        changed += named
+        say(f"onnx: {named} dcnkit node(s) got plugin_namespace=\"{PLUGIN_NAMESPACE}\"")
     if changed or path is None:
         network = NetworkFromOnnxBytes(proto.SerializeToString())
     else:
