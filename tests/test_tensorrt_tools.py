@@ -251,6 +251,26 @@ def test_conversion_of_initializers_listed_as_graph_inputs():
     assert next(v for v in conv.graph.input if v.name == "w").type.tensor_type.elem_type == T.FLOAT16
 
 
+def test_conversion_of_constants():
+    """Constant(value_float), ConstantOfShape without value (float32 zeros): both become float16."""
+    from onnx.reference import ReferenceEvaluator
+
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("ConstantOfShape", ["s"], ["z"]),
+             helper.make_node("Constant", [], ["c"], value_float=2.5),
+             helper.make_node("Add", ["x", "z"], ["a"]), helper.make_node("Mul", ["a", "c"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [2, 3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    conv, report = precision.convert_float_tensors(m, "float16")
+    onnx.checker.check_model(conv, full_check=True)
+    types = _types(conv)
+    assert types["z"] == T.FLOAT16 and types["c"] == T.FLOAT16 and report.constants == 2
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2.25
+    y = ReferenceEvaluator(conv).run(None, {"x": x})[0]
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(y, (x.astype(np.float16) * np.float16(2.5)).astype(np.float32))
+
+
 def test_conversion_clips_to_the_float16_range_and_rejects_other_types():
     conv, report = precision.convert_float_tensors(_dcn_model(big_weight=True), "float16")
     w = numpy_helper.to_array(next(t for t in conv.graph.initializer if t.name == "w"))

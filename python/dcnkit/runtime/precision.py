@@ -114,6 +114,8 @@ def _float_names(graph) -> set[str]:
         if n.op_type == "Cast" and any(a.name == "to" and a.i == _FLOAT for a in n.attribute):
             names.update(n.output)
         if n.op_type in ("Constant", "ConstantOfShape"):
+            if n.op_type == "ConstantOfShape" and not any(a.name == "value" for a in n.attribute):
+                names.update(n.output)  # float32 zeros by default
             for a in n.attribute:
                 if (a.name == "value" and a.t.data_type == _FLOAT) or a.name in ("value_float", "value_floats"):
                     names.update(n.output)
@@ -213,7 +215,14 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
 
 
 def _convert_constant(node, dtype: str, target: int, report: ConversionReport) -> None:
-    from onnx import helper
+    from onnx import helper, numpy_helper
+
+    if node.op_type == "ConstantOfShape" and not any(a.name == "value" for a in node.attribute):
+        # without `value` it makes float32 zeros: make them the target type
+        zero = numpy_helper.from_array(np.zeros(1, dtype=_np_target(dtype)), "value")
+        node.attribute.append(helper.make_attribute("value", zero))
+        report.constants += 1
+        return
 
     for a in list(node.attribute):
         if a.name == "value" and a.t.data_type == _FLOAT:
@@ -223,8 +232,6 @@ def _convert_constant(node, dtype: str, target: int, report: ConversionReport) -
             values = np.asarray([a.f] if a.name == "value_float" else list(a.floats), dtype=np.float32)
             if a.name == "value_float":
                 values = values.reshape(())
-            from onnx import numpy_helper
-
             t = _convert_tensor(numpy_helper.from_array(values, "value"), dtype, report)
             node.attribute.remove(a)
             node.attribute.append(helper.make_attribute("value", t))
