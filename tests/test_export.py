@@ -207,7 +207,11 @@ def test_custom_nodes_follow_op_table(tmp_path):
                 continue
             d = table[node.op_type]
             seen.add(node.op_type)
-            assert sorted(a.name for a in node.attribute) == sorted(a["name"] for a in d["attrs"])
+            assert sorted(a.name for a in node.attribute) == sorted([a["name"] for a in d["attrs"]] + ["plugin_namespace"])
+            # TensorRT's ONNX parser finds the kit's plugin creators by this namespace.
+            assert onnx.helper.get_attribute_value(
+                next(a for a in node.attribute if a.name == "plugin_namespace")) == DOMAIN.encode()
+            assert all(node.input), "no empty inner input (TensorRT passes plugin inputs by position)"
             assert len(node.input) <= len(d["inputs"]) and len(node.output) == len(d["outputs"])
     assert seen == set(table)
 

@@ -50,7 +50,10 @@ def test_schemas_come_from_the_op_table():
         s = onnx.defs.get_schema(d["onnx_type"], table["opset"], table["domain"])
         assert [i.name for i in s.inputs] == [i["name"] for i in d["inputs"]]
         assert [o.name for o in s.outputs] == [o["name"] for o in d["outputs"]]
-        assert sorted(s.attributes) == sorted(a["name"] for a in d["attrs"])
+        # The op's attributes, plus the two TensorRT's ONNX parser reads to find the plugin.
+        assert sorted(s.attributes) == sorted([a["name"] for a in d["attrs"]] + ["plugin_namespace", "plugin_version"])
+        assert s.attributes["plugin_namespace"].default_value.s == table["domain"].encode()
+        assert s.attributes["plugin_version"].default_value.s == b"1"
         assert s.has_type_and_shape_inference_function
 
 

@@ -491,15 +491,7 @@ def test_cuda_roi_ops(pool_mode):
     assert_close(y, ref.deform_psroi_pool(x, rois, None, 0.5, 2, 1, 2, 2, 4, 0.0)[0], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.cuda
-def test_cuda_out_of_range_batch_index_is_an_error():
-    _cuda_or_skip()
-    rng = np.random.default_rng(22)
-    rois = random_rois(rng, 3, 2, 6, 6)
-    rois[2, 0] = 5
-    model = make_model("RoIAlign", [("x", ["N", 2, "H", "W"]), ("rois", ["K", 5])], name="cuda_roi")
-    with pytest.raises(Exception, match="cuda_roi"):
-        _cuda_run(model, {"x": rand(rng, 2, 2, 6, 6), "rois": rois})
+# A bad batch index on the CUDA EP gives zeros (the kernels never synchronise): test_ort_cuda_ep.py.
 
 
 # ------------------------------------------------------------------------------------------------

@@ -34,54 +34,9 @@ Status from_ort(OrtStatus* s, const std::string& what) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Attributes
+// Attributes: what a node holds, read through the typed KernelInfo getters
 
 namespace {
-
-const char* kind_name(AttrKind k) {
-  switch (k) {
-    case AttrKind::kInt: return "an int";
-    case AttrKind::kInts: return "2 ints";
-    case AttrKind::kFloat: return "a float";
-    case AttrKind::kString: return "a string";
-  }
-  return "?";
-}
-
-// Parses an AttrDef default ("1", "[1, 1]", "0.1", "avg").
-AttrValue parse_default(const AttrDef& d) {
-  AttrValue v;
-  const std::string s = d.default_value;
-  switch (d.kind) {
-    case AttrKind::kString: v.s = s; break;
-    case AttrKind::kFloat: v.f = std::strtod(s.c_str(), nullptr); break;
-    case AttrKind::kInt: v.ints = {std::strtoll(s.c_str(), nullptr, 10)}; break;
-    case AttrKind::kInts: {
-      const char* p = s.c_str();
-      while (*p) {
-        if ((*p >= '0' && *p <= '9') || *p == '-') {
-          char* end = nullptr;
-          v.ints.push_back(std::strtoll(p, &end, 10));
-          p = end;
-        } else {
-          ++p;
-        }
-      }
-      break;
-    }
-  }
-  return v;
-}
-
-// What a node attribute holds, read through the typed KernelInfo getters.
-struct RawAttr {
-  enum Type { kAbsent, kInt, kFloat, kInts, kFloats, kString, kOther } type = kAbsent;
-  int64_t i = 0;
-  double f = 0;
-  std::vector<int64_t> ints;
-  std::vector<float> floats;
-  std::string s;
-};
 
 bool status_ok(OrtStatus* st, std::string* msg = nullptr) {
   if (st == nullptr) return true;
@@ -145,132 +100,10 @@ RawAttr read_raw(const OrtKernelInfo* info, const char* name) {
   return r;
 }
 
-std::string raw_str(const RawAttr& r) {
-  switch (r.type) {
-    case RawAttr::kAbsent: return "nothing";
-    case RawAttr::kInt: return "int " + std::to_string(r.i);
-    case RawAttr::kFloat: return "float " + to_str(r.f);
-    case RawAttr::kInts: return std::to_string(r.ints.size()) + " ints " + shape_str(r.ints);
-    case RawAttr::kFloats: {
-      std::string s = std::to_string(r.floats.size()) + " floats [";
-      for (size_t i = 0; i < r.floats.size(); ++i) s += (i ? ", " : "") + to_str(r.floats[i]);
-      return s + "]";
-    }
-    case RawAttr::kString: return "string \"" + r.s + "\"";
-    case RawAttr::kOther: return "an attribute of another type";
-  }
-  return "?";
-}
-
-// An integer from an int attribute, or (loose) from a float attribute holding an integer.
-bool as_int(const RawAttr& r, bool loose, int64_t* v) {
-  if (r.type == RawAttr::kInt) {
-    *v = r.i;
-    return true;
-  }
-  if (loose && r.type == RawAttr::kFloat && std::isfinite(r.f) && r.f == std::floor(r.f) &&
-      std::fabs(r.f) < 9.0e15) {
-    *v = static_cast<int64_t>(r.f);
-    return true;
-  }
-  if (loose && r.type == RawAttr::kInts && r.ints.size() == 1) {
-    *v = r.ints[0];
-    return true;
-  }
-  return false;
-}
-
-Status convert(const char* op, const char* onnx_name, const AttrDef& def, int element, bool loose,
-               const RawAttr& r, AttrValue* out) {
-  const std::string arg = std::string("attribute ") + onnx_name;
-  if (element >= 0) {  // one element of a canonical pair
-    int64_t v = 0;
-    if (!as_int(r, loose, &v)) return arg_error(op, arg, "an int", raw_str(r));
-    if (out->ints.size() <= static_cast<size_t>(element)) out->ints.resize(element + 1, 0);
-    out->ints[element] = v;
-    return Status::Ok();
-  }
-  switch (def.kind) {
-    case AttrKind::kInt: {
-      int64_t v = 0;
-      if (!as_int(r, loose, &v)) return arg_error(op, arg, "an int", raw_str(r));
-      out->ints = {v};
-      return Status::Ok();
-    }
-    case AttrKind::kFloat:
-      if (r.type == RawAttr::kFloat) {
-        out->f = r.f;
-      } else if (r.type == RawAttr::kInt && loose) {
-        out->f = static_cast<double>(r.i);
-      } else {
-        return arg_error(op, arg, "a float", raw_str(r));
-      }
-      return Status::Ok();
-    case AttrKind::kString:
-      if (r.type != RawAttr::kString) return arg_error(op, arg, "a string", raw_str(r));
-      out->s = r.s;
-      return Status::Ok();
-    case AttrKind::kInts: {
-      if (r.type == RawAttr::kInts && r.ints.size() == 2) {
-        out->ints = r.ints;
-        return Status::Ok();
-      }
-      if (loose) {
-        int64_t v = 0;
-        if (as_int(r, true, &v)) {  // one value for both axes
-          out->ints = {v, v};
-          return Status::Ok();
-        }
-        if (r.type == RawAttr::kInts && r.ints.size() == 4) {
-          const auto& p = r.ints;
-          // mmdeploy writes paddings as [ph, ph, pw, pw]; ONNX pads are [ph, pw, ph, pw].
-          if (p[0] == p[1] && p[2] == p[3]) {
-            out->ints = {p[0], p[2]};
-            return Status::Ok();
-          }
-          if (p[0] == p[2] && p[1] == p[3]) {
-            out->ints = {p[0], p[1]};
-            return Status::Ok();
-          }
-          return arg_error(op, arg, "symmetric 4 ints ([h, h, w, w] or [h, w, h, w])", raw_str(r));
-        }
-        return arg_error(op, arg, "an int or 2 ints (h, w)", raw_str(r));
-      }
-      return arg_error(op, arg, "2 ints (h, w)", raw_str(r));
-    }
-  }
-  return Status::Internal("unknown attribute kind");
-}
-
 }  // namespace
 
 Status read_attrs(const OrtKernelInfo* info, const OpVariant& variant, std::vector<AttrValue>* out) {
-  const OpDef& def = op_def(variant.kind);
-  out->clear();
-  for (size_t i = 0; i < def.num_attrs; ++i) out->push_back(parse_default(def.attrs[i]));
-
-  auto canonical_index = [&](const char* name) -> int {
-    for (size_t i = 0; i < def.num_attrs; ++i)
-      if (std::strcmp(def.attrs[i].name, name) == 0) return static_cast<int>(i);
-    return -1;
-  };
-  auto apply = [&](const char* onnx_name, const char* canonical, int element) -> Status {
-    const int idx = canonical_index(canonical);
-    if (idx < 0) return Status::Internal(std::string("unknown canonical attribute ") + canonical);
-    const RawAttr r = read_raw(info, onnx_name);
-    if (r.type == RawAttr::kAbsent) return Status::Ok();
-    return convert(variant.op_type, onnx_name, def.attrs[idx], element, variant.loose_attrs, r,
-                   &(*out)[idx]);
-  };
-  if (variant.aliases.empty()) {
-    for (size_t i = 0; i < def.num_attrs; ++i)
-      DCNKIT_RETURN_IF_ERROR(apply(def.attrs[i].name, def.attrs[i].name, -1));
-  } else {
-    for (const AttrAlias& a : variant.aliases)
-      DCNKIT_RETURN_IF_ERROR(apply(a.onnx_name, a.canonical, a.element));
-  }
-  (void)kind_name;
-  return Status::Ok();
+  return ::dcnkit::read_attrs(variant, [info](const char* name) { return read_raw(info, name); }, out);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 
 #include "dcnkit/common.h"
 #include "dcnkit/context.h"
+#include "dcnkit/op_attrs.h"
 #include "dcnkit/op_defs.h"
 
 namespace dcnkit::ort {
@@ -26,47 +27,7 @@ OrtStatus* to_ort(const Status& s, const std::string& prefix = "");
 Status from_ort(OrtStatus* s, const std::string& what);
 
 // ---------------------------------------------------------------------------------------------
-// Operator variants: the kit's own ops (domain "dcnkit", names and defaults from op_defs.h) and the
-// names mmdeploy / mmcv 1.x export, mapped onto the same kernels.
-
-enum class OpKind : int { kDeformConv2d = 0, kRoIAlign = 1, kDeformRoIPool = 2, kDeformPSRoIPool = 3 };
-
-// An attribute of a variant: its name in the model, the canonical attribute (AttrDef name) it sets,
-// and which element of a canonical `ints` attribute (-1: the whole value).
-struct AttrAlias {
-  const char* onnx_name;
-  const char* canonical;
-  int element;
-};
-
-// One node input of a variant: the canonical input (TensorDef index) it carries, and whether the
-// variant declares it optional.
-struct InputSlot {
-  int canonical;
-  bool optional;
-};
-
-struct OpVariant {
-  const char* domain;
-  const char* op_type;
-  OpKind kind;
-  std::vector<InputSlot> inputs;
-  std::vector<AttrAlias> aliases;   // empty: the canonical names and kinds of the OpDef
-  bool empty_input_is_absent;       // mmcv convention: a 0-element optional input means "none"
-  bool loose_attrs;                 // accept int for ints (broadcast), 1-element ints, float-valued ints,
-                                    // and 4-element symmetric paddings (mmdeploy DeformConv2d)
-};
-
-// All variants the library registers (the kit's four ops first).
-const std::vector<OpVariant>& op_variants();
-const OpDef& op_def(OpKind kind);
-
-// A canonical attribute value: ints (also for kInt, one element), float or string.
-struct AttrValue {
-  std::vector<int64_t> ints;
-  double f = 0.0;
-  std::string s;
-};
+// Attributes (variants, names, kinds and defaults live in the core: dcnkit/op_attrs.h)
 
 // Reads every canonical attribute of `variant` from the node (defaults from the OpDef where absent).
 // Errors name the attribute as written in the model.

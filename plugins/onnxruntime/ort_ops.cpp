@@ -11,156 +11,6 @@ namespace dcnkit::ort {
 
 namespace {
 
-std::vector<InputSlot> canonical_inputs(const OpDef& d) {
-  std::vector<InputSlot> v;
-  for (size_t i = 0; i < d.num_inputs; ++i) v.push_back({static_cast<int>(i), d.inputs[i].optional});
-  return v;
-}
-
-std::vector<OpVariant> build_variants() {
-  std::vector<OpVariant> v;
-  // The kit's own operators: names, input order and defaults straight from op_defs.h.
-  const OpKind kinds[] = {OpKind::kDeformConv2d, OpKind::kRoIAlign, OpKind::kDeformRoIPool,
-                          OpKind::kDeformPSRoIPool};
-  for (OpKind k : kinds) {
-    const OpDef& d = op_def(k);
-    v.push_back({kOnnxDomain, d.onnx_type, k, canonical_inputs(d), {}, false, false});
-  }
-  // mmcv 1.x / mmdeploy exports. ModulatedDeformConv2d: (input, offset, mask, weight[, bias]),
-  // attributes stride, padding, dilation, groups, deform_groups.
-  const std::vector<AttrAlias> dcn_aliases = {
-      {"stride", kDeformConv2dAttrs[kDcStride].name, -1},
-      {"padding", kDeformConv2dAttrs[kDcPadding].name, -1},
-      {"dilation", kDeformConv2dAttrs[kDcDilation].name, -1},
-      {"groups", kDeformConv2dAttrs[kDcGroups].name, -1},
-      {"deform_groups", kDeformConv2dAttrs[kDcDeformGroups].name, -1},
-  };
-  const std::vector<InputSlot> mdcn_inputs = {
-      {kDcInput, false}, {kDcOffset, false}, {kDcMask, false}, {kDcWeight, false}, {kDcBias, true}};
-  const std::vector<InputSlot> dcn_inputs = {{kDcInput, false}, {kDcOffset, false}, {kDcWeight, false}};
-  for (const char* domain : {"mmdeploy", "mmcv"}) {
-    v.push_back({domain, "MMCVModulatedDeformConv2d", OpKind::kDeformConv2d, mdcn_inputs, dcn_aliases,
-                 true, true});
-    // mmcv 1.x DeformConv2d also writes bias (always 0) and im2col_step: ignored.
-    v.push_back({domain, "MMCVDeformConv2d", OpKind::kDeformConv2d, dcn_inputs, dcn_aliases, true, true});
-  }
-  // mmcv::MMCVRoiAlign: output_height, output_width, spatial_scale, sampling_ratio, mode, aligned.
-  v.push_back({"mmcv",
-               "MMCVRoiAlign",
-               OpKind::kRoIAlign,
-               {{kRaInput, false}, {kRaRois, false}},
-               {{"output_height", kRoIAlignAttrs[kRaOutputSize].name, 0},
-                {"output_width", kRoIAlignAttrs[kRaOutputSize].name, 1},
-                {"spatial_scale", kRoIAlignAttrs[kRaScale].name, -1},
-                {"sampling_ratio", kRoIAlignAttrs[kRaSampling].name, -1},
-                {"mode", kRoIAlignAttrs[kRaPoolMode].name, -1},
-                {"aligned", kRoIAlignAttrs[kRaAligned].name, -1}},
-               true,
-               true});
-  // mmcv::MMCVDeformRoIPool: (input, rois[, offset]); pooled_height, pooled_width, spatial_scale,
-  // sampling_ratio (written as a float by mmcv), gamma.
-  v.push_back({"mmcv",
-               "MMCVDeformRoIPool",
-               OpKind::kDeformRoIPool,
-               {{kDrInput, false}, {kDrRois, false}, {kDrOffset, true}},
-               {{"pooled_height", kDeformRoIPoolAttrs[kDrOutputSize].name, 0},
-                {"pooled_width", kDeformRoIPoolAttrs[kDrOutputSize].name, 1},
-                {"spatial_scale", kDeformRoIPoolAttrs[kDrScale].name, -1},
-                {"sampling_ratio", kDeformRoIPoolAttrs[kDrSampling].name, -1},
-                {"gamma", kDeformRoIPoolAttrs[kDrGamma].name, -1}},
-               true,
-               true});
-  return v;
-}
-
-}  // namespace
-
-const OpDef& op_def(OpKind kind) { return kOpDefs[static_cast<int>(kind)]; }
-
-const std::vector<OpVariant>& op_variants() {
-  static const std::vector<OpVariant> v = build_variants();
-  return v;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Attributes -> core attrs, checked once at kernel creation with shapes built to fit them.
-
-namespace {
-
-Status set_attrs(Kernel& k, const std::vector<AttrValue>& a) {
-  const char* op = k.variant->op_type;
-  switch (k.variant->kind) {
-    case OpKind::kDeformConv2d: {
-      DeformConv2dAttrs& d = k.dcn;
-      d.stride_h = a[kDcStride].ints[0];
-      d.stride_w = a[kDcStride].ints[1];
-      d.pad_h = a[kDcPadding].ints[0];
-      d.pad_w = a[kDcPadding].ints[1];
-      d.dilation_h = a[kDcDilation].ints[0];
-      d.dilation_w = a[kDcDilation].ints[1];
-      d.groups = a[kDcGroups].ints[0];
-      d.deformable_groups = a[kDcDeformGroups].ints[0];
-      // Shapes that fit the attributes: any error left is the attributes'.
-      const int64_t g = d.groups > 0 ? d.groups : 1, dg = d.deformable_groups > 0 ? d.deformable_groups : 1;
-      if (g > (int64_t(1) << 24) || dg > (int64_t(1) << 24)) {
-        return arg_error(op, "groups, deformable_groups", "values <= 2^24",
-                         "(" + std::to_string(d.groups) + ", " + std::to_string(d.deformable_groups) + ")");
-      }
-      const int64_t cin = g * dg, hw = 16;
-      const int64_t ho = (d.stride_h > 0 && d.dilation_h > 0 && d.pad_h >= 0)
-                             ? deform_conv2d_out_size(hw, 1, d.stride_h, d.pad_h, d.dilation_h) : 1;
-      const int64_t wo = (d.stride_w > 0 && d.dilation_w > 0 && d.pad_w >= 0)
-                             ? deform_conv2d_out_size(hw, 1, d.stride_w, d.pad_w, d.dilation_w) : 1;
-      DeformConv2dParams p;
-      return make_deform_conv2d_params(op, {1, cin, hw, hw}, {1, 2 * dg, ho, wo}, {g, dg, 1, 1}, nullptr,
-                                       nullptr, d, &p);
-    }
-    case OpKind::kRoIAlign: {
-      RoIAlignAttrs& r = k.roi;
-      r.pooled_h = a[kRaOutputSize].ints[0];
-      r.pooled_w = a[kRaOutputSize].ints[1];
-      r.spatial_scale = a[kRaScale].f;
-      r.sampling_ratio = a[kRaSampling].ints[0];
-      r.aligned = a[kRaAligned].ints[0] != 0;
-      DCNKIT_RETURN_IF_ERROR(parse_pool_mode(op, a[kRaPoolMode].s, &r.mode));
-      RoIAlignParams p;
-      return make_roi_align_params(op, {1, 1, 16, 16}, {1, 5}, r, &p);
-    }
-    case OpKind::kDeformRoIPool: {
-      DeformRoIPoolAttrs& r = k.droi;
-      r.pooled_h = a[kDrOutputSize].ints[0];
-      r.pooled_w = a[kDrOutputSize].ints[1];
-      r.spatial_scale = a[kDrScale].f;
-      r.sampling_ratio = a[kDrSampling].ints[0];
-      r.gamma = a[kDrGamma].f;
-      DeformRoIPoolParams p;
-      return make_deform_roi_pool_params(op, {1, 1, 16, 16}, {1, 5}, nullptr, r, &p);
-    }
-    case OpKind::kDeformPSRoIPool: {
-      DeformPSRoIPoolAttrs& r = k.psroi;
-      r.spatial_scale = a[kPsScale].f;
-      r.output_size = a[kPsOutputSize].ints[0];
-      r.output_dim = a[kPsOutputDim].ints[0];
-      r.group_size = a[kPsGroupSize].ints[0];
-      r.part_size = a[kPsPartSize].ints[0];
-      r.sample_per_part = a[kPsSamplePerPart].ints[0];
-      r.trans_std = a[kPsTransStd].f;
-      r.no_trans = a[kPsNoTrans].ints[0] != 0;
-      const int64_t od = r.output_dim > 0 ? r.output_dim : 1, gs = r.group_size > 0 ? r.group_size : 1;
-      if (od > (int64_t(1) << 24) || gs > (int64_t(1) << 16)) {
-        return arg_error(op, "output_dim, group_size", "output_dim <= 2^24 and group_size <= 2^16",
-                         "(" + std::to_string(r.output_dim) + ", " + std::to_string(r.group_size) + ")");
-      }
-      const int64_t ps = r.part_size > 0 ? r.part_size : (r.output_size > 0 ? r.output_size : 1);
-      const Shape trans = {1, 2, ps, ps};
-      DeformPSRoIPoolParams p;
-      return make_deform_psroi_pool_params(op, {1, od * gs * gs, 16, 16}, {1, 5},
-                                           r.no_trans ? nullptr : &trans, r, &p);
-    }
-  }
-  return Status::Internal("unknown op kind");
-}
-
 std::string node_name(const OrtKernelInfo* info) {
   size_t n = 0;
   OrtStatus* st = api().KernelInfo_GetNodeName(info, nullptr, &n);
@@ -218,29 +68,20 @@ Status gather_inputs(const Kernel& k, const OrtKernelContext* ctx, TensorView* i
 
 namespace {
 
-const Shape* shape_or_null(const TensorView& t) { return t.present() ? &t.shape : nullptr; }
+// The canonical inputs' shapes (null: absent) and the core's params from them.
+template <typename Params>
+Status params_from(const Kernel& k, const TensorView* in, Params* p) {
+  const Shape* shapes[kMaxInputs];
+  for (size_t i = 0; i < kMaxInputs; ++i) shapes[i] = in[i].present() ? &in[i].shape : nullptr;
+  return ::dcnkit::make_params(k.variant->op_type, k.attrs, shapes, p);
+}
 
 }  // namespace
 
-Status make_params(const Kernel& k, const TensorView* in, DeformConv2dParams* p) {
-  return make_deform_conv2d_params(k.variant->op_type, in[kDcInput].shape, in[kDcOffset].shape,
-                                   in[kDcWeight].shape, shape_or_null(in[kDcBias]),
-                                   shape_or_null(in[kDcMask]), k.dcn, p);
-}
-
-Status make_params(const Kernel& k, const TensorView* in, RoIAlignParams* p) {
-  return make_roi_align_params(k.variant->op_type, in[kRaInput].shape, in[kRaRois].shape, k.roi, p);
-}
-
-Status make_params(const Kernel& k, const TensorView* in, DeformRoIPoolParams* p) {
-  return make_deform_roi_pool_params(k.variant->op_type, in[kDrInput].shape, in[kDrRois].shape,
-                                     shape_or_null(in[kDrOffset]), k.droi, p);
-}
-
-Status make_params(const Kernel& k, const TensorView* in, DeformPSRoIPoolParams* p) {
-  return make_deform_psroi_pool_params(k.variant->op_type, in[kPsInput].shape, in[kPsRois].shape,
-                                       shape_or_null(in[kPsTrans]), k.psroi, p);
-}
+Status make_params(const Kernel& k, const TensorView* in, DeformConv2dParams* p) { return params_from(k, in, p); }
+Status make_params(const Kernel& k, const TensorView* in, RoIAlignParams* p) { return params_from(k, in, p); }
+Status make_params(const Kernel& k, const TensorView* in, DeformRoIPoolParams* p) { return params_from(k, in, p); }
+Status make_params(const Kernel& k, const TensorView* in, DeformPSRoIPoolParams* p) { return params_from(k, in, p); }
 
 Status output_tensor(OrtKernelContext* ctx, size_t index, const Shape& shape, void** data) {
   OrtValue* out = nullptr;
@@ -354,7 +195,7 @@ OrtStatusPtr ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*, co
   k->prefix = std::string(o.variant->domain) + "::" + o.variant->op_type + " node '" + name + "': ";
   std::vector<AttrValue> values;
   Status s = read_attrs(info, *o.variant, &values);
-  if (s.ok()) s = set_attrs(*k, values);
+  if (s.ok()) s = make_op_attrs(*o.variant, values, &k->attrs);
   if (!s.ok()) return to_ort(s, k->prefix);
   *kernel = k.release();
   return nullptr;

@@ -8,6 +8,7 @@
 #include "dcnkit/deform_psroi_pool.h"
 #include "dcnkit/deform_roi_pool.h"
 #include "dcnkit/roi_align.h"
+#include "dcnkit/roi_kernels.h"
 #include "torch_common.h"
 
 namespace dcnkit::torch_binding {
@@ -25,6 +26,15 @@ void check_inputs(const char* op, const at::Tensor& input, bool backward,
 void check_grad_output(const char* op, const at::Tensor& grad_output, const Shape& expected) {
   TORCH_CHECK_VALUE(shape_of(grad_output) == expected, op, ": grad_output: expected shape ",
                     shape_str(expected), ", got ", shape_str(shape_of(grad_output)));
+}
+
+// CUDA: the launchers give zeros for a RoI whose batch index is outside [0, N) or NaN and never
+// synchronise; the op reports such a RoI as torch reports a bad index: an asynchronous device-side assert
+// (no host sync, capturable in a CUDA graph; the error surfaces at the next synchronisation).
+void assert_batch_indices_async(const char* op, const at::Tensor& rois, int64_t batch) {
+  if (rois.numel() == 0) return;
+  const at::Tensor b = rois.select(1, 0);
+  at::_assert_async(at::logical_and(b >= 0, b < batch).all(), roi_batch_device_message(op, batch));
 }
 
 // The gradient buffer of an optional input: shaped like it, or empty (numel 0) when it is absent.
@@ -68,6 +78,7 @@ at::Tensor roi_align(const at::Tensor& input_, const at::Tensor& rois_, int64_t 
                                         output.mutable_data_ptr<T>(), cpu_context());
       },
       [&](const CudaContext& cuda) {
+        assert_batch_indices_async(op, rois, p.batch);
         at::Tensor ws = workspace_for(input, roi_align_workspace_cuda(p));
         return roi_align_forward_cuda(p, dtype_of(input), input.const_data_ptr(),
                                       rois.const_data_ptr(), output.mutable_data_ptr(),
@@ -100,7 +111,8 @@ at::Tensor roi_align_backward(const at::Tensor& grad_output_, const at::Tensor& 
                                          grad_input.mutable_data_ptr<T>(), cpu_context());
       },
       [&](const CudaContext& cuda) {
-        at::Tensor ws = workspace_for(input, roi_align_workspace_cuda(p));
+        assert_batch_indices_async(op, rois, p.batch);
+        at::Tensor ws = workspace_for(input, roi_align_backward_workspace_cuda(p, dtype_of(input)));
         return roi_align_backward_cuda(p, dtype_of(input), grad_output.const_data_ptr(),
                                        input.const_data_ptr(), rois.const_data_ptr(),
                                        grad_input.mutable_data_ptr(), ws.mutable_data_ptr(), cuda);
@@ -150,6 +162,7 @@ at::Tensor deform_roi_pool(const at::Tensor& input_, const at::Tensor& rois_,
                                               cpu_context());
       },
       [&](const CudaContext& cuda) {
+        assert_batch_indices_async(op, rois, p.batch);
         at::Tensor ws = workspace_for(input, deform_roi_pool_workspace_cuda(p));
         return deform_roi_pool_forward_cuda(p, dtype_of(input), input.const_data_ptr(),
                                             rois.const_data_ptr(), vptr_or_null(offset),
@@ -185,7 +198,8 @@ std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
             offset.defined() ? grad_offset.mutable_data_ptr<T>() : nullptr, cpu_context());
       },
       [&](const CudaContext& cuda) {
-        at::Tensor ws = workspace_for(input, deform_roi_pool_workspace_cuda(p));
+        assert_batch_indices_async(op, rois, p.batch);
+        at::Tensor ws = workspace_for(input, deform_roi_pool_backward_workspace_cuda(p, dtype_of(input)));
         return deform_roi_pool_backward_cuda(
             p, dtype_of(input), grad_output.const_data_ptr(), input.const_data_ptr(),
             rois.const_data_ptr(), vptr_or_null(offset), grad_input.mutable_data_ptr(),
@@ -243,6 +257,7 @@ std::tuple<at::Tensor, at::Tensor> deform_psroi_pool(
             output.mutable_data_ptr<T>(), count.mutable_data_ptr<T>(), cpu_context());
       },
       [&](const CudaContext& cuda) {
+        assert_batch_indices_async(op, rois, p.batch);
         at::Tensor ws = workspace_for(input, deform_psroi_pool_workspace_cuda(p));
         return deform_psroi_pool_forward_cuda(
             p, dtype_of(input), input.const_data_ptr(), rois.const_data_ptr(), vptr_or_null(trans),
@@ -283,7 +298,8 @@ std::tuple<at::Tensor, at::Tensor> deform_psroi_pool_backward(
             trans.defined() ? grad_trans.mutable_data_ptr<T>() : nullptr, cpu_context());
       },
       [&](const CudaContext& cuda) {
-        at::Tensor ws = workspace_for(input, deform_psroi_pool_workspace_cuda(p));
+        assert_batch_indices_async(op, rois, p.batch);
+        at::Tensor ws = workspace_for(input, deform_psroi_pool_backward_workspace_cuda(p, dtype_of(input)));
         return deform_psroi_pool_backward_cuda(
             p, dtype_of(input), grad_output.const_data_ptr(), input.const_data_ptr(),
             rois.const_data_ptr(), vptr_or_null(trans), count.const_data_ptr(),

@@ -51,16 +51,15 @@ inline void check_tensor(const char* op, const char* arg, const at::Tensor& t,
                    like.scalar_type(), " (the dtype of input), got ", t.scalar_type());
 }
 
-// Checks the dtypes a device supports: CPU float32/float64; CUDA forward also float16/bfloat16.
-inline void check_dtype_supported(const char* op, const at::Tensor& input, bool backward) {
+// Checks the dtypes a device supports: CPU float32/float64; CUDA also float16/bfloat16 (forward and
+// backward: the CUDA backward accumulates 16-bit gradients in float32).
+inline void check_dtype_supported(const char* op, const at::Tensor& input, [[maybe_unused]] bool backward) {
   const auto st = input.scalar_type();
   const bool base = st == at::kFloat || st == at::kDouble;
   const bool half = st == at::kHalf || st == at::kBFloat16;
-  const bool ok = base || (input.is_cuda() && half && !backward);
+  const bool ok = base || (input.is_cuda() && half);
   TORCH_CHECK_TYPE(ok, op, ": input: expected dtype ",
-                   input.is_cuda() ? (backward ? "float32 or float64 (CUDA backward)"
-                                               : "float32, float64, float16 or bfloat16 (CUDA)")
-                                   : "float32 or float64 (CPU)",
+                   input.is_cuda() ? "float32, float64, float16 or bfloat16 (CUDA)" : "float32 or float64 (CPU)",
                    ", got ", st);
 }
 

@@ -26,9 +26,6 @@ namespace {
 
 std::string pair_str(int64_t a, int64_t b) { return "(" + std::to_string(a) + ", " + std::to_string(b) + ")"; }
 
-// floor(a / b) for b > 0.
-int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-
 }  // namespace
 
 Status make_deform_conv2d_params(const char* op, const Shape& input, const Shape& offset,
@@ -70,9 +67,8 @@ Status make_deform_conv2d_params(const char* op, const Shape& input, const Shape
                      std::to_string(Cout) + " (shape " + shape_str(weight) + ")");
   DCNKIT_RETURN_IF_ERROR(check_dim(op, "weight", weight, 1, Cin / a.groups, "Cin/groups"));
 
-  const int64_t num_h = H + 2 * a.pad_h - (a.dilation_h * (kh - 1) + 1);
-  const int64_t num_w = W + 2 * a.pad_w - (a.dilation_w * (kw - 1) + 1);
-  const int64_t Ho = floor_div(num_h, a.stride_h) + 1, Wo = floor_div(num_w, a.stride_w) + 1;
+  const int64_t Ho = deform_conv2d_out_size(H, kh, a.stride_h, a.pad_h, a.dilation_h);
+  const int64_t Wo = deform_conv2d_out_size(W, kw, a.stride_w, a.pad_w, a.dilation_w);
   if (Ho < 1 || Wo < 1)
     return arg_error(op, "input",
                      "padded size (H + 2*pad, W + 2*pad) at least the dilated kernel size " +
@@ -544,6 +540,7 @@ struct CpuScheduleExec {
     return Status::Ok();
   }
   Status gemm(const GemmArgs& ga) { return ctx.run_gemm(ga); }
+  Status weight_gemm(const GemmArgs& ga) { return ctx.run_gemm(ga); }
 };
 
 int64_t cuda_schedule_chunk(const DeformConv2dParams& p) { return std::max<int64_t>(1, (p.batch + 1) / 2); }

@@ -64,6 +64,8 @@ class _Emitter:
 
     def custom(self, info: _table.OpInfo, inputs: list[Any], attrs: dict[str, Any]) -> Any:
         kw = {f"{a.name}_{_SUFFIX[a.kind]}": attrs[a.name] for a in info.attrs}
+        known = {a.name for a in info.attrs}
+        kw.update({f"{k}_{_attr_suffix(k, v)}": v for k, v in attrs.items() if k not in known})
         out = self.g.op(
             f"{_table.domain()}::{info.onnx_type}",
             *self._inputs(tuple(inputs)),

@@ -159,7 +159,25 @@ def lower(
         out = _STANDARD[name](full, attrs, em, opset)
         if out is not None:
             return out
-    return em.custom(info, [tensors.get(t.name) for t in info.inputs], attrs)
+    inputs = [tensors.get(t.name) for t in info.inputs]
+    # TensorRT's ONNX parser hands a plugin its inputs by position and has no tensor for an empty name: an
+    # absent optional input before a present one (DCNv2 without bias) becomes its neutral value.
+    for i, t in enumerate(info.inputs):
+        if inputs[i] is None and any(v is not None for v in inputs[i + 1 :]):
+            inputs[i] = _NEUTRAL[(name, t.name)](tensors, em)
+    return em.custom(info, inputs, {**attrs, **_table.plugin_attrs()})
+
+
+def _zero_bias(tensors: dict[str, Any], em: Emitter) -> Any:
+    # zeros(Cout) in the weight's dtype, Cout = weight.shape[0] (folds to a constant for static weights).
+    cout = em.op("Slice", em.op("Shape", tensors["weight"]), em.const_i64([0]), em.const_i64([1]), em.const_i64([0]))
+    return em.op("CastLike", em.op("ConstantOfShape", cout), tensors["weight"])
+
+
+# Values equivalent to an absent optional input, by (op, input).
+_NEUTRAL: dict[tuple[str, str], Callable[[dict[str, Any], Emitter], Any]] = {
+    ("deform_conv2d", "bias"): _zero_bias,
+}
 
 
 def is_tensor_arg(arg: Any) -> bool:

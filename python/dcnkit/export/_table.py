@@ -106,6 +106,17 @@ def op(name: str) -> OpInfo:
         raise KeyError(f"dcnkit: no operator {name!r} in the op table (have: {', '.join(ops())})") from None
 
 
+# Attributes every dcnkit-domain node carries for TensorRT's ONNX parser, which imports an unknown node as
+# the plugin (op type, attribute plugin_version or "1", attribute plugin_namespace or ""): the kit's
+# TensorRT creators live in the namespace named like the ONNX domain. Not fields of the plugins.
+PLUGIN_VERSION = "1"
+
+
+def plugin_attrs() -> dict[str, str]:
+    """The TensorRT plugin-lookup attributes written on every dcnkit node (``plugin_namespace``)."""
+    return {"plugin_namespace": domain()}
+
+
 def attrs_from_scalars(info: OpInfo, scalars: list[Any], derived: dict[str, Any]) -> dict[str, Any]:
     """Fills the table's attributes, in order, from a torch schema's scalar arguments.
 

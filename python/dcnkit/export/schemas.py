@@ -248,6 +248,12 @@ def _build_schema(info: _table.OpInfo) -> Any:
     attributes = [
         OpSchema.Attribute(a.name, onnx.helper.make_attribute(a.name, a.default), a.doc) for a in info.attrs
     ]
+    # TensorRT's ONNX parser finds the plugin of a node by these (they are not plugin fields).
+    plugin = {"plugin_namespace": _table.domain(), "plugin_version": _table.PLUGIN_VERSION}
+    attributes += [
+        OpSchema.Attribute(k, onnx.helper.make_attribute(k, v), f"TensorRT plugin {k.split('_')[1]} ({v!r})")
+        for k, v in plugin.items()
+    ]
     schema = OpSchema(
         info.onnx_type,
         _table.domain(),

@@ -129,6 +129,13 @@ DCNKIT_HD Acc to_acc(const T& v) {
   return static_cast<Acc>(v);
 }
 
+// Converts an accumulated value back to the storage type T. Acc is deduced from the value, so a double
+// stays double (CUDA specialises half and bfloat16 from float in cuda_utils.cuh).
+template <typename T, typename Acc>
+DCNKIT_HD T from_acc(Acc v) {
+  return static_cast<T>(v);
+}
+
 // Interpolated value of `img` (an H x W map) at the taps.
 template <typename Acc, typename T>
 DCNKIT_HD Acc taps_value(const T* img, const Taps<Acc>& t) {

@@ -5,8 +5,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "dcnkit/bilinear.h"
 #include "dcnkit/common.h"
+#include "dcnkit/context.h"
 
 namespace dcnkit {
 
@@ -41,26 +44,24 @@ __host__ __device__ __forceinline__ float to_acc<float, __nv_bfloat16>(const __n
   return __bfloat162float(v);
 }
 
-template <typename T>
-__device__ __forceinline__ T from_acc(float v) {
-  return static_cast<T>(v);
-}
+// Accumulated value -> storage type: the generic from_acc (bilinear.h) is a plain conversion, so float
+// stays float and double stays double; half and bfloat16 round from float here.
 template <>
-__device__ __forceinline__ __half from_acc<__half>(float v) {
+__host__ __device__ __forceinline__ __half from_acc<__half, float>(float v) {
   return __float2half(v);
 }
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
+__host__ __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16, float>(float v) {
   return __float2bfloat16(v);
 }
 
-// Accumulation type of a storage type.
+// Accumulation type of a storage type: float for half and bfloat16, the type itself otherwise.
 template <typename T> struct AccType { using type = T; };
 template <> struct AccType<__half> { using type = float; };
 template <> struct AccType<__nv_bfloat16> { using type = float; };
 
-// Calls f(T{}) with the storage type T of `dtype` (float, double, __half, __nv_bfloat16): the forward
-// launchers' dispatch.
+// Calls f(T{}) with the storage type T of `dtype` (float, double, __half, __nv_bfloat16): every launcher's
+// dispatch, forward and backward.
 template <typename F>
 Status dispatch_dtype(DType dtype, F&& f) {
   switch (dtype) {
@@ -72,27 +73,68 @@ Status dispatch_dtype(DType dtype, F&& f) {
   return Status::Internal("unknown dtype " + std::to_string(static_cast<int>(dtype)));
 }
 
-// The same for float32 and float64 only (the backward launchers: atomicAdd in the storage type);
-// another dtype is an Invalid status naming `op`.
-template <typename F>
-Status dispatch_backward_dtype(const char* op, DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::kFloat32: return f(float{});
-    case DType::kFloat64: return f(double{});
-    default: break;
-  }
-  return arg_error(op, "input", "dtype float32 or float64 (CUDA backward)", dtype_name(dtype));
+// ---------------------------------------------------------------------------------------------
+// Gradient accumulation of the backward launchers. Scatters add many contributions into one element:
+// float and double gradients accumulate in place (atomicAdd in the storage type); float16 and bfloat16
+// gradients accumulate in a float32 buffer carved from the launcher's workspace and are rounded once at
+// the end (float32 accumulation, and no 16-bit atomics, which sm_75 lacks for bfloat16).
+
+inline bool is_16bit(DType dtype) { return dtype == DType::kFloat16 || dtype == DType::kBFloat16; }
+
+// Workspace bytes of the float32 accumulation buffer of `count` gradient elements (0 for float, double).
+inline size_t grad_acc_bytes(DType dtype, int64_t count) {
+  return is_16bit(dtype) && count > 0 ? align_up(sizeof(float) * static_cast<size_t>(count)) : 0;
 }
 
-// Data-dependent checks on the device (e.g. RoI batch indices): kernels set a flag in the workspace;
-// the launcher reads it back after the kernel and turns it into an Invalid status.
-struct DeviceErrorFlag {
-  int* flag;  // in device memory, zeroed before the kernel
+template <typename T>
+struct GradAcc {
+  using Acc = typename AccType<T>::type;
+  T* out = nullptr;    // the gradient (null: not wanted)
+  Acc* acc = nullptr;  // where kernels add: `out` itself for float and double, workspace for 16-bit types
+  int64_t count = 0;
 };
 
-// Zeroes the flag (asynchronously, on `stream`).
-Status error_flag_reset(DeviceErrorFlag f, cudaStream_t stream);
-// Waits for `stream` and returns Invalid(message) when a kernel set the flag.
-Status error_flag_check(DeviceErrorFlag f, cudaStream_t stream, const std::string& message);
+// The accumulation target of gradient `out` (`count` elements): in place for float and double; for 16-bit
+// types the next grad_acc_bytes of *workspace (advanced whether or not `out` is wanted, so the workspace
+// layout does not depend on which gradients are).
+template <typename T>
+GradAcc<T> grad_acc(T* out, int64_t count, char** workspace) {
+  using Acc = typename AccType<T>::type;
+  GradAcc<T> g;
+  g.out = out;
+  g.count = count;
+  if constexpr (std::is_same<Acc, T>::value) {
+    g.acc = out;
+  } else {
+    if (out != nullptr && count > 0) g.acc = reinterpret_cast<Acc*>(*workspace);
+    *workspace += align_up(sizeof(Acc) * static_cast<size_t>(count > 0 ? count : 0));
+  }
+  return g;
+}
+
+// Zeroes the accumulation target (stream order).
+template <typename T>
+Status grad_acc_zero(const GradAcc<T>& g, cudaStream_t stream, const char* where) {
+  if (g.acc == nullptr || g.count <= 0) return Status::Ok();
+  return cuda_status(cudaMemsetAsync(g.acc, 0, sizeof(*g.acc) * static_cast<size_t>(g.count), stream), where);
+}
+
+template <typename T, typename Acc>
+__global__ void store_acc_kernel(const Acc* __restrict__ acc, int64_t n, T* __restrict__ out) {
+  DCNKIT_CUDA_KERNEL_LOOP(i, n) { out[i] = from_acc<T>(acc[i]); }
+}
+
+// Rounds the float32 accumulation into the 16-bit gradient (nothing to do for float and double).
+template <typename T>
+Status grad_acc_store(const GradAcc<T>& g, cudaStream_t stream, const char* where) {
+  using Acc = typename AccType<T>::type;
+  if constexpr (std::is_same<Acc, T>::value) {
+    return Status::Ok();
+  } else {
+    if (g.acc == nullptr || g.count <= 0) return Status::Ok();
+    store_acc_kernel<T, Acc><<<cuda_blocks(g.count), kCudaThreads, 0, stream>>>(g.acc, g.count, g.out);
+    return cuda_launch_status(where);
+  }
+}
 
 }  // namespace dcnkit

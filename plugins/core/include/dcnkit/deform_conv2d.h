@@ -39,9 +39,33 @@ Status make_deform_conv2d_params(const char* op, const Shape& input, const Shape
                                  const Shape& weight, const Shape* bias, const Shape* mask,
                                  const DeformConv2dAttrs& attrs, DeformConv2dParams* p);
 
-// Output spatial size, also used by shape inference: floor((H + 2p - (d(k-1)+1)) / s) + 1.
+// The output-size rule, floor((in + 2p - (d(k-1)+1)) / s) + 1, written once over an arithmetic `A` that
+// provides Value, constant(int64_t), add, sub, mul and floor_div: plain integers here (IntArith), and
+// TensorRT's symbolic dimension expressions in the TensorRT plugin (its IExprBuilder).
+template <typename A>
+typename A::Value deform_conv2d_out_size_rule(A& a, typename A::Value in, typename A::Value k, int64_t s,
+                                              int64_t p, int64_t d) {
+  const typename A::Value one = a.constant(1);
+  const typename A::Value span = a.add(a.mul(a.constant(d), a.sub(k, one)), one);
+  return a.add(a.floor_div(a.sub(a.add(in, a.constant(2 * p)), span), a.constant(s)), one);
+}
+
+struct IntArith {
+  using Value = int64_t;
+  Value constant(int64_t v) const { return v; }
+  Value add(Value x, Value y) const { return x + y; }
+  Value sub(Value x, Value y) const { return x - y; }
+  Value mul(Value x, Value y) const { return x * y; }
+  Value floor_div(Value x, Value y) const {  // y > 0
+    const Value q = x / y;
+    return (x % y != 0 && (x < 0) != (y < 0)) ? q - 1 : q;
+  }
+};
+
+// Output spatial size (shape inference and params): the rule on integers.
 inline int64_t deform_conv2d_out_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
-  return (in + 2 * p - (d * (k - 1) + 1)) / s + 1;
+  IntArith a;
+  return deform_conv2d_out_size_rule(a, in, k, s, p, d);
 }
 
 // ---- CPU (float32, float64) ----------------------------------------------------------------------
@@ -62,10 +86,14 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
                                   T* grad_offset, T* grad_weight, T* grad_bias, T* grad_mask,
                                   void* workspace, const CpuContext& ctx);
 
-// ---- CUDA (forward: float32, float64, float16, bfloat16; backward: float32, float64) ---------------
+// ---- CUDA (float32, float64, float16, bfloat16; forward and backward) --------------------------------
+// 16-bit backward: float32 accumulation of grad_input and grad_weight in the backward workspace.
 // The dtype is passed explicitly and pointers are untyped so this header needs no CUDA headers.
 size_t deform_conv2d_forward_workspace_cuda(const DeformConv2dParams& p, DType dtype);
 size_t deform_conv2d_backward_workspace_cuda(const DeformConv2dParams& p, DType dtype);
+// An upper bound of deform_conv2d_forward_workspace_cuda(q, dtype) over every q whose dims are at most
+// those of `max_params` (TensorRT sizes its workspace once per optimisation profile, from its max dims).
+size_t deform_conv2d_forward_workspace_cuda_bound(const DeformConv2dParams& max_params, DType dtype);
 
 Status deform_conv2d_forward_cuda(const DeformConv2dParams& p, DType dtype, const void* input,
                                   const void* offset, const void* weight, const void* bias,

@@ -89,24 +89,26 @@ DCNKIT_HD Acc deform_conv2d_column(const DeformConv2dParams& p, const T* input_n
 }
 
 // Input-gradient scatter of one column-gradient value v at precomputed taps: grad_img[idx] += w * v.
-// `add(T* dst, Acc value)` is a plain += on the CPU and atomicAdd on CUDA. Taps of weight 0 are skipped
-// (their index is 0 and they contribute nothing).
-template <typename Acc, typename T, typename Add>
-DCNKIT_HD void sample_scatter(T* grad_img, const SampleTaps<Acc>& s, Acc v, Add add,
+// `add(G* dst, Acc value)` is a plain += on the CPU and atomicAdd on CUDA; G is the type of the gradient
+// buffer the scatter adds into (the storage type, or float32 for 16-bit types on CUDA). Taps of weight 0 are
+// skipped (their index is 0 and they contribute nothing).
+template <typename Acc, typename G, typename Add>
+DCNKIT_HD void sample_scatter(G* grad_img, const SampleTaps<Acc>& s, Acc v, Add add,
                               int64_t pixel_stride = 1) {
   for (int q = 0; q < 4; ++q) {
     if (s.w[q] != Acc(0)) add(grad_img + s.idx[q] * pixel_stride, s.w[q] * v);
   }
 }
 
-// Input-gradient scatter of one column-gradient element (row c*K + k, position pos).
-template <typename Acc, typename T, typename Add>
+// Input-gradient scatter of one column-gradient element (row c*K + k, position pos) into a gradient
+// buffer of type G (see sample_scatter).
+template <typename Acc, typename T, typename Add, typename G>
 DCNKIT_HD void deform_conv2d_scatter_input(const DeformConv2dParams& p, const T* offset_n,
                                            const T* mask_n, Acc grad_col_value, int64_t c,
-                                           int64_t k, int64_t pos, T* grad_input_n, Add add) {
+                                           int64_t k, int64_t pos, G* grad_input_n, Add add) {
   const int64_t g = c / (p.in_channels / p.attrs.deformable_groups);
   const SampleTaps<Acc> s = deform_conv2d_sample_taps<Acc, T>(p, offset_n, mask_n, g, k, pos);
-  sample_scatter<Acc, T, Add>(grad_input_n + c * p.height * p.width, s, grad_col_value, add);
+  sample_scatter<Acc, G, Add>(grad_input_n + c * p.height * p.width, s, grad_col_value, add);
 }
 
 // Partial sums over the channels c in [0, nc) of gcol(c) * (dS/dy, dS/dx, S) at the (unmasked) taps t,
@@ -208,10 +210,11 @@ DCNKIT_HD void deform_conv2d_bias_element(const DeformConv2dParams& p, const T* 
   output[n0 * p.out_channels * P + idx] = bias[(idx / P) % p.out_channels];
 }
 
-// Scatter of grad_columns element idx into grad_input through add(T* dst, Acc v) (atomicAdd on CUDA).
-template <typename Acc, typename T, typename Add>
+// Scatter of grad_columns element idx into grad_input (type G, see sample_scatter) through
+// add(G* dst, Acc v) (atomicAdd on CUDA).
+template <typename Acc, typename T, typename Add, typename G>
 DCNKIT_HD void deform_conv2d_col2im_element(const DeformConv2dParams& p, const T* offset, const T* mask,
-                                            const T* grad_columns, int64_t n0, int64_t idx, T* grad_input,
+                                            const T* grad_columns, int64_t n0, int64_t idx, G* grad_input,
                                             Add add) {
   const int64_t K = p.kernel_h * p.kernel_w;
   const ChunkIndex e = chunk_index(idx, p.in_channels * K, p.out_h * p.out_w);
@@ -222,8 +225,9 @@ DCNKIT_HD void deform_conv2d_col2im_element(const DeformConv2dParams& p, const T
                                       grad_input + n * p.in_channels * p.height * p.width, add);
 }
 
-// grad_offset / grad_mask (either may be null) of element idx of (nb, Gd*K, P): rows g*K + k.
-template <typename T>
+// grad_offset / grad_mask (either may be null) of element idx of (nb, Gd*K, P): rows g*K + k, computed in
+// the accumulation type Acc (float for 16-bit T on CUDA) and stored as T.
+template <typename T, typename Acc = T>
 DCNKIT_HD void deform_conv2d_offset_mask_grad_element(const DeformConv2dParams& p, const T* input,
                                                       const T* offset, const T* mask,
                                                       const T* grad_columns, int64_t n0, int64_t idx,
@@ -233,22 +237,24 @@ DCNKIT_HD void deform_conv2d_offset_mask_grad_element(const DeformConv2dParams& 
   const int64_t n = n0 + e.b, g = e.row / K, k = e.row % K;
   const DcnImage<T> im = deform_conv2d_image(p, input, offset, mask, n);
   const T* gcol_b = grad_columns + e.b * p.in_channels * K * P;
-  T gy, gx, gm;
-  deform_conv2d_offset_mask_grad<T, T>(p, im.x, im.offset, im.mask, gcol_b + e.pos, P, g, k, e.pos, &gy,
-                                       &gx, &gm);
+  Acc gy, gx, gm;
+  deform_conv2d_offset_mask_grad<Acc, T>(p, im.x, im.offset, im.mask, gcol_b + e.pos, P, g, k, e.pos, &gy,
+                                         &gx, &gm);
   if (grad_offset) {
     T* go = grad_offset + n * 2 * Gd * K * P;
-    go[(g * 2 * K + 2 * k) * P + e.pos] = gy;
-    go[(g * 2 * K + 2 * k + 1) * P + e.pos] = gx;
+    go[(g * 2 * K + 2 * k) * P + e.pos] = from_acc<T>(gy);
+    go[(g * 2 * K + 2 * k + 1) * P + e.pos] = from_acc<T>(gx);
   }
-  if (grad_mask) grad_mask[n * Gd * K * P + e.row * P + e.pos] = gm;
+  if (grad_mask) grad_mask[n * Gd * K * P + e.row * P + e.pos] = from_acc<T>(gm);
 }
 
 // The schedule (host only). An executor `ex` provides, each returning a Status:
 //   im2col(n0, nb, columns), bias_fill(n0, nb), col2im(n0, nb, grad_columns),
 //   offset_mask_grad(n0, nb, grad_columns)  -- the element functions above over a chunk;
 //   bias_grad()                              -- grad_bias[co] = sum over n, pos of grad_output;
-//   zero(T* dst, int64_t count), gemm(const GemmArgs&)   -- in stream order.
+//   zero(T* dst, int64_t count), gemm(const GemmArgs&)   -- in stream order;
+//   weight_gemm(const GemmArgs&)             -- the grad_weight GEMM (C += A x B^T, summed over images):
+//                                               gemm(), or (CUDA, 16-bit types) accumulated in float32.
 // `columns` holds chunk * Cin*K*P elements.
 template <typename T, typename Exec>
 Status deform_conv2d_forward_schedule(const DeformConv2dParams& p, DType dt, int64_t chunk, const T* weight,
@@ -323,7 +329,7 @@ Status deform_conv2d_backward_schedule(const DeformConv2dParams& p, DType dt, in
         ga.ldc = cin_g * K;
         ga.stride_c = cout_g * cin_g * K;
         ga.batch = G;
-        DCNKIT_RETURN_IF_ERROR(ex.gemm(ga));
+        DCNKIT_RETURN_IF_ERROR(ex.weight_gemm(ga));
       }
     }
     if (!need_gcol) continue;

@@ -44,7 +44,12 @@ Status deform_psroi_pool_backward_cpu(const DeformPSRoIPoolParams& p, const T* g
                                       const T* count, T* grad_input, T* grad_trans,
                                       const CpuContext& ctx);
 
+// CUDA (float32, float64, float16, bfloat16; forward and backward). Never synchronises: a RoI whose batch
+// index is outside [0, N) or NaN gives zeros (count 0). Workspace: deform_psroi_pool_workspace_cuda
+// (forward), deform_psroi_pool_backward_workspace_cuda (backward: float32 accumulation of 16-bit
+// grad_input and grad_trans).
 size_t deform_psroi_pool_workspace_cuda(const DeformPSRoIPoolParams& p);
+size_t deform_psroi_pool_backward_workspace_cuda(const DeformPSRoIPoolParams& p, DType dtype);
 Status deform_psroi_pool_forward_cuda(const DeformPSRoIPoolParams& p, DType dtype,
                                       const void* input, const void* rois, const void* trans,
                                       void* output, void* count, void* workspace,

@@ -34,7 +34,11 @@ Status deform_roi_pool_backward_cpu(const DeformRoIPoolParams& p, const T* grad_
                                     const T* input, const T* rois, const T* offset, T* grad_input,
                                     T* grad_offset, const CpuContext& ctx);
 
+// CUDA (float32, float64, float16, bfloat16; forward and backward). Never synchronises: a RoI whose batch
+// index is outside [0, N) or NaN gives zeros. Workspace: deform_roi_pool_workspace_cuda (forward),
+// deform_roi_pool_backward_workspace_cuda (backward: float32 accumulation of a 16-bit grad_input).
 size_t deform_roi_pool_workspace_cuda(const DeformRoIPoolParams& p);
+size_t deform_roi_pool_backward_workspace_cuda(const DeformRoIPoolParams& p, DType dtype);
 Status deform_roi_pool_forward_cuda(const DeformRoIPoolParams& p, DType dtype, const void* input,
                                     const void* rois, const void* offset, void* output,
                                     void* workspace, const CudaContext& ctx);

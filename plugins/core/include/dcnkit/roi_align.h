@@ -39,9 +39,12 @@ template <typename T>
 Status roi_align_backward_cpu(const RoIAlignParams& p, const T* grad_output, const T* input,
                               const T* rois, T* grad_input, const CpuContext& ctx);
 
-// CUDA (forward: float32, float64, float16, bfloat16; backward: float32, float64). The workspace
-// holds a device-side error flag for batch indices out of range (checked after the kernel).
+// CUDA (float32, float64, float16, bfloat16; forward and backward). The launchers never synchronise: a RoI
+// whose batch index is outside [0, N) or NaN gives zeros (forward output 0, no gradient), never an
+// out-of-bounds read. Workspace bytes: roi_align_workspace_cuda for the forward (0 today),
+// roi_align_backward_workspace_cuda for the backward (float32 accumulation of a 16-bit grad_input).
 size_t roi_align_workspace_cuda(const RoIAlignParams& p);
+size_t roi_align_backward_workspace_cuda(const RoIAlignParams& p, DType dtype);
 Status roi_align_forward_cuda(const RoIAlignParams& p, DType dtype, const void* input,
                               const void* rois, void* output, void* workspace,
                               const CudaContext& ctx);

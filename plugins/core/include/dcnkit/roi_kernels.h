@@ -520,44 +520,18 @@ DCNKIT_HD RoIElement roi_element(int64_t i, int64_t C, int64_t oh, int64_t ow) {
 }
 
 #if defined(__CUDACC__)
-// Batch index of RoI row `roi` (accumulation type Acc); false, with the device error flag raised, when
-// it is outside [0, batch) or NaN.
-template <typename Acc, typename T>
-__device__ __forceinline__ bool roi_batch_index_or_flag(const T* roi, int64_t batch, int* flag,
-                                                        int64_t* b) {
-  if (roi_batch_index<Acc>(roi, batch, b)) return true;
-  *flag = 1;
-  return false;
-}
+// The CUDA launchers never synchronise and never read device data on the host: a RoI whose batch index is
+// outside [0, N) or NaN (roi_batch_index false) gives zeros on the device (forward writes 0, backward
+// skips it), never an out-of-bounds read. A front end may report it asynchronously (the torch ops run a
+// device-side assert with roi_batch_device_message).
 
-// A launcher's body: resets the device error flag (the workspace's first int), runs
-// launch(int* flag) (kernel launches on `stream`, each checked), then waits and turns a raised flag into
-// the Invalid status of a bad batch index.
-template <typename F>
-Status roi_launch_checked(const char* op, int64_t batch, void* workspace, cudaStream_t stream,
-                          F&& launch) {
-  DeviceErrorFlag flag{static_cast<int*>(workspace)};
-  DCNKIT_RETURN_IF_ERROR(error_flag_reset(flag, stream));
-  DCNKIT_RETURN_IF_ERROR(launch(flag.flag));
-  return error_flag_check(flag, stream, roi_batch_device_message(op, batch));
-}
-
-// Scatter functor of the backward functions: atomicAdd into `base` (float or double).
-template <typename T>
+// Scatter functor of the backward functions: atomicAdd into `base`, a buffer of the accumulation type
+// (the gradient itself for float and double, its float32 accumulator for 16-bit types; see GradAcc).
+template <typename Acc>
 struct RoIAtomicAdd {
-  T* base;
-  __device__ __forceinline__ void operator()(int64_t i, T v) const { atomicAdd(base + i, v); }
+  Acc* base;
+  __device__ __forceinline__ void operator()(int64_t i, Acc v) const { atomicAdd(base + i, v); }
 };
-
-// Accumulated value -> storage type (exact for float and double, rounded for half and bfloat16).
-template <typename T, typename Acc>
-__device__ __forceinline__ T roi_store(Acc v) {
-  if constexpr (std::is_same<T, Acc>::value) {
-    return v;
-  } else {
-    return from_acc<T>(static_cast<float>(v));
-  }
-}
 #endif
 
 }  // namespace dcnkit

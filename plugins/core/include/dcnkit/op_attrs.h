@@ -1,0 +1,206 @@
+// Attributes of every operator as the front ends receive them, read once for every runtime.
+//
+// op_defs.h defines each op's canonical interface. This header adds the names other tools export
+// (mmdeploy / mmcv 1.x: "variants" with their own input orders and attribute names), the conversion of
+// a raw attribute (an ONNX attribute read through ONNX Runtime, a TensorRT PluginField) into the
+// canonical value with the op's default where it is absent, and the checked core attrs of a node.
+// The ONNX Runtime kernels and the TensorRT plugin creators both go through it, so an attribute name,
+// kind, default or range is written once.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dcnkit/common.h"
+#include "dcnkit/deform_conv2d.h"
+#include "dcnkit/deform_psroi_pool.h"
+#include "dcnkit/deform_roi_pool.h"
+#include "dcnkit/op_defs.h"
+#include "dcnkit/roi_align.h"
+
+namespace dcnkit {
+
+// ---------------------------------------------------------------------------------------------
+// Canonical attribute and input indices, looked up in op_defs.h at compile time (a renamed attribute
+// there fails the build on the line that uses it instead of silently reading a default).
+
+constexpr bool cstr_eq(const char* a, const char* b) {
+  while (*a != '\0' && *a == *b) {
+    ++a;
+    ++b;
+  }
+  return *a == *b;
+}
+
+template <typename Def, size_t N>
+constexpr int def_index(const Def (&defs)[N], const char* name) {
+  for (size_t i = 0; i < N; ++i)
+    if (cstr_eq(defs[i].name, name)) return static_cast<int>(i);
+  return -1;
+}
+
+template <int I>
+constexpr int found_index() {
+  static_assert(I >= 0, "op_defs.h: an attribute or input named here is not in its table (renamed?)");
+  return I;
+}
+
+#define DCNKIT_INDEX(table, name) ::dcnkit::found_index<::dcnkit::def_index(table, name)>()
+
+// DeformConv2d
+constexpr int kDcStride = DCNKIT_INDEX(kDeformConv2dAttrs, "stride");
+constexpr int kDcPadding = DCNKIT_INDEX(kDeformConv2dAttrs, "padding");
+constexpr int kDcDilation = DCNKIT_INDEX(kDeformConv2dAttrs, "dilation");
+constexpr int kDcGroups = DCNKIT_INDEX(kDeformConv2dAttrs, "groups");
+constexpr int kDcDeformGroups = DCNKIT_INDEX(kDeformConv2dAttrs, "deformable_groups");
+constexpr int kDcInput = DCNKIT_INDEX(kDeformConv2dInputs, "input");
+constexpr int kDcOffset = DCNKIT_INDEX(kDeformConv2dInputs, "offset");
+constexpr int kDcWeight = DCNKIT_INDEX(kDeformConv2dInputs, "weight");
+constexpr int kDcBias = DCNKIT_INDEX(kDeformConv2dInputs, "bias");
+constexpr int kDcMask = DCNKIT_INDEX(kDeformConv2dInputs, "mask");
+
+// RoIAlign
+constexpr int kRaOutputSize = DCNKIT_INDEX(kRoIAlignAttrs, "output_size");
+constexpr int kRaScale = DCNKIT_INDEX(kRoIAlignAttrs, "spatial_scale");
+constexpr int kRaSampling = DCNKIT_INDEX(kRoIAlignAttrs, "sampling_ratio");
+constexpr int kRaAligned = DCNKIT_INDEX(kRoIAlignAttrs, "aligned");
+constexpr int kRaPoolMode = DCNKIT_INDEX(kRoIAlignAttrs, "pool_mode");
+constexpr int kRaInput = DCNKIT_INDEX(kRoIAlignInputs, "input");
+constexpr int kRaRois = DCNKIT_INDEX(kRoIAlignInputs, "rois");
+
+// DeformRoIPool
+constexpr int kDrOutputSize = DCNKIT_INDEX(kDeformRoIPoolAttrs, "output_size");
+constexpr int kDrScale = DCNKIT_INDEX(kDeformRoIPoolAttrs, "spatial_scale");
+constexpr int kDrSampling = DCNKIT_INDEX(kDeformRoIPoolAttrs, "sampling_ratio");
+constexpr int kDrGamma = DCNKIT_INDEX(kDeformRoIPoolAttrs, "gamma");
+constexpr int kDrInput = DCNKIT_INDEX(kDeformRoIPoolInputs, "input");
+constexpr int kDrRois = DCNKIT_INDEX(kDeformRoIPoolInputs, "rois");
+constexpr int kDrOffset = DCNKIT_INDEX(kDeformRoIPoolInputs, "offset");
+
+// DeformPSRoIPool
+constexpr int kPsScale = DCNKIT_INDEX(kDeformPSRoIPoolAttrs, "spatial_scale");
+constexpr int kPsOutputSize = DCNKIT_INDEX(kDeformPSRoIPoolAttrs, "output_size");
+constexpr int kPsOutputDim = DCNKIT_INDEX(kDeformPSRoIPoolAttrs, "output_dim");
+constexpr int kPsGroupSize = DCNKIT_INDEX(kDeformPSRoIPoolAttrs, "group_size");
+constexpr int kPsPartSize = DCNKIT_INDEX(kDeformPSRoIPoolAttrs, "part_size");
+constexpr int kPsSamplePerPart = DCNKIT_INDEX(kDeformPSRoIPoolAttrs, "sample_per_part");
+constexpr int kPsTransStd = DCNKIT_INDEX(kDeformPSRoIPoolAttrs, "trans_std");
+constexpr int kPsNoTrans = DCNKIT_INDEX(kDeformPSRoIPoolAttrs, "no_trans");
+constexpr int kPsInput = DCNKIT_INDEX(kDeformPSRoIPoolInputs, "input");
+constexpr int kPsRois = DCNKIT_INDEX(kDeformPSRoIPoolInputs, "rois");
+constexpr int kPsTrans = DCNKIT_INDEX(kDeformPSRoIPoolInputs, "trans");
+
+// The feature map is the first input of every operator.
+static_assert(kDcInput == 0 && kRaInput == 0 && kDrInput == 0 && kPsInput == 0, "op_defs.h: input order changed");
+
+// Inputs of any op (canonical order), an upper bound for fixed-size arrays of them.
+constexpr size_t kMaxInputs = 8;
+
+// ---------------------------------------------------------------------------------------------
+// Operator variants: the kit's own ops (domain "dcnkit", names and defaults from op_defs.h) and the
+// names mmdeploy / mmcv 1.x export, mapped onto the same kernels.
+
+enum class OpKind : int { kDeformConv2d = 0, kRoIAlign = 1, kDeformRoIPool = 2, kDeformPSRoIPool = 3 };
+
+const OpDef& op_def(OpKind kind);
+
+// An attribute of a variant: its name in the model, the canonical attribute (AttrDef name) it sets,
+// and which element of a canonical `ints` attribute (-1: the whole value).
+struct AttrAlias {
+  const char* onnx_name;
+  const char* canonical;
+  int element;
+};
+
+// One node input of a variant: the canonical input (TensorDef index) it carries, and whether the
+// variant declares it optional.
+struct InputSlot {
+  int canonical;
+  bool optional;
+};
+
+struct OpVariant {
+  const char* domain;
+  const char* op_type;
+  OpKind kind;
+  std::vector<InputSlot> inputs;
+  std::vector<AttrAlias> aliases;   // empty: the canonical names and kinds of the OpDef
+  bool empty_input_is_absent;       // mmcv convention: a 0-element optional input means "none"
+  bool loose_attrs;                 // accept int for ints (broadcast), 1-element ints, float-valued ints,
+                                    // and 4-element symmetric paddings (mmdeploy DeformConv2d)
+};
+
+// All variants (the kit's four ops first, in op_defs order; then mmdeploy's and mmcv 1.x's names).
+const std::vector<OpVariant>& op_variants();
+
+// One attribute of a variant as written in a model: its name, kind and element count
+// (count 0: any length), and the canonical attribute (index into the OpDef's attrs) and element it sets.
+struct VariantField {
+  const char* name;
+  AttrKind kind;
+  int count;
+  int canonical;
+  int element;
+};
+std::vector<VariantField> variant_fields(const OpVariant& v);
+
+// ---------------------------------------------------------------------------------------------
+// Attribute values
+
+// A canonical attribute value: ints (also for kInt, one element), float or string.
+struct AttrValue {
+  std::vector<int64_t> ints;
+  double f = 0.0;
+  std::string s;
+};
+
+// The default of an AttrDef ("1", "[1, 1]", "0.1", "avg").
+AttrValue parse_default(const AttrDef& d);
+
+// What a front end found under an attribute name (an ONNX attribute, a TensorRT PluginField).
+struct RawAttr {
+  enum Type { kAbsent, kInt, kFloat, kInts, kFloats, kString, kOther } type = kAbsent;
+  int64_t i = 0;
+  double f = 0;
+  std::vector<int64_t> ints;
+  std::vector<float> floats;
+  std::string s;
+  std::string other;  // kOther: what it was, for messages ("a tensor", "3 int8 values")
+};
+
+// "int 3", "2 ints [1, 1]", "string \"avg\"", ... for error messages.
+std::string raw_attr_str(const RawAttr& r);
+
+// Reads every canonical attribute of `variant` through `lookup(name as written in the model)`; absent
+// ones take the OpDef's default. Errors name the op and the attribute as written in the model:
+// "<op_type>: attribute <name>: expected <kind>, got <what>".
+Status read_attrs(const OpVariant& variant, const std::function<RawAttr(const char*)>& lookup,
+                  std::vector<AttrValue>* out);
+
+// The core attrs of a node, checked once (with shapes built to fit them: any error left is the
+// attributes'), whatever front end read them.
+struct OpAttrs {
+  OpKind kind = OpKind::kDeformConv2d;
+  DeformConv2dAttrs dcn;
+  RoIAlignAttrs roi;
+  DeformRoIPoolAttrs droi;
+  DeformPSRoIPoolAttrs psroi;
+};
+Status make_op_attrs(const OpVariant& variant, const std::vector<AttrValue>& values, OpAttrs* out);
+
+// A call's params from the node's attrs and its inputs' shapes in canonical order (`in[i]` null: input i
+// absent), checked by the core: one overload per op kind, shared by every runtime. `op` names the node's
+// op type in errors.
+Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, DeformConv2dParams* p);
+Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, RoIAlignParams* p);
+Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, DeformRoIPoolParams* p);
+Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, DeformPSRoIPoolParams* p);
+
+// Back to canonical values (for serialization): the inverse of make_op_attrs.
+std::vector<AttrValue> op_attr_values(const OpAttrs& a);
+
+// Number of outputs a node of this op has at the most (DeformPSRoIPool: output and count).
+inline size_t op_num_outputs(OpKind kind) { return op_def(kind).num_outputs; }
+
+}  // namespace dcnkit

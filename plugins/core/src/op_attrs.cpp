@@ -1,0 +1,435 @@
+#include "dcnkit/op_attrs.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+namespace dcnkit {
+
+const OpDef& op_def(OpKind kind) { return kOpDefs[static_cast<int>(kind)]; }
+
+// ---------------------------------------------------------------------------------------------
+// Variants
+
+namespace {
+
+std::vector<InputSlot> canonical_inputs(const OpDef& d) {
+  std::vector<InputSlot> v;
+  for (size_t i = 0; i < d.num_inputs; ++i) v.push_back({static_cast<int>(i), d.inputs[i].optional});
+  return v;
+}
+
+std::vector<OpVariant> build_variants() {
+  std::vector<OpVariant> v;
+  // The kit's own operators: names, input order and defaults straight from op_defs.h.
+  const OpKind kinds[] = {OpKind::kDeformConv2d, OpKind::kRoIAlign, OpKind::kDeformRoIPool,
+                          OpKind::kDeformPSRoIPool};
+  for (OpKind k : kinds) {
+    const OpDef& d = op_def(k);
+    v.push_back({kOnnxDomain, d.onnx_type, k, canonical_inputs(d), {}, false, false});
+  }
+  // mmcv 1.x / mmdeploy exports. ModulatedDeformConv2d: (input, offset, mask, weight[, bias]),
+  // attributes stride, padding, dilation, groups, deform_groups.
+  const std::vector<AttrAlias> dcn_aliases = {
+      {"stride", kDeformConv2dAttrs[kDcStride].name, -1},
+      {"padding", kDeformConv2dAttrs[kDcPadding].name, -1},
+      {"dilation", kDeformConv2dAttrs[kDcDilation].name, -1},
+      {"groups", kDeformConv2dAttrs[kDcGroups].name, -1},
+      {"deform_groups", kDeformConv2dAttrs[kDcDeformGroups].name, -1},
+  };
+  const std::vector<InputSlot> mdcn_inputs = {
+      {kDcInput, false}, {kDcOffset, false}, {kDcMask, false}, {kDcWeight, false}, {kDcBias, true}};
+  const std::vector<InputSlot> dcn_inputs = {{kDcInput, false}, {kDcOffset, false}, {kDcWeight, false}};
+  for (const char* domain : {"mmdeploy", "mmcv"}) {
+    v.push_back({domain, "MMCVModulatedDeformConv2d", OpKind::kDeformConv2d, mdcn_inputs, dcn_aliases,
+                 true, true});
+    // mmcv 1.x DeformConv2d also writes bias (always 0) and im2col_step: ignored.
+    v.push_back({domain, "MMCVDeformConv2d", OpKind::kDeformConv2d, dcn_inputs, dcn_aliases, true, true});
+  }
+  // mmcv::MMCVRoiAlign: output_height, output_width, spatial_scale, sampling_ratio, mode, aligned.
+  v.push_back({"mmcv",
+               "MMCVRoiAlign",
+               OpKind::kRoIAlign,
+               {{kRaInput, false}, {kRaRois, false}},
+               {{"output_height", kRoIAlignAttrs[kRaOutputSize].name, 0},
+                {"output_width", kRoIAlignAttrs[kRaOutputSize].name, 1},
+                {"spatial_scale", kRoIAlignAttrs[kRaScale].name, -1},
+                {"sampling_ratio", kRoIAlignAttrs[kRaSampling].name, -1},
+                {"mode", kRoIAlignAttrs[kRaPoolMode].name, -1},
+                {"aligned", kRoIAlignAttrs[kRaAligned].name, -1}},
+               true,
+               true});
+  // mmcv::MMCVDeformRoIPool: (input, rois[, offset]); pooled_height, pooled_width, spatial_scale,
+  // sampling_ratio (written as a float by mmcv), gamma.
+  v.push_back({"mmcv",
+               "MMCVDeformRoIPool",
+               OpKind::kDeformRoIPool,
+               {{kDrInput, false}, {kDrRois, false}, {kDrOffset, true}},
+               {{"pooled_height", kDeformRoIPoolAttrs[kDrOutputSize].name, 0},
+                {"pooled_width", kDeformRoIPoolAttrs[kDrOutputSize].name, 1},
+                {"spatial_scale", kDeformRoIPoolAttrs[kDrScale].name, -1},
+                {"sampling_ratio", kDeformRoIPoolAttrs[kDrSampling].name, -1},
+                {"gamma", kDeformRoIPoolAttrs[kDrGamma].name, -1}},
+               true,
+               true});
+  return v;
+}
+
+int canonical_index(const OpDef& def, const char* name) {
+  for (size_t i = 0; i < def.num_attrs; ++i)
+    if (std::strcmp(def.attrs[i].name, name) == 0) return static_cast<int>(i);
+  return -1;
+}
+
+int kind_count(AttrKind k) { return k == AttrKind::kInts ? 2 : (k == AttrKind::kString ? 0 : 1); }
+
+}  // namespace
+
+const std::vector<OpVariant>& op_variants() {
+  static const std::vector<OpVariant> v = build_variants();
+  return v;
+}
+
+std::vector<VariantField> variant_fields(const OpVariant& v) {
+  const OpDef& def = op_def(v.kind);
+  std::vector<VariantField> out;
+  if (v.aliases.empty()) {
+    for (size_t i = 0; i < def.num_attrs; ++i) {
+      out.push_back({def.attrs[i].name, def.attrs[i].kind, kind_count(def.attrs[i].kind), static_cast<int>(i), -1});
+    }
+    return out;
+  }
+  for (const AttrAlias& a : v.aliases) {
+    const int idx = canonical_index(def, a.canonical);
+    const AttrKind kind = a.element >= 0 ? AttrKind::kInt : def.attrs[idx].kind;
+    out.push_back({a.onnx_name, kind, kind_count(kind), idx, a.element});
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw attributes -> canonical values
+
+AttrValue parse_default(const AttrDef& d) {
+  AttrValue v;
+  const std::string s = d.default_value;
+  switch (d.kind) {
+    case AttrKind::kString: v.s = s; break;
+    case AttrKind::kFloat: v.f = std::strtod(s.c_str(), nullptr); break;
+    case AttrKind::kInt: v.ints = {std::strtoll(s.c_str(), nullptr, 10)}; break;
+    case AttrKind::kInts: {
+      const char* p = s.c_str();
+      while (*p) {
+        if ((*p >= '0' && *p <= '9') || *p == '-') {
+          char* end = nullptr;
+          v.ints.push_back(std::strtoll(p, &end, 10));
+          p = end;
+        } else {
+          ++p;
+        }
+      }
+      break;
+    }
+  }
+  return v;
+}
+
+std::string raw_attr_str(const RawAttr& r) {
+  switch (r.type) {
+    case RawAttr::kAbsent: return "nothing";
+    case RawAttr::kInt: return "int " + std::to_string(r.i);
+    case RawAttr::kFloat: return "float " + to_str(r.f);
+    case RawAttr::kInts: return std::to_string(r.ints.size()) + " ints " + shape_str(r.ints);
+    case RawAttr::kFloats: {
+      std::string s = std::to_string(r.floats.size()) + " floats [";
+      for (size_t i = 0; i < r.floats.size(); ++i) s += (i ? ", " : "") + to_str(r.floats[i]);
+      return s + "]";
+    }
+    case RawAttr::kString: return "string \"" + r.s + "\"";
+    case RawAttr::kOther: return r.other.empty() ? "an attribute of another type" : r.other;
+  }
+  return "?";
+}
+
+namespace {
+
+// An integer from an int attribute, or (loose) from a float attribute holding an integer.
+bool as_int(const RawAttr& r, bool loose, int64_t* v) {
+  if (r.type == RawAttr::kInt) {
+    *v = r.i;
+    return true;
+  }
+  if (loose && r.type == RawAttr::kFloat && std::isfinite(r.f) && r.f == std::floor(r.f) &&
+      std::fabs(r.f) < 9.0e15) {
+    *v = static_cast<int64_t>(r.f);
+    return true;
+  }
+  if (loose && r.type == RawAttr::kInts && r.ints.size() == 1) {
+    *v = r.ints[0];
+    return true;
+  }
+  return false;
+}
+
+Status convert(const char* op, const char* onnx_name, const AttrDef& def, int element, bool loose,
+               const RawAttr& r, AttrValue* out) {
+  const std::string arg = std::string("attribute ") + onnx_name;
+  if (element >= 0) {  // one element of a canonical pair
+    int64_t v = 0;
+    if (!as_int(r, loose, &v)) return arg_error(op, arg, "an int", raw_attr_str(r));
+    if (out->ints.size() <= static_cast<size_t>(element)) out->ints.resize(element + 1, 0);
+    out->ints[element] = v;
+    return Status::Ok();
+  }
+  switch (def.kind) {
+    case AttrKind::kInt: {
+      int64_t v = 0;
+      if (!as_int(r, loose, &v)) return arg_error(op, arg, "an int", raw_attr_str(r));
+      out->ints = {v};
+      return Status::Ok();
+    }
+    case AttrKind::kFloat:
+      if (r.type == RawAttr::kFloat) {
+        out->f = r.f;
+      } else if (r.type == RawAttr::kInt && loose) {
+        out->f = static_cast<double>(r.i);
+      } else {
+        return arg_error(op, arg, "a float", raw_attr_str(r));
+      }
+      return Status::Ok();
+    case AttrKind::kString:
+      if (r.type != RawAttr::kString) return arg_error(op, arg, "a string", raw_attr_str(r));
+      out->s = r.s;
+      return Status::Ok();
+    case AttrKind::kInts: {
+      if (r.type == RawAttr::kInts && r.ints.size() == 2) {
+        out->ints = r.ints;
+        return Status::Ok();
+      }
+      if (loose) {
+        int64_t v = 0;
+        if (as_int(r, true, &v)) {  // one value for both axes
+          out->ints = {v, v};
+          return Status::Ok();
+        }
+        if (r.type == RawAttr::kInts && r.ints.size() == 4) {
+          const auto& p = r.ints;
+          // mmdeploy writes paddings as [ph, ph, pw, pw]; ONNX pads are [ph, pw, ph, pw].
+          if (p[0] == p[1] && p[2] == p[3]) {
+            out->ints = {p[0], p[2]};
+            return Status::Ok();
+          }
+          if (p[0] == p[2] && p[1] == p[3]) {
+            out->ints = {p[0], p[1]};
+            return Status::Ok();
+          }
+          return arg_error(op, arg, "symmetric 4 ints ([h, h, w, w] or [h, w, h, w])", raw_attr_str(r));
+        }
+        return arg_error(op, arg, "an int or 2 ints (h, w)", raw_attr_str(r));
+      }
+      return arg_error(op, arg, "2 ints (h, w)", raw_attr_str(r));
+    }
+  }
+  return Status::Internal("unknown attribute kind");
+}
+
+}  // namespace
+
+Status read_attrs(const OpVariant& variant, const std::function<RawAttr(const char*)>& lookup,
+                  std::vector<AttrValue>* out) {
+  const OpDef& def = op_def(variant.kind);
+  out->clear();
+  for (size_t i = 0; i < def.num_attrs; ++i) out->push_back(parse_default(def.attrs[i]));
+  for (const VariantField& f : variant_fields(variant)) {
+    if (f.canonical < 0) return Status::Internal(std::string("unknown canonical attribute of ") + f.name);
+    const RawAttr r = lookup(f.name);
+    if (r.type == RawAttr::kAbsent) continue;
+    DCNKIT_RETURN_IF_ERROR(convert(variant.op_type, f.name, def.attrs[f.canonical], f.element,
+                                   variant.loose_attrs, r, &(*out)[f.canonical]));
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Canonical values -> checked core attrs
+
+namespace {
+Status check_op_attrs(const OpVariant& variant, const std::vector<AttrValue>& a, OpAttrs* out);
+}  // namespace
+
+Status make_op_attrs(const OpVariant& variant, const std::vector<AttrValue>& a, OpAttrs* out) {
+  const Status s = check_op_attrs(variant, a, out);
+  if (s.ok() || variant.aliases.empty()) return s;
+  // The core names canonical attributes ("<op>: <arg>: expected ..."): add the names the model used.
+  const std::string& m = s.message();
+  const size_t b = std::strlen(variant.op_type) + 2, e = m.find(": ", b);
+  if (m.compare(0, b, std::string(variant.op_type) + ": ") != 0 || e == std::string::npos) return s;
+  const std::string arg = ", " + m.substr(b, e - b) + ",";
+  std::string names;
+  for (const AttrAlias& al : variant.aliases) {
+    if (arg.find(std::string(", ") + al.canonical + ",") != std::string::npos) {
+      names += (names.empty() ? "" : ", ") + std::string(al.onnx_name);
+    }
+  }
+  return names.empty() ? s : Status(s.code(), m + " (attribute " + names + ")");
+}
+
+namespace {
+
+Status check_op_attrs(const OpVariant& variant, const std::vector<AttrValue>& a, OpAttrs* out) {
+  const char* op = variant.op_type;
+  out->kind = variant.kind;
+  switch (variant.kind) {
+    case OpKind::kDeformConv2d: {
+      DeformConv2dAttrs& d = out->dcn;
+      d.stride_h = a[kDcStride].ints[0];
+      d.stride_w = a[kDcStride].ints[1];
+      d.pad_h = a[kDcPadding].ints[0];
+      d.pad_w = a[kDcPadding].ints[1];
+      d.dilation_h = a[kDcDilation].ints[0];
+      d.dilation_w = a[kDcDilation].ints[1];
+      d.groups = a[kDcGroups].ints[0];
+      d.deformable_groups = a[kDcDeformGroups].ints[0];
+      // Shapes that fit the attributes: any error left is the attributes'.
+      const int64_t g = d.groups > 0 ? d.groups : 1, dg = d.deformable_groups > 0 ? d.deformable_groups : 1;
+      if (g > (int64_t(1) << 24) || dg > (int64_t(1) << 24)) {
+        return arg_error(op, "groups, deformable_groups", "values <= 2^24",
+                         "(" + std::to_string(d.groups) + ", " + std::to_string(d.deformable_groups) + ")");
+      }
+      const int64_t cin = g * dg, hw = 16;
+      const int64_t ho = (d.stride_h > 0 && d.dilation_h > 0 && d.pad_h >= 0)
+                             ? deform_conv2d_out_size(hw, 1, d.stride_h, d.pad_h, d.dilation_h) : 1;
+      const int64_t wo = (d.stride_w > 0 && d.dilation_w > 0 && d.pad_w >= 0)
+                             ? deform_conv2d_out_size(hw, 1, d.stride_w, d.pad_w, d.dilation_w) : 1;
+      DeformConv2dParams p;
+      return make_deform_conv2d_params(op, {1, cin, hw, hw}, {1, 2 * dg, ho, wo}, {g, dg, 1, 1}, nullptr,
+                                       nullptr, d, &p);
+    }
+    case OpKind::kRoIAlign: {
+      RoIAlignAttrs& r = out->roi;
+      r.pooled_h = a[kRaOutputSize].ints[0];
+      r.pooled_w = a[kRaOutputSize].ints[1];
+      r.spatial_scale = a[kRaScale].f;
+      r.sampling_ratio = a[kRaSampling].ints[0];
+      r.aligned = a[kRaAligned].ints[0] != 0;
+      DCNKIT_RETURN_IF_ERROR(parse_pool_mode(op, a[kRaPoolMode].s, &r.mode));
+      RoIAlignParams p;
+      return make_roi_align_params(op, {1, 1, 16, 16}, {1, 5}, r, &p);
+    }
+    case OpKind::kDeformRoIPool: {
+      DeformRoIPoolAttrs& r = out->droi;
+      r.pooled_h = a[kDrOutputSize].ints[0];
+      r.pooled_w = a[kDrOutputSize].ints[1];
+      r.spatial_scale = a[kDrScale].f;
+      r.sampling_ratio = a[kDrSampling].ints[0];
+      r.gamma = a[kDrGamma].f;
+      DeformRoIPoolParams p;
+      return make_deform_roi_pool_params(op, {1, 1, 16, 16}, {1, 5}, nullptr, r, &p);
+    }
+    case OpKind::kDeformPSRoIPool: {
+      DeformPSRoIPoolAttrs& r = out->psroi;
+      r.spatial_scale = a[kPsScale].f;
+      r.output_size = a[kPsOutputSize].ints[0];
+      r.output_dim = a[kPsOutputDim].ints[0];
+      r.group_size = a[kPsGroupSize].ints[0];
+      r.part_size = a[kPsPartSize].ints[0];
+      r.sample_per_part = a[kPsSamplePerPart].ints[0];
+      r.trans_std = a[kPsTransStd].f;
+      r.no_trans = a[kPsNoTrans].ints[0] != 0;
+      const int64_t od = r.output_dim > 0 ? r.output_dim : 1, gs = r.group_size > 0 ? r.group_size : 1;
+      if (od > (int64_t(1) << 24) || gs > (int64_t(1) << 16)) {
+        return arg_error(op, "output_dim, group_size", "output_dim <= 2^24 and group_size <= 2^16",
+                         "(" + std::to_string(r.output_dim) + ", " + std::to_string(r.group_size) + ")");
+      }
+      const int64_t ps = r.part_size > 0 ? r.part_size : (r.output_size > 0 ? r.output_size : 1);
+      const Shape trans = {1, 2, ps, ps};
+      DeformPSRoIPoolParams p;
+      return make_deform_psroi_pool_params(op, {1, od * gs * gs, 16, 16}, {1, 5},
+                                           r.no_trans ? nullptr : &trans, r, &p);
+    }
+  }
+  return Status::Internal("unknown op kind");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Params of a call
+
+namespace {
+// Required inputs are present (the front ends check arity before): an absent one is an internal error.
+Status need(const char* op, const Shape* const* in, int i, const TensorDef* defs) {
+  if (in[i] == nullptr) return arg_error(op, defs[i].name, "a tensor", "no input");
+  return Status::Ok();
+}
+}  // namespace
+
+Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, DeformConv2dParams* p) {
+  for (int i : {kDcInput, kDcOffset, kDcWeight}) DCNKIT_RETURN_IF_ERROR(need(op, in, i, kDeformConv2dInputs));
+  return make_deform_conv2d_params(op, *in[kDcInput], *in[kDcOffset], *in[kDcWeight], in[kDcBias], in[kDcMask],
+                                   a.dcn, p);
+}
+
+Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, RoIAlignParams* p) {
+  for (int i : {kRaInput, kRaRois}) DCNKIT_RETURN_IF_ERROR(need(op, in, i, kRoIAlignInputs));
+  return make_roi_align_params(op, *in[kRaInput], *in[kRaRois], a.roi, p);
+}
+
+Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, DeformRoIPoolParams* p) {
+  for (int i : {kDrInput, kDrRois}) DCNKIT_RETURN_IF_ERROR(need(op, in, i, kDeformRoIPoolInputs));
+  return make_deform_roi_pool_params(op, *in[kDrInput], *in[kDrRois], in[kDrOffset], a.droi, p);
+}
+
+Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, DeformPSRoIPoolParams* p) {
+  for (int i : {kPsInput, kPsRois}) DCNKIT_RETURN_IF_ERROR(need(op, in, i, kDeformPSRoIPoolInputs));
+  return make_deform_psroi_pool_params(op, *in[kPsInput], *in[kPsRois], in[kPsTrans], a.psroi, p);
+}
+
+std::vector<AttrValue> op_attr_values(const OpAttrs& a) {
+  const OpDef& def = op_def(a.kind);
+  std::vector<AttrValue> v;
+  for (size_t i = 0; i < def.num_attrs; ++i) v.push_back(parse_default(def.attrs[i]));
+  switch (a.kind) {
+    case OpKind::kDeformConv2d: {
+      const DeformConv2dAttrs& d = a.dcn;
+      v[kDcStride].ints = {d.stride_h, d.stride_w};
+      v[kDcPadding].ints = {d.pad_h, d.pad_w};
+      v[kDcDilation].ints = {d.dilation_h, d.dilation_w};
+      v[kDcGroups].ints = {d.groups};
+      v[kDcDeformGroups].ints = {d.deformable_groups};
+      break;
+    }
+    case OpKind::kRoIAlign: {
+      const RoIAlignAttrs& r = a.roi;
+      v[kRaOutputSize].ints = {r.pooled_h, r.pooled_w};
+      v[kRaScale].f = r.spatial_scale;
+      v[kRaSampling].ints = {r.sampling_ratio};
+      v[kRaAligned].ints = {r.aligned ? 1 : 0};
+      v[kRaPoolMode].s = pool_mode_name(r.mode);
+      break;
+    }
+    case OpKind::kDeformRoIPool: {
+      const DeformRoIPoolAttrs& r = a.droi;
+      v[kDrOutputSize].ints = {r.pooled_h, r.pooled_w};
+      v[kDrScale].f = r.spatial_scale;
+      v[kDrSampling].ints = {r.sampling_ratio};
+      v[kDrGamma].f = r.gamma;
+      break;
+    }
+    case OpKind::kDeformPSRoIPool: {
+      const DeformPSRoIPoolAttrs& r = a.psroi;
+      v[kPsScale].f = r.spatial_scale;
+      v[kPsOutputSize].ints = {r.output_size};
+      v[kPsOutputDim].ints = {r.output_dim};
+      v[kPsGroupSize].ints = {r.group_size};
+      v[kPsPartSize].ints = {r.part_size};
+      v[kPsSamplePerPart].ints = {r.sample_per_part};
+      v[kPsTransStd].f = r.trans_std;
+      v[kPsNoTrans].ints = {r.no_trans ? 1 : 0};
+      break;
+    }
+  }
+  return v;
+}
+
+}  // namespace dcnkit

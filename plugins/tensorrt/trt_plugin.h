@@ -1,0 +1,159 @@
+// TensorRT front end: IPluginV3 plugins over the core launchers.
+//
+// A plugin translates between TensorRT's types and the core: PluginFields <-> the op's attributes (read
+// and checked by dcnkit/op_attrs.h, shared with the ONNX Runtime library), DimsExprs <-> the core's shape
+// rules, PluginTensorDesc <-> pointers and dtype. Everything else (validation, workspace sizing, kernels)
+// is core code that the other backends already run and test.
+//
+// Per operator one final class (DeformConv2dPlugin, ...) supplies the op's output shapes, workspace and
+// enqueue; PluginBase does the rest of the IPluginV3 lifecycle for all of them.
+#pragma once
+
+#include <NvInferRuntime.h>
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "dcnkit/common.h"
+#include "dcnkit/op_attrs.h"
+
+namespace dcnkit::trt {
+
+// Logs through the logger TensorRT handed to setLoggerFinder (stderr when there is none).
+void log(nvinfer1::ILogger::Severity severity, const std::string& message);
+void log_error(const std::string& message);
+
+// The namespace of the kit's own creators ("dcnkit"); mmdeploy's names live in "".
+const char* plugin_namespace(const OpVariant& v);
+constexpr const char* kPluginVersion = "1";
+
+// ---------------------------------------------------------------------------------------------
+// Fields
+
+// A PluginFieldCollection that owns its names and data.
+class FieldStore {
+ public:
+  void add(const char* name, nvinfer1::PluginFieldType type, const void* data, int32_t length, size_t bytes);
+  const nvinfer1::PluginFieldCollection* collection();
+  void clear();
+
+ private:
+  std::deque<std::string> names_;
+  std::deque<std::vector<char>> data_;
+  std::vector<nvinfer1::PluginField> fields_;
+  nvinfer1::PluginFieldCollection fc_{};
+};
+
+// The fields a creator declares (names, types, lengths; no data): what the ONNX parser fills.
+void declare_fields(const OpVariant& v, FieldStore* out);
+// The fields of checked attrs in the variant's own naming (createPlugin(kRUNTIME) reads them back).
+void serialize_fields(const OpVariant& v, const OpAttrs& attrs, FieldStore* out);
+// Reads and checks the attrs from a field collection (absent fields take the op's defaults).
+Status attrs_from_fields(const OpVariant& v, const nvinfer1::PluginFieldCollection* fc, OpAttrs* out);
+
+// ---------------------------------------------------------------------------------------------
+// Inputs in canonical order
+
+// The node's inputs mapped onto the op's canonical inputs (op_defs.h order).
+struct CanonicalInputs {
+  Shape shape[kMaxInputs];
+  const Shape* shapes[kMaxInputs] = {};  // null: absent
+  const void* data[kMaxInputs] = {};
+};
+
+// From TensorRT dims (nb node inputs); a 0-element optional input of an mmcv-style variant is absent.
+Status canonical_inputs(const OpVariant& v, const nvinfer1::Dims* dims, void const* const* data, int32_t nb,
+                        CanonicalInputs* out);
+
+// DataType <-> the core's DType (float32, float16, bfloat16: the types the launchers take).
+bool core_dtype(nvinfer1::DataType t, DType* out);
+
+// ---------------------------------------------------------------------------------------------
+// The plugin
+
+class PluginBase : public nvinfer1::IPluginV3,
+                   public nvinfer1::IPluginV3OneCore,
+                   public nvinfer1::IPluginV3OneBuild,
+                   public nvinfer1::IPluginV3OneRuntime {
+ public:
+  PluginBase(const OpVariant* variant, const OpAttrs& attrs, std::string name);
+  // A copy has the same op, attrs and name, and no cuBLAS handle (attachToContext makes one).
+  PluginBase(const PluginBase& other);
+  PluginBase& operator=(const PluginBase&) = delete;
+  ~PluginBase() override;
+
+  // IPluginV3
+  nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
+  nvinfer1::IPluginV3* clone() noexcept override;
+
+  // IPluginV3OneCore
+  const char* getPluginName() const noexcept override;
+  const char* getPluginVersion() const noexcept override;
+  const char* getPluginNamespace() const noexcept override;
+
+  // IPluginV3OneBuild
+  int32_t configurePlugin(const nvinfer1::DynamicPluginTensorDesc* in, int32_t nb_inputs,
+                          const nvinfer1::DynamicPluginTensorDesc* out, int32_t nb_outputs) noexcept override;
+  int32_t getOutputDataTypes(nvinfer1::DataType* output_types, int32_t nb_outputs,
+                             const nvinfer1::DataType* input_types, int32_t nb_inputs) const noexcept override;
+  int32_t getOutputShapes(const nvinfer1::DimsExprs* inputs, int32_t nb_inputs, const nvinfer1::DimsExprs* shape_inputs,
+                          int32_t nb_shape_inputs, nvinfer1::DimsExprs* outputs, int32_t nb_outputs,
+                          nvinfer1::IExprBuilder& builder) noexcept override;
+  bool supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* in_out, int32_t nb_inputs,
+                                 int32_t nb_outputs) noexcept override;
+  int32_t getNbOutputs() const noexcept override;
+  size_t getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* inputs, int32_t nb_inputs,
+                          const nvinfer1::DynamicPluginTensorDesc* outputs, int32_t nb_outputs) const noexcept override;
+
+  // IPluginV3OneRuntime
+  int32_t onShapeChange(const nvinfer1::PluginTensorDesc* in, int32_t nb_inputs, const nvinfer1::PluginTensorDesc* out,
+                        int32_t nb_outputs) noexcept override;
+  int32_t enqueue(const nvinfer1::PluginTensorDesc* input_desc, const nvinfer1::PluginTensorDesc* output_desc,
+                  const void* const* inputs, void* const* outputs, void* workspace,
+                  cudaStream_t stream) noexcept override;
+  nvinfer1::IPluginV3* attachToContext(nvinfer1::IPluginResourceContext* context) noexcept override;
+  const nvinfer1::PluginFieldCollection* getFieldsToSerialize() noexcept override;
+
+ protected:
+  // What each operator supplies. Shapes come in canonical order (index c: canonical input c, or null).
+  virtual PluginBase* make_copy() const = 0;
+  // Output dims from the inputs' dims expressions (canonical order, null: absent).
+  virtual Status output_shapes(const nvinfer1::DimsExprs* const* in, nvinfer1::IExprBuilder& b,
+                               nvinfer1::DimsExprs* outputs) const = 0;
+  // Validates the shapes of one call (the core's make_*_params).
+  virtual Status check(const CanonicalInputs& in) const = 0;
+  // Workspace for every call whose dims are at most `max_in`.
+  virtual size_t workspace(const CanonicalInputs& max_in, DType dtype) const = 0;
+  // Runs the forward launcher on `stream` (never synchronises).
+  virtual Status run(const CanonicalInputs& in, DType dtype, void* const* outputs, void* workspace,
+                     cudaStream_t stream) = 0;
+  // Whether the op runs a GEMM (then each attached instance owns a cuBLAS handle).
+  virtual bool needs_blas() const { return false; }
+
+  // The message prefix "<op_type> node '<name>': ".
+  std::string where() const;
+  // Number of node inputs the variant accepts: [min, max].
+  int32_t min_inputs() const;
+  int32_t max_inputs() const;
+
+  const OpVariant* variant_;
+  OpAttrs attrs_;
+  std::string name_;
+  // The cuBLAS handle of an instance attached to an execution context (ops with a GEMM only): created in
+  // attachToContext, bound to the enqueue stream on every call, destroyed with the instance.
+  struct Blas;
+  Blas* blas_ = nullptr;
+  int32_t nb_inputs_ = -1;  // the layer's input count, from onShapeChange (enqueue does not pass it)
+  // The CublasGemm of blas_ (the GemmFn's self), created on first use by an instance that was not attached
+  // (TensorRT may time a build-time instance); null with the error in *s when cuBLAS fails.
+  void* blas_gemm(Status* s);
+
+ private:
+  FieldStore serialized_;
+};
+
+// The plugin of `variant`'s op kind, with checked attrs (creators call it).
+PluginBase* make_plugin(const OpVariant* variant, const OpAttrs& attrs, const std::string& name);
+
+}  // namespace dcnkit::trt

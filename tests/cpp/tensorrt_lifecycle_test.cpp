@@ -1,0 +1,577 @@
+// Drives every creator of libdcnkit_trt.so through TensorRT's plugin lifecycle on the host, without
+// TensorRT's libraries or a GPU: the few interfaces a plugin calls back into (IExprBuilder through
+// apiv::VExprBuilder, ILoggerFinder) are implemented here. What it checks comes from its own table of the
+// expected creators, fields and output shapes (written from the operator contract, not read from the
+// library's sources). Usage: tensorrt_lifecycle_test /path/to/libdcnkit_trt.so
+// Prints one line per failure and "N passed, M failed" last; exits 1 on any failure.
+#include <NvInferRuntime.h>
+#include <dlfcn.h>
+
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace nvinfer1;
+
+namespace {
+
+int g_passed = 0, g_failed = 0;
+
+void check(bool ok, const std::string& what) {
+  if (ok) {
+    ++g_passed;
+  } else {
+    ++g_failed;
+    std::printf("FAILED: %s\n", what.c_str());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Logger
+
+struct TestLogger : ILogger {
+  std::vector<std::string> lines;  // warnings and errors
+  void log(Severity s, const char* msg) noexcept override {
+    if (s <= Severity::kWARNING) lines.emplace_back(msg);
+  }
+};
+
+struct TestFinder : ILoggerFinder {
+  ILogger* logger = nullptr;
+  ILogger* findLogger() override { return logger; }
+};
+
+TestLogger g_logger;
+
+// ---------------------------------------------------------------------------------------------
+// IExprBuilder that folds constants; a non-constant expression is an opaque symbol.
+
+struct ExprImpl : apiv::VDimensionExpr {
+  bool constant = false;
+  int64_t value = 0;
+  bool isConstant() const override { return constant; }
+  int64_t getConstantValue() const override { return constant ? value : INT64_MIN; }
+  bool isSizeTensor() const override { return false; }
+};
+
+class Expr : public IDimensionExpr {
+ public:
+  explicit Expr(apiv::VDimensionExpr* impl) { mImpl = impl; }
+};
+
+int64_t floor_div(int64_t a, int64_t b) {
+  const int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+struct BuilderImpl : apiv::VExprBuilder {
+  std::vector<std::unique_ptr<ExprImpl>> impls;
+  std::vector<std::unique_ptr<Expr>> exprs;
+
+  const IDimensionExpr* make(bool c, int64_t v) {
+    impls.push_back(std::make_unique<ExprImpl>());
+    impls.back()->constant = c;
+    impls.back()->value = v;
+    exprs.push_back(std::make_unique<Expr>(impls.back().get()));
+    return exprs.back().get();
+  }
+  const IDimensionExpr* symbol() { return make(false, 0); }
+  const IDimensionExpr* constant(int64_t v) override { return make(true, v); }
+  const IDimensionExpr* operation(DimensionOperation op, const IDimensionExpr& a, const IDimensionExpr& b) override {
+    if (!a.isConstant() || !b.isConstant()) return symbol();
+    const int64_t x = a.getConstantValue(), y = b.getConstantValue();
+    switch (op) {
+      case DimensionOperation::kSUM: return constant(x + y);
+      case DimensionOperation::kPROD: return constant(x * y);
+      case DimensionOperation::kMAX: return constant(x > y ? x : y);
+      case DimensionOperation::kMIN: return constant(x < y ? x : y);
+      case DimensionOperation::kSUB: return constant(x - y);
+      case DimensionOperation::kEQUAL: return constant(x == y);
+      case DimensionOperation::kLESS: return constant(x < y);
+      case DimensionOperation::kFLOOR_DIV: return constant(floor_div(x, y));
+      case DimensionOperation::kCEIL_DIV: return constant(-floor_div(-x, y));
+    }
+    return nullptr;
+  }
+  const IDimensionExpr* declareSizeTensor(int32_t, const IDimensionExpr&, const IDimensionExpr&) override {
+    return nullptr;
+  }
+};
+
+class Builder : public IExprBuilder {
+ public:
+  explicit Builder(apiv::VExprBuilder* impl) { mImpl = impl; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Fields as the ONNX parser passes them: INT/INTS -> kINT32, FLOAT(S) -> kFLOAT32, STRING -> kCHAR.
+
+struct Field {
+  std::string name;
+  PluginFieldType type;
+  std::vector<int32_t> ints;
+  std::vector<float> floats;
+  std::string s;
+};
+
+Field ints(const char* n, std::vector<int32_t> v) { return {n, PluginFieldType::kINT32, std::move(v), {}, ""}; }
+Field flt(const char* n, float v) { return {n, PluginFieldType::kFLOAT32, {}, {v}, ""}; }
+Field str(const char* n, const char* v) { return {n, PluginFieldType::kCHAR, {}, {}, v}; }
+
+struct Collection {
+  std::vector<PluginField> fields;
+  PluginFieldCollection fc{};
+  explicit Collection(const std::vector<Field>& src) {
+    for (const Field& f : src) {
+      const void* data = f.type == PluginFieldType::kINT32 ? static_cast<const void*>(f.ints.data())
+                         : f.type == PluginFieldType::kFLOAT32 ? static_cast<const void*>(f.floats.data())
+                                                               : static_cast<const void*>(f.s.data());
+      const int32_t len = static_cast<int32_t>(f.type == PluginFieldType::kINT32     ? f.ints.size()
+                                               : f.type == PluginFieldType::kFLOAT32 ? f.floats.size()
+                                                                                     : f.s.size());
+      fields.emplace_back(f.name.c_str(), data, f.type, len);
+    }
+    fc.nbFields = static_cast<int32_t>(fields.size());
+    fc.fields = fields.data();
+  }
+};
+
+// A field collection's contents as text, to compare two serializations.
+std::string fields_text(const PluginFieldCollection* fc) {
+  if (fc == nullptr) return "<null>";
+  std::string s;
+  for (int32_t i = 0; i < fc->nbFields; ++i) {
+    const PluginField& f = fc->fields[i];
+    s += std::string(f.name) + ":" + std::to_string(static_cast<int>(f.type)) + ":" + std::to_string(f.length) + "=";
+    for (int32_t j = 0; j < f.length; ++j) {
+      if (f.type == PluginFieldType::kINT32) s += std::to_string(static_cast<const int32_t*>(f.data)[j]) + ",";
+      if (f.type == PluginFieldType::kFLOAT32) s += std::to_string(static_cast<const float*>(f.data)[j]) + ",";
+      if (f.type == PluginFieldType::kCHAR) s += static_cast<const char*>(f.data)[j];
+    }
+    s += ";";
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The expected table
+
+struct FieldDecl {
+  const char* name;
+  PluginFieldType type;
+  int32_t length;  // 0: any (strings)
+};
+
+struct BadFields {
+  std::vector<Field> fields;
+  const char* field;  // the field the error must name
+};
+
+struct Case {
+  const char* name;
+  const char* ns;
+  std::vector<FieldDecl> declared;
+  std::vector<Field> fields;
+  std::vector<std::vector<int64_t>> inputs;
+  std::vector<std::vector<int64_t>> outputs;
+  int batch_source;                                  // input whose dim 0 is the outputs' dim 0
+  std::vector<std::vector<int64_t>> bad_inputs;      // inputs the shape checks must reject
+  std::vector<BadFields> bad_fields;
+  size_t min_workspace;                              // bytes, float32
+};
+
+const PluginFieldType I32 = PluginFieldType::kINT32, F32 = PluginFieldType::kFLOAT32, CHR = PluginFieldType::kCHAR;
+
+// DCN output size: floor((H + 2p - (d(k-1)+1)) / s) + 1.
+int64_t conv_out(int64_t h, int64_t k, int64_t s, int64_t p, int64_t d) { return (h + 2 * p - (d * (k - 1) + 1)) / s + 1; }
+
+std::vector<Case> cases() {
+  std::vector<Case> c;
+  const std::vector<FieldDecl> dcn_decl = {{"stride", I32, 2}, {"padding", I32, 2}, {"dilation", I32, 2},
+                                           {"groups", I32, 1}, {"deformable_groups", I32, 1}};
+  {
+    const int64_t ho = conv_out(17, 3, 2, 1, 1), wo = conv_out(19, 3, 2, 1, 1);  // 9, 10
+    c.push_back({"DeformConv2d", "dcnkit", dcn_decl,
+                 {ints("stride", {2, 2}), ints("padding", {1, 1}), ints("dilation", {1, 1}), ints("groups", {1}),
+                  ints("deformable_groups", {2})},
+                 {{2, 8, 17, 19}, {2, 36, ho, wo}, {16, 8, 3, 3}, {16}, {2, 18, ho, wo}},
+                 {{2, 16, ho, wo}},
+                 0,
+                 {{2, 7, 17, 19}, {2, 36, ho, wo}, {16, 7, 3, 3}, {16}, {2, 18, ho, wo}},
+                 {{{ints("stride", {0, 1})}, "stride"},
+                  {{flt("stride", 2.f)}, "stride"},
+                  {{ints("deformable_groups", {0})}, "deformable_groups"},
+                  {{ints("padding", {1, 1, 1})}, "padding"}},
+                 size_t(8) * 9 * ho * wo * 4});
+  }
+  c.push_back({"RoIAlign", "dcnkit",
+               {{"output_size", I32, 2}, {"spatial_scale", F32, 1}, {"sampling_ratio", I32, 1}, {"aligned", I32, 1},
+                {"pool_mode", CHR, 0}},
+               {ints("output_size", {7, 7}), flt("spatial_scale", 0.25f), ints("sampling_ratio", {2}),
+                ints("aligned", {1}), str("pool_mode", "max")},
+               {{2, 16, 32, 32}, {5, 5}},
+               {{5, 16, 7, 7}},
+               1,
+               {{2, 16, 32, 32}, {5, 4}},
+               {{{str("pool_mode", "median")}, "pool_mode"},
+                {{flt("spatial_scale", 0.f)}, "spatial_scale"},
+                {{ints("output_size", {0, 7})}, "output_size"},
+                {{ints("sampling_ratio", {1, 2, 3})}, "sampling_ratio"}},
+               0});
+  c.push_back({"DeformRoIPool", "dcnkit",
+               {{"output_size", I32, 2}, {"spatial_scale", F32, 1}, {"sampling_ratio", I32, 1}, {"gamma", F32, 1}},
+               {ints("output_size", {3, 3}), flt("spatial_scale", 0.5f), ints("sampling_ratio", {0}),
+                flt("gamma", 0.1f)},
+               {{1, 4, 10, 10}, {3, 5}, {3, 2, 3, 3}},
+               {{3, 4, 3, 3}},
+               1,
+               {{1, 4, 10, 10}, {3, 5}, {3, 2, 4, 4}},
+               {{{ints("gamma", {1})}, "gamma"}, {{ints("output_size", {3})}, "output_size"}},
+               0});
+  c.push_back({"DeformPSRoIPool", "dcnkit",
+               {{"spatial_scale", F32, 1}, {"output_size", I32, 1}, {"output_dim", I32, 1}, {"group_size", I32, 1},
+                {"part_size", I32, 1}, {"sample_per_part", I32, 1}, {"trans_std", F32, 1}, {"no_trans", I32, 1}},
+               {flt("spatial_scale", 0.0625f), ints("output_size", {3}), ints("output_dim", {2}),
+                ints("group_size", {3}), ints("part_size", {3}), ints("sample_per_part", {2}), flt("trans_std", 0.1f),
+                ints("no_trans", {0})},
+               {{1, 18, 12, 12}, {4, 5}, {4, 2, 3, 3}},
+               {{4, 2, 3, 3}, {4, 2, 3, 3}},
+               1,
+               {{1, 17, 12, 12}, {4, 5}, {4, 2, 3, 3}},
+               {{{ints("group_size", {0})}, "group_size"}, {{str("output_dim", "2")}, "output_dim"}},
+               0});
+  const std::vector<FieldDecl> mm_dcn_decl = {{"stride", I32, 2}, {"padding", I32, 2}, {"dilation", I32, 2},
+                                              {"groups", I32, 1}, {"deform_groups", I32, 1}};
+  const std::vector<Field> mm_dcn_fields = {ints("stride", {1, 1}), ints("padding", {1, 1}), ints("dilation", {1, 1}),
+                                            ints("groups", {1}), ints("deform_groups", {1})};
+  // mmdeploy's input order: (input, offset, mask, weight[, bias]).
+  c.push_back({"MMCVModulatedDeformConv2d", "", mm_dcn_decl, mm_dcn_fields,
+               {{1, 4, 8, 8}, {1, 18, 8, 8}, {1, 9, 8, 8}, {6, 4, 3, 3}, {6}},
+               {{1, 6, 8, 8}},
+               0,
+               {{1, 4, 8, 8}, {1, 18, 8, 8}, {1, 9, 8, 8}, {6, 4, 3, 3}, {5}},
+               {{{ints("deform_groups", {-1})}, "deform_groups"}, {{str("stride", "1")}, "stride"}},
+               size_t(4) * 9 * 64 * 4});
+  c.push_back({"MMCVDeformConv2d", "", mm_dcn_decl, mm_dcn_fields,
+               {{1, 4, 8, 8}, {1, 18, 8, 8}, {6, 4, 3, 3}},
+               {{1, 6, 8, 8}},
+               0,
+               {{1, 4, 8, 8}, {1, 16, 8, 8}, {6, 4, 3, 3}},
+               {{{ints("groups", {0})}, "groups"}},
+               size_t(4) * 9 * 64 * 4});
+  c.push_back({"MMCVRoiAlign", "",
+               {{"output_height", I32, 1}, {"output_width", I32, 1}, {"spatial_scale", F32, 1},
+                {"sampling_ratio", I32, 1}, {"mode", CHR, 0}, {"aligned", I32, 1}},
+               {ints("output_height", {2}), ints("output_width", {3}), flt("spatial_scale", 1.f),
+                ints("sampling_ratio", {0}), str("mode", "avg"), ints("aligned", {0})},
+               {{1, 3, 8, 8}, {2, 5}},
+               {{2, 3, 2, 3}},
+               1,
+               {{1, 3, 8}, {2, 5}},
+               {{{str("mode", "sum")}, "mode"}, {{ints("output_width", {-3})}, "output_width"}},
+               0});
+  c.push_back({"MMCVDeformRoIPool", "",
+               {{"pooled_height", I32, 1}, {"pooled_width", I32, 1}, {"spatial_scale", F32, 1},
+                {"sampling_ratio", I32, 1}, {"gamma", F32, 1}},
+               // mmcv writes sampling_ratio as a float.
+               {ints("pooled_height", {2}), ints("pooled_width", {2}), flt("spatial_scale", 1.f),
+                flt("sampling_ratio", 2.f), flt("gamma", 0.1f)},
+               {{1, 3, 8, 8}, {2, 5}},
+               {{2, 3, 2, 2}},
+               1,
+               {{1, 3, 8, 8}, {2, 6}},
+               {{{flt("sampling_ratio", 2.5f)}, "sampling_ratio"}},
+               0});
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+template <typename T>
+T* cap(IPluginV3* p, PluginCapabilityType t) {
+  return static_cast<T*>(p->getCapabilityInterface(t));
+}
+
+Dims dims_of(const std::vector<int64_t>& v) {
+  Dims d{};
+  d.nbDims = static_cast<int32_t>(v.size());
+  for (size_t i = 0; i < v.size(); ++i) d.d[i] = v[i];
+  return d;
+}
+
+std::string shape_text(const std::vector<int64_t>& v) {
+  std::string s = "(";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + ")";
+}
+
+std::vector<DynamicPluginTensorDesc> dyn_descs(const std::vector<std::vector<int64_t>>& shapes, DataType t) {
+  std::vector<DynamicPluginTensorDesc> d(shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    d[i].desc.dims = dims_of(shapes[i]);
+    d[i].desc.type = t;
+    d[i].desc.format = TensorFormat::kLINEAR;
+    d[i].desc.scale = 1.f;
+    d[i].min = d[i].opt = d[i].max = d[i].desc.dims;
+  }
+  return d;
+}
+
+std::vector<PluginTensorDesc> descs(const std::vector<std::vector<int64_t>>& shapes, DataType t) {
+  std::vector<PluginTensorDesc> d(shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    d[i].dims = dims_of(shapes[i]);
+    d[i].type = t;
+    d[i].format = TensorFormat::kLINEAR;
+    d[i].scale = 1.f;
+  }
+  return d;
+}
+
+// Output shapes through the test builder; `symbolic_first`: input batch_source's dim 0 is a symbol.
+bool output_shapes(IPluginV3OneBuild* b, const Case& c, bool symbolic_first, std::vector<DimsExprs>* out,
+                   const IDimensionExpr** symbol, BuilderImpl* impl) {
+  Builder builder(impl);
+  std::vector<DimsExprs> in(c.inputs.size());
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    in[i].nbDims = static_cast<int32_t>(c.inputs[i].size());
+    for (size_t d = 0; d < c.inputs[i].size(); ++d) in[i].d[d] = impl->constant(c.inputs[i][d]);
+  }
+  if (symbolic_first) {
+    *symbol = impl->symbol();
+    in[c.batch_source].d[0] = *symbol;
+  }
+  out->assign(c.outputs.size(), DimsExprs{});
+  return b->getOutputShapes(in.data(), static_cast<int32_t>(in.size()), nullptr, 0, out->data(),
+                            static_cast<int32_t>(out->size()), builder) == 0;
+}
+
+void run_case(IPluginCreatorV3One* creator, const Case& c) {
+  const std::string op = c.name;
+  // Declared fields.
+  const PluginFieldCollection* names = creator->getFieldNames();
+  check(names != nullptr && names->nbFields == static_cast<int32_t>(c.declared.size()),
+        op + ": getFieldNames declares " + std::to_string(c.declared.size()) + " fields");
+  for (size_t i = 0; names != nullptr && i < c.declared.size() && i < static_cast<size_t>(names->nbFields); ++i) {
+    const PluginField& f = names->fields[i];
+    const FieldDecl& e = c.declared[i];
+    check(std::strcmp(f.name, e.name) == 0 && f.type == e.type && (e.length == 0 || f.length == e.length),
+          op + ": declared field " + std::to_string(i) + " is " + e.name);
+  }
+
+  // Build-time plugin from fields as the parser gives them.
+  Collection fc(c.fields);
+  std::unique_ptr<IPluginV3> plugin(creator->createPlugin("node0", &fc.fc, TensorRTPhase::kBUILD));
+  check(plugin != nullptr, op + ": createPlugin(kBUILD) with good fields");
+  if (!plugin) return;
+  auto* core = cap<IPluginV3OneCore>(plugin.get(), PluginCapabilityType::kCORE);
+  auto* build = cap<IPluginV3OneBuild>(plugin.get(), PluginCapabilityType::kBUILD);
+  auto* runtime = cap<IPluginV3OneRuntime>(plugin.get(), PluginCapabilityType::kRUNTIME);
+  check(core && build && runtime, op + ": all three capabilities");
+  if (!core || !build || !runtime) return;
+  check(std::string(core->getPluginName()) == op && std::string(core->getPluginVersion()) == "1" &&
+            std::string(core->getPluginNamespace()) == c.ns,
+        op + ": name/version/namespace");
+
+  // Outputs: count, types.
+  const int32_t nout = static_cast<int32_t>(c.outputs.size());
+  check(build->getNbOutputs() == nout, op + ": getNbOutputs");
+  for (DataType t : {DataType::kFLOAT, DataType::kHALF, DataType::kBF16}) {
+    std::vector<DataType> in(c.inputs.size(), t), out(c.outputs.size(), DataType::kINT8);
+    const int32_t rc = build->getOutputDataTypes(out.data(), nout, in.data(), static_cast<int32_t>(in.size()));
+    bool same = rc == 0;
+    for (DataType o : out) same = same && o == t;
+    check(same, op + ": output types follow the input type " + std::to_string(static_cast<int>(t)));
+  }
+
+  // Output shapes: constants fold to the expected dims; a symbolic batch/RoI count passes through.
+  {
+    BuilderImpl impl;
+    std::vector<DimsExprs> out;
+    const IDimensionExpr* sym = nullptr;
+    const bool ok = output_shapes(build, c, false, &out, &sym, &impl);
+    check(ok, op + ": getOutputShapes");
+    for (int32_t o = 0; ok && o < nout; ++o) {
+      std::vector<int64_t> got;
+      bool constant = true;
+      for (int32_t d = 0; d < out[o].nbDims; ++d) {
+        constant = constant && out[o].d[d] && out[o].d[d]->isConstant();
+        got.push_back(constant ? out[o].d[d]->getConstantValue() : -1);
+      }
+      check(constant && got == c.outputs[o],
+            op + ": output " + std::to_string(o) + " shape " + shape_text(got) + " == " + shape_text(c.outputs[o]));
+    }
+    BuilderImpl impl2;
+    const bool ok2 = output_shapes(build, c, true, &out, &sym, &impl2);
+    check(ok2 && out[0].d[0] == sym && out[0].d[1] && out[0].d[1]->isConstant(),
+          op + ": symbolic dim 0 of input " + std::to_string(c.batch_source) + " is the outputs' dim 0");
+  }
+
+  // Formats and types: linear float32/float16/bfloat16, every tensor in the type of input 0.
+  {
+    const size_t n = c.inputs.size() + c.outputs.size();
+    std::vector<std::vector<int64_t>> all = c.inputs;
+    all.insert(all.end(), c.outputs.begin(), c.outputs.end());
+    for (size_t pos = 0; pos < n; ++pos) {
+      for (DataType t : {DataType::kFLOAT, DataType::kHALF, DataType::kBF16, DataType::kINT32, DataType::kINT8}) {
+        for (TensorFormat f : {TensorFormat::kLINEAR, TensorFormat::kCHW32, TensorFormat::kHWC8}) {
+          auto d = dyn_descs(all, DataType::kFLOAT);
+          d[pos].desc.type = t;
+          d[pos].desc.format = f;
+          const bool got = build->supportsFormatCombination(static_cast<int32_t>(pos), d.data(),
+                                                            static_cast<int32_t>(c.inputs.size()), nout);
+          const bool float_type = t == DataType::kFLOAT || t == DataType::kHALF || t == DataType::kBF16;
+          const bool want = f == TensorFormat::kLINEAR && (pos == 0 ? float_type : t == DataType::kFLOAT);
+          check(got == want, op + ": supportsFormatCombination pos " + std::to_string(pos) + " type " +
+                                 std::to_string(static_cast<int>(t)) + " format " + std::to_string(static_cast<int>(f)));
+        }
+      }
+    }
+  }
+
+  // configurePlugin + getWorkspaceSize; bad shapes are rejected with a log line.
+  {
+    auto in = dyn_descs(c.inputs, DataType::kFLOAT);
+    auto out = dyn_descs(c.outputs, DataType::kFLOAT);
+    check(build->configurePlugin(in.data(), static_cast<int32_t>(in.size()), out.data(), nout) == 0,
+          op + ": configurePlugin with good shapes");
+    const size_t ws = build->getWorkspaceSize(in.data(), static_cast<int32_t>(in.size()), out.data(), nout);
+    check(ws >= c.min_workspace, op + ": workspace " + std::to_string(ws) + " >= " + std::to_string(c.min_workspace));
+    auto bad = dyn_descs(c.bad_inputs, DataType::kFLOAT);
+    const size_t before = g_logger.lines.size();
+    check(build->configurePlugin(bad.data(), static_cast<int32_t>(bad.size()), out.data(), nout) != 0,
+          op + ": configurePlugin rejects bad shapes");
+    check(g_logger.lines.size() == before + 1 && g_logger.lines.back().find(op) != std::string::npos,
+          op + ": one log line naming the op for bad shapes");
+    auto rin = descs(c.inputs, DataType::kFLOAT), rout = descs(c.outputs, DataType::kFLOAT);
+    check(runtime->onShapeChange(rin.data(), static_cast<int32_t>(rin.size()), rout.data(), nout) == 0,
+          op + ": onShapeChange with good shapes");
+    auto rbad = descs(c.bad_inputs, DataType::kFLOAT);
+    check(runtime->onShapeChange(rbad.data(), static_cast<int32_t>(rbad.size()), rout.data(), nout) != 0,
+          op + ": onShapeChange rejects bad shapes");
+  }
+
+  // Serialization round trip and clone.
+  const std::string serialized = fields_text(runtime->getFieldsToSerialize());
+  {
+    const PluginFieldCollection* sf = runtime->getFieldsToSerialize();
+    std::unique_ptr<IPluginV3> back(creator->createPlugin("node0", sf, TensorRTPhase::kRUNTIME));
+    check(back != nullptr, op + ": createPlugin(kRUNTIME) from getFieldsToSerialize");
+    if (back) {
+      auto* brt = cap<IPluginV3OneRuntime>(back.get(), PluginCapabilityType::kRUNTIME);
+      check(fields_text(brt->getFieldsToSerialize()) == serialized, op + ": serialization round trip: " + serialized);
+      BuilderImpl impl;
+      std::vector<DimsExprs> out;
+      const IDimensionExpr* sym = nullptr;
+      auto* bb = cap<IPluginV3OneBuild>(back.get(), PluginCapabilityType::kBUILD);
+      const bool ok = output_shapes(bb, c, false, &out, &sym, &impl);
+      check(ok && out[0].d[2]->getConstantValue() == c.outputs[0][2], op + ": deserialized plugin's shapes");
+    }
+    std::unique_ptr<IPluginV3> copy(plugin->clone());
+    check(copy != nullptr, op + ": clone");
+    if (copy) {
+      auto* ccore = cap<IPluginV3OneCore>(copy.get(), PluginCapabilityType::kCORE);
+      auto* crt = cap<IPluginV3OneRuntime>(copy.get(), PluginCapabilityType::kRUNTIME);
+      check(std::string(ccore->getPluginName()) == op && fields_text(crt->getFieldsToSerialize()) == serialized,
+            op + ": clone keeps name and fields");
+    }
+  }
+  // Every field the parser would pass appears in the serialization with its value.
+  for (const Field& f : c.fields) {
+    check(serialized.find(f.name + ":") != std::string::npos, op + ": field " + f.name + " is serialized");
+  }
+
+  // Bad fields: nullptr and one log line naming the op and the field.
+  for (const BadFields& bad : c.bad_fields) {
+    std::vector<Field> fields = c.fields;
+    for (const Field& b : bad.fields) {
+      bool replaced = false;
+      for (Field& f : fields)
+        if (f.name == b.name) {
+          f = b;
+          replaced = true;
+        }
+      if (!replaced) fields.push_back(b);
+    }
+    Collection bfc(fields);
+    const size_t before = g_logger.lines.size();
+    std::unique_ptr<IPluginV3> p(creator->createPlugin("bad", &bfc.fc, TensorRTPhase::kBUILD));
+    const bool one_line = g_logger.lines.size() == before + 1;
+    const std::string line = one_line ? g_logger.lines.back() : "";
+    check(p == nullptr && one_line && line.find(op) != std::string::npos && line.find(bad.field) != std::string::npos,
+          op + ": bad field " + bad.field + " -> nullptr and one line naming it (got: " + line + ")");
+  }
+
+  // Absent fields take the defaults: a plugin from no fields at all exists and serializes every field.
+  PluginFieldCollection empty{};
+  std::unique_ptr<IPluginV3> defaults(creator->createPlugin("defaults", &empty, TensorRTPhase::kBUILD));
+  check(defaults != nullptr, op + ": createPlugin with no fields (defaults)");
+  if (defaults) {
+    const PluginFieldCollection* df =
+        cap<IPluginV3OneRuntime>(defaults.get(), PluginCapabilityType::kRUNTIME)->getFieldsToSerialize();
+    check(df != nullptr && df->nbFields == static_cast<int32_t>(c.declared.size()), op + ": defaults serialize");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s libdcnkit_trt.so\n", argv[0]);
+    return 2;
+  }
+  void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    std::fprintf(stderr, "dlopen failed: %s\n", dlerror());
+    return 2;
+  }
+  using GetCreators = IPluginCreatorInterface* const* (*)(int32_t&);
+  using SetLoggerFinder = void (*)(ILoggerFinder*);
+  auto get_creators = reinterpret_cast<GetCreators>(dlsym(lib, "getCreators"));
+  auto set_finder = reinterpret_cast<SetLoggerFinder>(dlsym(lib, "setLoggerFinder"));
+  check(get_creators != nullptr && set_finder != nullptr, "library exports getCreators and setLoggerFinder");
+  if (!get_creators || !set_finder) return 1;
+  TestFinder finder;
+  finder.logger = &g_logger;
+  set_finder(&finder);
+
+  int32_t n = 0;
+  IPluginCreatorInterface* const* list = get_creators(n);
+  if (argc > 2 && std::string(argv[2]) == "--list") {
+    // One line per creator: name, version, namespace, then field:type:length (types as PluginFieldType).
+    for (int32_t i = 0; i < n; ++i) {
+      if (std::strcmp(list[i]->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") != 0) continue;
+      auto* cr = static_cast<IPluginCreatorV3One*>(list[i]);
+      std::printf("%s\t%s\t%s\t", cr->getPluginName(), cr->getPluginVersion(), cr->getPluginNamespace());
+      const PluginFieldCollection* f = cr->getFieldNames();
+      for (int32_t j = 0; f && j < f->nbFields; ++j)
+        std::printf("%s%s:%d:%d", j ? "," : "", f->fields[j].name, static_cast<int>(f->fields[j].type), f->fields[j].length);
+      std::printf("\n");
+    }
+    return 0;
+  }
+  const std::vector<Case> expected = cases();
+  check(n == static_cast<int32_t>(expected.size()), "getCreators returns " + std::to_string(expected.size()) +
+                                                         " creators (got " + std::to_string(n) + ")");
+  for (const Case& c : expected) {
+    IPluginCreatorV3One* found = nullptr;
+    for (int32_t i = 0; i < n; ++i) {
+      const InterfaceInfo info = list[i]->getInterfaceInfo();
+      if (std::strcmp(info.kind, "PLUGIN CREATOR_V3ONE") != 0) continue;
+      auto* cr = static_cast<IPluginCreatorV3One*>(list[i]);
+      if (std::string(cr->getPluginName()) == c.name && std::string(cr->getPluginNamespace()) == c.ns &&
+          std::string(cr->getPluginVersion()) == "1") {
+        found = cr;
+      }
+    }
+    check(found != nullptr, std::string("creator ") + c.name + " version 1 namespace '" + c.ns + "'");
+    if (found) run_case(found, c);
+  }
+  std::printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,74 @@
+"""Every torch op of the kit as a small differentiable case, shared by the CUDA tests (graphs, 16-bit backward).
+
+A case is (name, fn, tensors, differentiable): fn(*tensors) -> one output tensor; tensors are float64 CPU
+values (the test converts them); differentiable[i] says whether tensors[i] gets a gradient.
+"""
+from __future__ import annotations
+
+import torch
+
+from dcnkit.ops import deform_conv2d, deform_psroi_pool, deform_roi_pool, roi_align
+
+
+def _rois(g, k, n, h, w):
+    bi = torch.randint(0, n, (k, 1), generator=g).double()
+    a = torch.rand(k, 2, generator=g, dtype=torch.float64) * torch.tensor([w * 0.6, h * 0.6], dtype=torch.float64)
+    b = a + 1.0 + torch.rand(k, 2, generator=g, dtype=torch.float64) * torch.tensor([w * 0.4, h * 0.4],
+                                                                                    dtype=torch.float64)
+    return torch.cat([bi, a, b], 1)
+
+
+def op_cases(seed=0, n=3):
+    """The cases; `n` images (the DCN grad_weight sums over them)."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s, scale=1.0: torch.randn(*s, generator=g, dtype=torch.float64) * scale  # noqa: E731
+    cases = []
+
+    # DCNv2: groups, deformable groups, bias, mask, stride/dilation.
+    x, w = r(n, 4, 9, 8), r(6, 2, 3, 3, scale=0.5)
+    off, m, b = r(n, 2 * 2 * 9, 9, 8, scale=1.5), torch.rand(n, 2 * 9, 9, 8, generator=g, dtype=torch.float64), r(6)
+    cases.append(("deform_conv2d_v2", lambda x, o, w, b, m: deform_conv2d(x, o, w, b, 1, 1, 1, m),
+                  [x, off, w, b, m], [True] * 5))
+    # DCNv1 without bias, strided.
+    x, w = r(n, 3, 10, 9), r(4, 3, 3, 3, scale=0.5)
+    ho, wo = (10 + 2 - 3) // 2 + 1, (9 + 2 - 3) // 2 + 1
+    off = r(n, 18, ho, wo, scale=1.5)
+    cases.append(("deform_conv2d_v1", lambda x, o, w: deform_conv2d(x, o, w, None, 2, 1, 1, None),
+                  [x, off, w], [True] * 3))
+
+    x = r(n, 4, 12, 11)
+    rois = _rois(g, 7, n, 12, 11)
+    cases.append(("roi_align_avg", lambda x, rois: roi_align(x, rois, 3, 1.0, 2, True, "avg"),
+                  [x, rois], [True, False]))
+    cases.append(("roi_align_max_adaptive", lambda x, rois: roi_align(x, rois, (3, 2), 0.8, -1, False, "max"),
+                  [x, rois], [True, False]))
+    off = r(7, 2, 3, 3, scale=0.3)
+    cases.append(("deform_roi_pool", lambda x, rois, o: deform_roi_pool(x, rois, o, 3, 1.0, 2, 0.1),
+                  [x, rois, off], [True, False, True]))
+    xp = r(n, 2 * 4, 12, 11)
+    trans = r(7, 2, 3, 3, scale=0.3)
+    cases.append(("deform_psroi_pool",
+                  lambda x, rois, t: deform_psroi_pool(x, rois, t, 1.0, 3, 2, 2, None, 3, 0.1),
+                  [xp, rois, trans], [True, False, True]))
+    return cases
+
+
+CASE_NAMES = [c[0] for c in op_cases()]
+
+
+def case(name, **kw):
+    return next(c for c in op_cases(**kw) if c[0] == name)
+
+
+def forward_backward(fn, tensors, differentiable, grad_output=None, seed=1):
+    """Output and input gradients (None for non-differentiable inputs) of fn at `tensors`.
+
+    `tensors` are used as given (their device and dtype); leaves are made from them. grad_output defaults to
+    a fixed random tensor shaped like the output."""
+    leaves = [t.detach().clone().requires_grad_(d) for t, d in zip(tensors, differentiable)]
+    y = fn(*leaves)
+    if grad_output is None:
+        gen = torch.Generator().manual_seed(seed)
+        grad_output = torch.randn(y.shape, generator=gen, dtype=torch.float64).to(y.device, y.dtype)
+    y.backward(grad_output)
+    return y.detach(), [t.grad if d else None for t, d in zip(leaves, differentiable)], grad_output
