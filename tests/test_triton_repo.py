@@ -159,8 +159,10 @@ def test_real_library_is_copied(tmp_path):
 
 
 def test_writer_errors(tmp_path):
-    with pytest.raises(ValueError, match="backend: 'tensorrt' model repositories .* not implemented yet"):
-        triton.write_repository(_batch_model(), tmp_path, name="m", backend="tensorrt")
+    with pytest.raises(ValueError, match="instance_kind: expected KIND_GPU or KIND_AUTO for a TensorRT engine"):
+        triton.write_repository(_batch_model(), tmp_path, name="m", backend="tensorrt", instance_kind="KIND_CPU")
+    with pytest.raises(ValueError, match="engine: expected only with backend='tensorrt'"):
+        triton.write_repository(_batch_model(), tmp_path, name="m", engine="m.engine")
     with pytest.raises(ValueError, match="backend: expected 'onnxruntime' or 'tensorrt', got 'tf'"):
         triton.write_repository(_batch_model(), tmp_path, name="m", backend="tf")
     with pytest.raises(ValueError, match="name: expected a model name"):
@@ -236,8 +238,8 @@ def test_cli_triton_repo(tmp_path, capsys):
     assert cfg.instance_group[0].kind == 2  # KIND_CPU
     assert cli_main(["triton-repo", str(path), "-o", str(out)]) == 2
     assert "exists (pass overwrite=True / --overwrite" in capsys.readouterr().err
-    assert cli_main(["triton-repo", str(path), "-o", str(out), "--backend", "tensorrt"]) == 2
-    assert "not implemented yet" in capsys.readouterr().err
+    assert cli_main(["triton-repo", str(path), "-o", str(out), "--engine", str(path)]) == 2
+    assert "--engine: expected only with --backend tensorrt" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli_main(["triton-repo", str(path), "-o", str(out), "--max-batch-size", "-1"])
     assert "expected an integer >= 0, got -1" in capsys.readouterr().err

@@ -19,6 +19,22 @@ def ort_library() -> str:
     return str(find_library("dcnkit_ort"))
 
 
+def tensorrt_library() -> str:
+    """Absolute path of the TensorRT plugin library (``libdcnkit_trt.so``: IPluginV3 creators, ``getCreators``).
+
+    Load it with ``trt.get_plugin_registry().load_library(path)`` or ``trtexec --dynamicPlugins=path``
+    (docs/tensorrt.md). It is built only where CMake finds the TensorRT headers and nvcc; otherwise
+    FileNotFoundError says so.
+    """
+    try:
+        return str(find_library("dcnkit_trt"))
+    except FileNotFoundError as e:
+        raise FileNotFoundError(
+            f"{e} -- libdcnkit_trt.so is built only when CMake finds the TensorRT headers (set TensorRT_ROOT or "
+            "TensorRT_INCLUDE_DIR) and nvcc; rebuild dcnkit with them (pip install --no-build-isolation .)"
+        ) from None
+
+
 def cuda_compiled() -> bool:
     """True when the PyTorch operators were built with their CUDA kernels."""
     try:

@@ -395,12 +395,22 @@ def _describe(a: np.ndarray) -> str:
 
 
 def _make_runner_cli(model, backend, arg="--backend"):
-    from dcnkit.runtime.runners import BackendUnavailable, make_runner
+    """A runner; a backend that cannot run here raises BackendUnavailable (main: one line, exit code 1)."""
+    from dcnkit.runtime.runners import make_runner
+    from dcnkit.runtime.tensorrt import is_engine_file
 
-    try:
-        return make_runner(model, backend)
-    except BackendUnavailable as e:
-        raise CliError(arg, f"backend {backend!r} is unavailable here: {e}") from None
+    if is_engine_file(model) and backend != "tensorrt":
+        raise CliError(arg, f"expected tensorrt for the engine file {str(model)!r}, got {backend!r}")
+    return make_runner(model, backend)
+
+
+def _require_backends(requested, available) -> None:
+    """Backends named on the command line must be able to run here (BackendUnavailable otherwise)."""
+    from dcnkit.runtime.runners import BackendUnavailable
+
+    for b in requested or []:
+        if available.get(b) is not None:
+            raise BackendUnavailable(f"{b}: {available[b]}")
 
 
 def cmd_run(args) -> int:
@@ -473,7 +483,13 @@ def cmd_compare(args) -> int:
 
     _check_model_path(args.model)
     requested = _parse_backends(args.backends)
-    chosen, skipped = choose_compare_backends(requested, available_backends())
+    from dcnkit.runtime.tensorrt import is_engine_file
+
+    if is_engine_file(args.model):
+        raise CliError("model", f"expected the ONNX file (every backend runs it; tensorrt builds it), got {args.model!r}")
+    avail = available_backends()
+    _require_backends(requested, avail)
+    chosen, skipped = choose_compare_backends(requested, avail)
     for line in skipped:
         print(line)
     if len(chosen) < 2:
@@ -524,6 +540,11 @@ def cmd_bench(args) -> int:
         raise CliError("--batch", f"expected >= 1, got {args.batch}")
     avail = available_backends()
     requested = _parse_backends(args.backends)
+    from dcnkit.runtime.tensorrt import is_engine_file
+
+    if requested is None and is_engine_file(args.model):
+        requested = ["tensorrt"]
+    _require_backends(requested, avail)
     if requested is None:
         requested = [b for b in FAST_BACKENDS if avail[b] is None] or ["ort-cpu"]
     rows = []
@@ -609,7 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run an ONNX model on one backend and save its outputs",
                        description="Run an ONNX model (random inputs of the model's shapes unless --inputs).")
     p.add_argument("model", help="ONNX file")
-    p.add_argument("--backend", default="ort-cpu", help="ort-cpu (default), ort-cuda, tensorrt, reference")
+    p.add_argument("--backend", default="ort-cpu", help="ort-cpu (default), ort-cuda, tensorrt, reference; tensorrt "
+                   "builds an ONNX file on the fly or runs an engine file (.engine/.plan/.trt, from dcnkit build)")
     _add_input_args(p)
     p.add_argument("-o", "--output", help="save the outputs to this .npz")
     p.add_argument("--save-inputs", metavar="NPZ", help="save the inputs used to this .npz")
@@ -649,6 +671,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_arguments(p)
     p.set_defaults(func=cmd_demo)
 
+    from dcnkit import cli_build
+
+    cli_build.register(sub)
     _register_server_commands(sub)
     return parser
 
@@ -676,8 +701,13 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     prog = f"{PROG} {args.command}"
+    from dcnkit.runtime.runners import BackendUnavailable
+
     try:
         rc = args.func(args)
+    except BackendUnavailable as e:  # the backend cannot run on this machine: what is missing, one line
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
     except CliError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2

@@ -30,8 +30,10 @@ import numpy as np
 BACKENDS = ("ort-cpu", "ort-cuda", "tensorrt", "reference")
 DEFAULT_BACKEND = "ort-cpu"
 
-# Names of the TensorRT plugin library, tried in order.
-_TRT_PLUGIN_STEMS = ("dcnkit_trt", "dcnkit_tensorrt")
+# What to do when TensorRT is missing (one line, printed by every TensorRT entry point).
+_TRT_INSTALL = "install it with `pip install tensorrt` on a machine with an NVIDIA GPU and driver"
+_TRT_BUILD = ("rebuild dcnkit where the TensorRT headers and nvcc are (CMake finds them through TensorRT_ROOT or "
+              "TensorRT_INCLUDE_DIR): pip install --no-build-isolation .")
 
 
 class BackendUnavailable(RuntimeError):
@@ -249,132 +251,22 @@ class OrtRunner(Runner):
         self.session = None
 
 
-class TensorRTRunner(Runner):
-    """TensorRT: an engine built from the ONNX model with the kit's plugin library loaded.
-
-    One engine is built per set of input shapes (min = opt = max profile) and cached, so dynamic-shape models
-    run at every shape they are fed. The network is strongly typed where TensorRT supports it: precision follows
-    the ONNX tensors (export fp16 tensors for fp16). CUDA buffers come from PyTorch. Output shapes that depend on
-    data (``NonZero``) are not supported. When ``dcnkit.runtime.tensorrt`` provides its own ``TensorRTRunner``
-    (the engine builder that ships with the plugins), that one is used.
-    """
-
-    name = "tensorrt"
-
-    def __init__(self, model, workspace: int = 1 << 30, **options):
-        reason = _tensorrt_reason()
-        if reason:
-            raise BackendUnavailable(f"tensorrt: {reason}")
-        self._impl = None
-        try:
-            from dcnkit.runtime import tensorrt as dk_trt  # type: ignore
-        except ImportError:
-            dk_trt = None
-        if dk_trt is not None and hasattr(dk_trt, "TensorRTRunner"):
-            self._impl = dk_trt.TensorRTRunner(model, workspace=workspace, **options)
-            return
-        if options:
-            raise ValueError(f"options: expected only workspace= for tensorrt, got {sorted(options)}")
-        import tensorrt as trt
-
-        self._trt = trt
-        self._logger = trt.Logger(trt.Logger.WARNING)
-        trt.init_libnvinfer_plugins(self._logger, "")
-        trt.get_plugin_registry().load_library(str(_tensorrt_plugin_library()))
-        proto = load_model(model)
-        self._bytes = proto.SerializeToString()
-        inits = {i.name for i in proto.graph.initializer}
-        self._inputs = value_infos([v for v in proto.graph.input if v.name not in inits])
-        self._outputs = value_infos(proto.graph.output)
-        self._workspace = int(workspace)
-        self._engines: dict = {}
-
-    def inputs(self):
-        return self._impl.inputs() if self._impl is not None else list(self._inputs)
-
-    def outputs(self):
-        return self._impl.outputs() if self._impl is not None else list(self._outputs)
-
-    def _engine(self, shapes: dict):
-        key = tuple(sorted((k, tuple(v)) for k, v in shapes.items()))
-        if key in self._engines:
-            return self._engines[key]
-        trt = self._trt
-        builder = trt.Builder(self._logger)
-        flags = 0
-        if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
-            flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-        if hasattr(trt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH"):  # TensorRT < 10 needs it
-            flags |= 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
-        network = builder.create_network(flags)
-        parser = trt.OnnxParser(network, self._logger)
-        if not parser.parse(self._bytes):
-            errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-            raise RuntimeError(f"tensorrt: the ONNX parser rejected the model: {errors}")
-        config = builder.create_builder_config()
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, self._workspace)
-        profile = builder.create_optimization_profile()
-        for i in range(network.num_inputs):
-            t = network.get_input(i)
-            shape = tuple(shapes[t.name])
-            profile.set_shape(t.name, shape, shape, shape)
-        config.add_optimization_profile(profile)
-        serialized = builder.build_serialized_network(network, config)
-        if serialized is None:
-            raise RuntimeError("tensorrt: building the engine failed (see the TensorRT log above)")
-        engine = trt.Runtime(self._logger).deserialize_cuda_engine(serialized)
-        context = engine.create_execution_context()
-        self._engines[key] = (engine, context)
-        return engine, context
-
-    def run(self, feeds):
-        feeds = self._check_feeds(feeds)
-        if self._impl is not None:
-            return self._impl.run(feeds)
-        import torch
-
-        trt = self._trt
-        engine, context = self._engine({k: v.shape for k, v in feeds.items()})
-        keep = []
-        for name, a in feeds.items():
-            t = torch.from_numpy(a).cuda()
-            keep.append(t)
-            context.set_input_shape(name, tuple(a.shape))
-            context.set_tensor_address(name, t.data_ptr())
-        outs = {}
-        for i in range(engine.num_io_tensors):
-            name = engine.get_tensor_name(i)
-            if engine.get_tensor_mode(name) != trt.TensorIOMode.OUTPUT:
-                continue
-            shape = tuple(context.get_tensor_shape(name))
-            if any(d < 0 for d in shape):
-                raise RuntimeError(f"tensorrt: output {name!r} has a data-dependent shape {shape}: not supported")
-            dtype = torch.from_numpy(np.empty(0, dtype=trt.nptype(engine.get_tensor_dtype(name)))).dtype
-            outs[name] = torch.empty(shape, dtype=dtype, device="cuda")
-            context.set_tensor_address(name, outs[name].data_ptr())
-        stream = torch.cuda.current_stream()
-        if not context.execute_async_v3(stream.cuda_stream):
-            raise RuntimeError("tensorrt: execute_async_v3 failed (see the TensorRT log)")
-        stream.synchronize()
-        order = [o.name for o in self._outputs if o.name in outs] or list(outs)
-        return {n: outs[n].cpu().numpy() for n in order}
-
-    def close(self):
-        impl, self._impl = getattr(self, "_impl", None), None
-        if impl is not None and hasattr(impl, "close"):
-            impl.close()
-        self._engines = {}
-
-
 def _tensorrt_plugin_library():
-    from dcnkit._lib import find_library
+    import dcnkit
 
-    for stem in _TRT_PLUGIN_STEMS:
-        try:
-            return find_library(stem)
-        except FileNotFoundError:
-            continue
-    return None
+    try:
+        return Path(dcnkit.tensorrt_library())
+    except FileNotFoundError:
+        return None
+
+
+def __getattr__(name):
+    """``TensorRTRunner`` lives in :mod:`dcnkit.runtime.tensorrt` (Polygraphy's TrtRunner underneath)."""
+    if name == "TensorRTRunner":
+        from dcnkit.runtime.tensorrt import TensorRTRunner
+
+        return TensorRTRunner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -422,14 +314,22 @@ def _ort_cuda_reason() -> str | None:
 
 
 def _tensorrt_reason() -> str | None:
+    """None when TensorRT can run here, else one line naming everything missing and how to get it."""
+    missing = []
     try:
         import tensorrt  # noqa: F401
     except Exception as e:
-        return f"the tensorrt Python module is not installed ({type(e).__name__}: {e})"
+        missing.append(f"the tensorrt Python module is not installed ({type(e).__name__}: {e}): {_TRT_INSTALL}")
     if _tensorrt_plugin_library() is None:
-        return f"the kit's TensorRT plugin library (lib{_TRT_PLUGIN_STEMS[0]}.so) is not built"
+        missing.append(f"the kit's TensorRT plugin library libdcnkit_trt.so is not built: {_TRT_BUILD}")
+    try:
+        import polygraphy  # noqa: F401
+    except ImportError:
+        missing.append("polygraphy is not installed: pip install polygraphy")
+    if missing:
+        return "; ".join(missing)
     if not _gpu_present():
-        return "no NVIDIA GPU found on this machine"
+        return "no NVIDIA GPU found on this machine (TensorRT builds and runs engines on a GPU)"
     return None
 
 
@@ -474,6 +374,11 @@ def make_runner(model, backend: str = DEFAULT_BACKEND, **options) -> Runner:
     if backend == "ort-cuda":
         return OrtRunner(model, "cuda", **options)
     if backend == "tensorrt":
+        reason = _tensorrt_reason()
+        if reason:
+            raise BackendUnavailable(f"tensorrt: {reason}")
+        from dcnkit.runtime.tensorrt import TensorRTRunner
+
         return TensorRTRunner(model, **options)
     from dcnkit.runtime.reference_runner import ReferenceRunner
 

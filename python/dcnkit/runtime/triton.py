@@ -293,25 +293,28 @@ def write_repository(
     library_path: str | None = None,
     version: int = 1,
     overwrite: bool = False,
+    engine=None,
+    shapes=None,
+    precision: str | None = None,
+    plugins: Sequence = (),
 ) -> Path:
     """Writes ``output_dir/<name>/{config.pbtxt, 1/model.onnx[, libdcnkit_ort.so]}``; returns the model dir.
 
     ``model`` is an ONNX path, bytes or ``onnx.ModelProto``; ``name`` defaults to the file's stem. When the
     model has ``dcnkit``-domain nodes the kit's ONNX Runtime library is copied next to the config and
     referenced as ``<container_repository>/<name>/libdcnkit_ort.so`` (or ``library_path`` verbatim, then
-    nothing is copied). ``backend="tensorrt"`` is not available yet (ValueError saying so).
+    nothing is copied).
+
+    ``backend="tensorrt"``: a ``tensorrt_plan`` model (:mod:`dcnkit.runtime.triton_tensorrt`): ``engine`` (a
+    serialized engine, copied as it is) or an engine built here from the ONNX (``shapes``, ``precision``,
+    ``plugins`` as in ``dcnkit build``; needs TensorRT), with the kit's plugin library (``libdcnkit_trt.so``)
+    copied beside the config or ``library_path`` referenced.
     """
     import onnx
 
     from dcnkit.runtime.runners import load_model, uses_custom_ops
 
-    if backend == "tensorrt":
-        raise ValueError(
-            "backend: 'tensorrt' model repositories (a serialized engine + the kit's TensorRT plugin library "
-            "via LD_PRELOAD) are not implemented yet; use backend='onnxruntime' (Triton's onnxruntime backend "
-            "can also run the model with its TensorRT execution provider)"
-        )
-    if backend != "onnxruntime":
+    if backend not in ("onnxruntime", "tensorrt"):
         raise ValueError(f"backend: expected 'onnxruntime' or 'tensorrt', got {backend!r}")
     if name is None:
         if isinstance(model, (str, os.PathLike)):
@@ -325,8 +328,28 @@ def write_repository(
     if not str(container_repository).startswith("/"):
         raise ValueError(f"container_repository: expected an absolute path, got {container_repository!r}")
 
+    if backend == "tensorrt" and instance_kind == "KIND_CPU":
+        raise ValueError("instance_kind: expected KIND_GPU or KIND_AUTO for a TensorRT engine, got 'KIND_CPU'")
+    if backend != "tensorrt" and engine is not None:
+        raise ValueError(f"engine: expected only with backend='tensorrt', got backend={backend!r}")
+
     m = load_model(model)
     signature = Signature.of(m)
+    if backend == "tensorrt":
+        from dcnkit.runtime.triton_tensorrt import write_tensorrt_repository
+
+        cfg = model_config(
+            signature, name, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
+            preferred_batch_sizes=preferred_batch_sizes, max_queue_size=max_queue_size,
+            instance_kind=instance_kind, instance_count=instance_count, platform="tensorrt_plan",
+        )
+        model_dir = Path(output_dir) / name
+        if model_dir.exists() and not overwrite:
+            raise FileExistsError(f"output: {model_dir} exists (pass overwrite=True / --overwrite to replace it)")
+        return write_tensorrt_repository(
+            m, signature, model_dir, cfg, name=name, version=version, container_repository=container_repository,
+            library_path=library_path, engine=engine, shapes=shapes, precision=precision, plugins=plugins,
+        )
     custom = uses_custom_ops(m)
     libs: list[str] = []
     lib_src = None
@@ -516,7 +539,7 @@ def parse_config(text: str):
 
 
 def check_repository(model_dir) -> list[str]:
-    """Problems Triton would report when loading ``model_dir`` with the onnxruntime backend ([] if none)."""
+    """Problems Triton would report when loading ``model_dir`` with the onnxruntime or TensorRT backend ([] if none)."""
     model_dir = Path(model_dir)
     problems = []
     cfg_path = model_dir / "config.pbtxt"
@@ -528,15 +551,19 @@ def check_repository(model_dir) -> list[str]:
         return [f"{cfg_path}: {e}"]
     if cfg.name and cfg.name != model_dir.name:
         problems.append(f"name: expected the directory name {model_dir.name!r}, got {cfg.name!r}")
-    if cfg.platform != "onnxruntime_onnx" and cfg.backend != "onnxruntime":
-        problems.append(f"platform/backend: expected onnxruntime_onnx / onnxruntime, got {cfg.platform!r} / "
-                        f"{cfg.backend!r}")
+    tensorrt = cfg.platform == "tensorrt_plan" or cfg.backend == "tensorrt"
+    if not tensorrt and cfg.platform != "onnxruntime_onnx" and cfg.backend != "onnxruntime":
+        problems.append(f"platform/backend: expected onnxruntime_onnx / onnxruntime or tensorrt_plan / tensorrt, "
+                        f"got {cfg.platform!r} / {cfg.backend!r}")
+    default_file = "model.plan" if tensorrt else "model.onnx"
     versions = [p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
     if not versions:
         problems.append(f"{model_dir}: no numeric version directory")
     for v in versions:
-        if not (v / (cfg.default_model_filename or "model.onnx")).is_file():
-            problems.append(f"{v}: missing {cfg.default_model_filename or 'model.onnx'}")
+        if not (v / (cfg.default_model_filename or default_file)).is_file():
+            problems.append(f"{v}: missing {cfg.default_model_filename or default_file}")
+    if tensorrt and any(g.kind == 2 for g in cfg.instance_group):  # KIND_CPU
+        problems.append("instance_group: TensorRT engines run on GPUs, got KIND_CPU")
     for kind, items in (("input", cfg.input), ("output", cfg.output)):
         if not items:
             problems.append(f"{kind}: none declared")

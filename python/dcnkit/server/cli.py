@@ -30,7 +30,7 @@ _nonneg_float = _bounded(float, 0, "a number")
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     from dcnkit.server import DEFAULTS
 
-    p.add_argument("model", help="ONNX model file")
+    p.add_argument("model", help="ONNX model file (or, with --backend tensorrt, a serialized engine .engine/.plan)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--name", default=None, help="model name in the URLs (default: the file's stem)")
@@ -57,7 +57,19 @@ def add_triton_repo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-size", type=_nonneg_int, default=None,
                    help="Triton max_batch_size; default 8 when inputs and outputs share a batch dim, else 0")
     p.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "tensorrt"),
-                   help="Triton backend (tensorrt: not implemented yet)")
+                   help="Triton backend: onnxruntime (model.onnx + libdcnkit_ort.so) or tensorrt (model.plan + "
+                        "libdcnkit_trt.so, loaded with tritonserver --backend-config=tensorrt,plugins=...)")
+    p.add_argument("--engine", metavar="FILE",
+                   help="tensorrt: a serialized engine to copy as 1/model.plan (not validated); without it the "
+                        "engine is built here (needs TensorRT)")
+    p.add_argument("--shapes", action="append", default=[], metavar="NAME:MIN:OPT:MAX",
+                   help="tensorrt: optimization profile for the engine built here (as in dcnkit build; default: "
+                        "the batch dim from 1 to --max-batch-size)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--fp16", dest="precision", action="store_const", const="fp16",
+                   help="tensorrt: build the engine in float16 (as dcnkit build --fp16)")
+    g.add_argument("--bf16", dest="precision", action="store_const", const="bf16",
+                   help="tensorrt: build the engine in bfloat16")
     p.add_argument("--max-queue-delay-us", type=_nonneg_int, default=1000,
                    help="dynamic_batching max_queue_delay_microseconds (default %(default)s)")
     p.add_argument("--preferred-batch-size", type=_positive_int, action="append", default=[],
@@ -76,6 +88,7 @@ def add_triton_repo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_serve(args) -> int:
+    from dcnkit.runtime.runners import BackendUnavailable
     from dcnkit.server.app import serve
 
     if not 0 <= args.port <= 65535:
@@ -88,16 +101,34 @@ def run_serve(args) -> int:
             max_batch_size=args.max_batch_size, max_queue_delay_ms=args.max_queue_delay_ms,
             max_queue_size=args.max_queue_size, max_request_bytes=args.max_request_bytes,
         )
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
-        # Bad model path, unknown backend, backend unavailable here (BackendUnavailable is a RuntimeError).
+    except BackendUnavailable as e:  # the backend cannot run on this machine: what is missing, one line
+        print(f"dcnkit serve: {e}", file=sys.stderr)
+        return 1
+    except (FileNotFoundError, ValueError, RuntimeError) as e:  # bad model path, unknown backend, model errors
         print(f"dcnkit serve: {e}", file=sys.stderr)
         return 2
     return 0
 
 
 def run_triton_repo(args) -> int:
+    from dcnkit.runtime.runners import BackendUnavailable
     from dcnkit.runtime.triton import check_repository, write_repository
 
+    trt_only = [f for f, v in (("--engine", args.engine), ("--shapes", args.shapes), ("--fp16/--bf16", args.precision))
+                if v]
+    if trt_only and args.backend != "tensorrt":
+        print(f"dcnkit triton-repo: {trt_only[0]}: expected only with --backend tensorrt, got --backend {args.backend}",
+              file=sys.stderr)
+        return 2
+    shapes = None
+    if args.shapes:
+        from dcnkit.runtime.tensorrt import ShapeSpecError, parse_shapes
+
+        try:
+            shapes = parse_shapes(args.shapes)
+        except ShapeSpecError as e:
+            print(f"dcnkit triton-repo: {e}", file=sys.stderr)
+            return 2
     try:
         model_dir = write_repository(
             args.model, args.output, args.name, max_batch_size=args.max_batch_size, backend=args.backend,
@@ -105,7 +136,11 @@ def run_triton_repo(args) -> int:
             max_queue_size=args.max_queue_size, instance_kind=args.instance_kind,
             instance_count=args.instance_count, container_repository=args.container_repository,
             library_path=args.library_path, overwrite=args.overwrite,
+            engine=args.engine, shapes=shapes, precision=args.precision,
         )
+    except BackendUnavailable as e:  # no TensorRT here to build the engine: what is missing, one line
+        print(f"dcnkit triton-repo: {e} (or pass an engine built elsewhere with --engine)", file=sys.stderr)
+        return 1
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"dcnkit triton-repo: {e}", file=sys.stderr)
         return 2
@@ -114,6 +149,16 @@ def run_triton_repo(args) -> int:
         print("dcnkit triton-repo: the written repository has problems:\n  " + "\n  ".join(problems),
               file=sys.stderr)
         return 1
+    if args.backend == "tensorrt":
+        lib = model_dir / "libdcnkit_trt.so"
+        plugin = args.library_path or (f"{args.container_repository.rstrip('/')}/{model_dir.name}/libdcnkit_trt.so"
+                                       if lib.exists() else None)
+        print(f"wrote {model_dir} (config.pbtxt, 1/model.plan" + (", libdcnkit_trt.so" if lib.exists() else "") + ")")
+        extra = f" --backend-config=tensorrt,plugins={plugin}" if plugin else ""
+        print(f"run: docker run --rm --gpus=all -p8000:8000 -v {model_dir.parent.resolve()}:{args.container_repository} "
+              f"nvcr.io/nvidia/tritonserver:<yy.mm>-py3 tritonserver --model-repository={args.container_repository}"
+              f"{extra}")
+        return 0
     print(f"wrote {model_dir} (config.pbtxt, 1/model.onnx"
           + (", libdcnkit_ort.so" if (model_dir / "libdcnkit_ort.so").exists() else "") + ")")
     print(f"run: docker run --rm -p8000:8000 -v {model_dir.parent.resolve()}:{args.container_repository} "

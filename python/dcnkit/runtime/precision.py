@@ -1,0 +1,268 @@
+"""Reduced precision for strongly typed TensorRT networks: an ONNX model's float32 tensors as float16 / bfloat16.
+
+TensorRT 11 builds strongly typed networks only (its FP16/BF16 builder flags are gone): the precision of every
+layer follows the types written in the ONNX file. :func:`convert_float_tensors` rewrites a float32 model into one
+float type, the kit's ``dcnkit``-domain nodes included, so the plugins see float16 (or bfloat16) features, weights,
+offsets and RoIs alike (the plugins take RoIs in the feature dtype):
+
+- float32 initializers, ``Constant`` / ``ConstantOfShape`` values, ``Cast(to=FLOAT)`` targets and value infos
+  become the target type (initializers are clipped to the target's finite range first);
+- graph inputs and outputs stay float32 by default (``keep_io_types``): a ``Cast`` follows each float input and
+  precedes each float output, and nodes inside the graph use the converted tensor (also where a graph output
+  is consumed by later nodes);
+- an input or output of a node whose ONNX schema does not accept the target type (``Resize`` scales,
+  ``Range``, ``NonMaxSuppression``...) stays float32, with a ``Cast`` around it. The schemas decide, so the result
+  passes ``onnx.checker`` wherever the original did.
+
+Polygraphy's ``ConvertToFp16`` (onnxconverter-common) is not used: it has no bfloat16, and with ``keep_io_types``
+a graph output that later nodes consume feeds them float32, so a model leaves it with mixed float types.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_FLOAT = 1  # onnx.TensorProto.FLOAT
+_TARGETS = {"float16": 10, "bfloat16": 16}  # TensorProto.FLOAT16 / BFLOAT16
+_TYPE_NAMES = {10: "tensor(float16)", 16: "tensor(bfloat16)"}
+
+
+@dataclass
+class ConversionReport:
+    """What :func:`convert_float_tensors` changed (for the build log)."""
+
+    dtype: str
+    initializers: int = 0
+    clipped: int = 0
+    constants: int = 0
+    casts: int = 0
+    kept_float32: list = field(default_factory=list)  # "op_type name: input/output i"
+
+    def summary(self) -> str:
+        text = (f"converted to {self.dtype}: {self.initializers} initializers ({self.clipped} values clipped to the "
+                f"{self.dtype} range), {self.constants} constants, {self.casts} casts inserted")
+        if self.kept_float32:
+            text += f"; kept float32 where the ONNX schema requires it: {', '.join(self.kept_float32)}"
+        return text
+
+
+def _np_target(dtype: str):
+    if dtype == "float16":
+        return np.float16
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16
+
+
+def _convert_tensor(t, dtype: str, report: ConversionReport | None):
+    """A float32 TensorProto as the target type (clipped to its finite range); other tensors unchanged."""
+    from onnx import numpy_helper
+
+    if t.data_type != _FLOAT:
+        return t
+    a = numpy_helper.to_array(t)
+    limit = float(np.finfo(np.float16).max) if dtype == "float16" else float(np.finfo(np.float32).max)
+    finite = np.isfinite(a)
+    clipped = np.clip(a, -limit, limit)
+    if report is not None:
+        report.clipped += int(np.count_nonzero(finite & (clipped != a)))
+    out = numpy_helper.from_array(clipped.astype(_np_target(dtype)), t.name)
+    out.doc_string = t.doc_string
+    return out
+
+
+def _allowed(schema, formal) -> set[str]:
+    for c in schema.type_constraints:
+        if c.type_param_str == formal.type_str:
+            return set(c.allowed_type_strs)
+    return {formal.type_str}
+
+
+def _float32_only(node, opset: dict, target: int) -> tuple[set[int], set[int]]:
+    """Indices of the node's inputs / outputs that must stay float32 by its ONNX schema (none if unknown)."""
+    import onnx.defs
+
+    domain = node.domain if node.domain not in ("", "ai.onnx") else ""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset.get(domain, opset.get("", 1)), domain)
+    except Exception:  # unknown op: a plugin node without a registered schema; convert it like the rest
+        return set(), set()
+    want = _TYPE_NAMES[target]
+
+    def fixed(formals, count):
+        out = set()
+        for i in range(count):
+            if not formals:
+                break
+            f = formals[min(i, len(formals) - 1)]
+            allowed = _allowed(schema, f)
+            if "tensor(float)" in allowed and want not in allowed:
+                out.add(i)
+        return out
+
+    return fixed(list(schema.inputs), len(node.input)), fixed(list(schema.outputs), len(node.output))
+
+
+def _float_names(graph) -> set[str]:
+    """Names of the graph's float32 tensors: inputs, initializers, value infos (after shape inference), outputs,
+    and the outputs of float constants and casts to float."""
+    names = {v.name for v in list(graph.input) + list(graph.value_info) + list(graph.output)
+             if v.type.tensor_type.elem_type == _FLOAT}
+    names |= {t.name for t in graph.initializer if t.data_type == _FLOAT}
+    for n in graph.node:
+        if n.op_type == "Cast" and any(a.name == "to" and a.i == _FLOAT for a in n.attribute):
+            names.update(n.output)
+        if n.op_type in ("Constant", "ConstantOfShape"):
+            if n.op_type == "ConstantOfShape" and not any(a.name == "value" for a in n.attribute):
+                names.update(n.output)  # float32 zeros by default
+            for a in n.attribute:
+                if (a.name == "value" and a.t.data_type == _FLOAT) or a.name in ("value_float", "value_floats"):
+                    names.update(n.output)
+    return names
+
+
+def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level):
+    from onnx import helper
+
+    floats = _float_names(graph)
+    init_names = {t.name for t in graph.initializer}
+    out_names = {v.name for v in graph.output}
+    keep = [_float32_only(n, opset, target) for n in graph.node]
+
+    # An initializer used only where float32 is required stays float32 (no precision lost to a round trip).
+    uses: dict[str, list[bool]] = {}
+    for n, (keep_in, _) in zip(graph.node, keep):
+        for i, name in enumerate(n.input):
+            uses.setdefault(name, []).append(i in keep_in)
+    stay32 = {name for name in init_names if uses.get(name) and all(uses[name])}
+
+    converted = set()
+    for i, t in enumerate(list(graph.initializer)):
+        if t.data_type == _FLOAT and t.name not in stay32 and t.name not in out_names:
+            graph.initializer[i].CopyFrom(_convert_tensor(t, dtype, report))
+            converted.add(t.name)
+            report.initializers += 1
+    for v in graph.input:  # old files list initializers among the graph inputs too: same type as the initializer
+        if v.name in converted:
+            v.type.tensor_type.elem_type = target
+    for v in graph.value_info:
+        if v.type.tensor_type.elem_type == _FLOAT:
+            v.type.tensor_type.elem_type = target
+
+    head, tail = [], []
+    renames: dict[str, str] = {}  # float32 graph I/O -> the target-typed tensor used inside the graph
+    produced = {o for n in graph.node for o in n.output}
+    for v in graph.input:
+        if v.type.tensor_type.elem_type != _FLOAT or v.name in init_names:
+            continue
+        if keep_io_types and top_level:
+            renames[v.name] = f"{v.name}__{dtype}"
+            head.append(helper.make_node("Cast", [v.name], [renames[v.name]], to=target, name=f"{v.name}__cast_in"))
+            report.casts += 1
+        else:
+            v.type.tensor_type.elem_type = target
+    for v in graph.output:
+        if v.type.tensor_type.elem_type != _FLOAT or v.name not in produced:
+            continue  # an output that is a graph input or an initializer passes through unchanged
+        if keep_io_types and top_level:
+            renames[v.name] = f"{v.name}__{dtype}"
+            tail.append(helper.make_node("Cast", [renames[v.name]], [v.name], to=_FLOAT, name=f"{v.name}__cast_out"))
+            report.casts += 1
+        else:
+            v.type.tensor_type.elem_type = target
+
+    inputs32 = {v.name for v in graph.input if v.name in renames}
+    body = []
+    for k, n in enumerate(graph.node):
+        for a in n.attribute:  # sub-graphs (If / Loop / Scan bodies): same conversion, their I/O included
+            if a.type == a.GRAPH:
+                _convert_graph(a.g, opset, dtype, target, report, keep_io_types, False)
+            for g in a.graphs:
+                _convert_graph(g, opset, dtype, target, report, keep_io_types, False)
+        if n.op_type == "Cast":
+            for a in n.attribute:
+                if a.name == "to" and a.i == _FLOAT:
+                    a.i = target
+        if n.op_type in ("Constant", "ConstantOfShape"):
+            _convert_constant(n, dtype, target, report)
+        keep_in, keep_out = keep[k]
+        label = f"{n.op_type} {n.name or '(unnamed)'}"
+        for i, name in enumerate(n.input):
+            if name in floats and i in keep_in:
+                report.kept_float32.append(f"{label}: input {i}")
+                if name in inputs32 or name in stay32:  # a float32 graph input / initializer: used as it is
+                    continue
+                cast = f"{name}__float32_{n.name or n.op_type}_{i}"
+                body.append(helper.make_node("Cast", [renames.get(name, name)], [cast], to=_FLOAT, name=cast))
+                n.input[i] = cast
+                report.casts += 1
+            else:
+                n.input[i] = renames.get(name, name)
+        after = []
+        for i, original in enumerate(n.output):
+            name = renames.get(original, original)
+            n.output[i] = name
+            if name and i in keep_out and original in floats:
+                n.output[i] = f"{name}__float32"
+                after.append(helper.make_node("Cast", [n.output[i]], [name], to=target, name=f"{name}__cast_back"))
+                report.casts += 1
+                report.kept_float32.append(f"{label}: output {i}")
+        body.append(n)
+        body.extend(after)
+    del graph.node[:]
+    graph.node.extend(head + body + tail)
+
+
+def _convert_constant(node, dtype: str, target: int, report: ConversionReport) -> None:
+    from onnx import helper, numpy_helper
+
+    if node.op_type == "ConstantOfShape" and not any(a.name == "value" for a in node.attribute):
+        # without `value` it makes float32 zeros: make them the target type
+        zero = numpy_helper.from_array(np.zeros(1, dtype=_np_target(dtype)), "value")
+        node.attribute.append(helper.make_attribute("value", zero))
+        report.constants += 1
+        return
+
+    for a in list(node.attribute):
+        if a.name == "value" and a.t.data_type == _FLOAT:
+            a.t.CopyFrom(_convert_tensor(a.t, dtype, report))
+            report.constants += 1
+        elif a.name in ("value_float", "value_floats"):
+            values = np.asarray([a.f] if a.name == "value_float" else list(a.floats), dtype=np.float32)
+            if a.name == "value_float":
+                values = values.reshape(())
+            t = _convert_tensor(numpy_helper.from_array(values, "value"), dtype, report)
+            node.attribute.remove(a)
+            node.attribute.append(helper.make_attribute("value", t))
+            report.constants += 1
+
+
+def convert_float_tensors(model, dtype: str = "float16", keep_io_types: bool = True):
+    """A copy of ``model`` (``onnx.ModelProto``) with its float32 tensors as ``dtype`` ("float16" or "bfloat16").
+
+    Returns ``(model, report)``; see the module's documentation for the rules. Raises ValueError for another dtype.
+    """
+    import onnx
+
+    if dtype not in _TARGETS:
+        raise ValueError(f"dtype: expected one of {', '.join(_TARGETS)}, got {dtype!r}")
+    target = _TARGETS[dtype]
+    try:  # the dcnkit schemas, so that shape inference types the tensors after our nodes too
+        from dcnkit.export.schemas import register_onnx_schemas
+
+        register_onnx_schemas()
+    except Exception:  # pragma: no cover - without them those tensors are typed by value infos only
+        pass
+    try:  # the types of intermediate tensors (which inputs of a float32-only position are float)
+        out = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+    opset = {o.domain if o.domain != "ai.onnx" else "": o.version for o in out.opset_import}
+    report = ConversionReport(dtype)
+    _convert_graph(out.graph, opset, dtype, target, report, keep_io_types, True)
+    return out, report
+
+
+__all__ = ["convert_float_tensors", "ConversionReport"]

@@ -1,0 +1,183 @@
+"""The kit's TensorRT plugins against the NumPy references, on a machine with a GPU and TensorRT.
+
+    python scripts/check_tensorrt.py                 # TensorRT engines, float32 and float16 (.ci/gpu runs this)
+    python scripts/check_tensorrt.py --backend ort-cpu --precisions fp32   # the same models and checks on ONNX Runtime
+
+Small models, one node each, in the `dcnkit` domain (DeformConv2d, RoIAlign avg/max, DeformRoIPool,
+DeformPSRoIPool) and under mmdeploy's names (MMCVModulatedDeformConv2d, MMCVRoiAlign), with dynamic dims and an
+optimization profile, are built with ``dcnkit.runtime.tensorrt`` (``--fp16`` as ``dcnkit build --fp16``: converted
+ONNX on TensorRT 11, builder flag on TensorRT 10) and run through Polygraphy's TrtRunner. Each output is compared
+with ``dcnkit.reference`` (float64 NumPy loops); on the GPU the RoI inputs include a RoI whose batch index is out
+of range, which must give zeros. Prints a table (max error, tolerance, median run time including host<->device copies) and exits 1
+on a mismatch. Without TensorRT: one line saying why, exit 0. ``--backend ort-cpu`` runs the same cases on the kit's
+ONNX Runtime library (how the cases themselves are checked on machines without a GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+TOL = {"fp32": (1e-4, 1e-4), "fp16": (2e-2, 2e-2)}  # (atol, rtol) relative to the reference's magnitude
+
+
+def _model(domain, op, inputs, outputs, weights=(), order=None, **attrs):
+    """One node; ``inputs`` are graph inputs (name, shape), ``weights`` initializers, ``order`` the node's inputs
+    (default: inputs then weights)."""
+    names = order or [n for n, _ in inputs] + [n for n, _ in weights]
+    node = helper.make_node(op, names, [n for n, _ in outputs], domain=domain, name=op.lower(), **attrs)
+    g = helper.make_graph([node], op, [helper.make_tensor_value_info(n, T.FLOAT, s) for n, s in inputs],
+                          [helper.make_tensor_value_info(n, T.FLOAT, s) for n, s in outputs],
+                          initializer=[numpy_helper.from_array(a, n) for n, a in weights])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)],
+                             ir_version=9)
+
+
+def _rois(rng, k, n, h, w, bad=True):
+    """k valid RoIs [b, x1, y1, x2, y2] plus (``bad``) one whose batch index is n (out of range: zeros)."""
+    b = rng.integers(0, n, k)
+    x = np.sort(rng.uniform(0, w - 1, (k, 2)), axis=1)
+    y = np.sort(rng.uniform(0, h - 1, (k, 2)), axis=1)
+    r = np.stack([b, x[:, 0], y[:, 0], x[:, 1], y[:, 1]], 1)
+    if bad:
+        r = np.concatenate([r, [[n, 1, 1, 3, 3]]])
+    return r.astype(np.float32)
+
+
+def _with_zero_rows(fn, rois, n, *args):
+    """The reference over the valid RoIs, zeros for a RoI whose batch index is outside [0, n)."""
+    ok = (rois[:, 0] >= 0) & (rois[:, 0] < n)
+    got = fn(rois[ok], *args)
+    got = got if isinstance(got, tuple) else (got,)
+    outs = []
+    for g in got:
+        full = np.zeros((rois.shape[0],) + g.shape[1:])
+        full[ok] = g
+        outs.append(full)
+    return outs
+
+
+def cases(rng, bad_roi=True):
+    """(name, model, feeds, expected outputs, profile shapes) for every plugin checked. ``bad_roi`` adds a RoI
+    with an out-of-range batch index (zeros on the GPU; the CPU kernels reject it with an error instead)."""
+    from dcnkit import reference as ref
+
+    n, c, h, w = 2, 8, 12, 10
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    out = []
+    # DeformConv2d (DCNv2, 2 offset groups) with weights as initializers.
+    wt = (rng.standard_normal((6, c, 3, 3)) * 0.2).astype(np.float32)
+    bias = rng.standard_normal(6).astype(np.float32)
+    off = (rng.standard_normal((n, 36, h, w)) * 1.5).astype(np.float32)
+    mask = rng.uniform(0, 1, (n, 18, h, w)).astype(np.float32)
+    dims = ["N", c, "H", "W"]
+    dcn_inputs = [("x", dims), ("offset", ["N", 36, "H", "W"]), ("mask", ["N", 18, "H", "W"])]
+    m = _model("dcnkit", "DeformConv2d", dcn_inputs, [("y", ["N", 6, "H", "W"])], [("w", wt), ("b", bias)],
+               order=["x", "offset", "w", "b", "mask"], padding=[1, 1], deformable_groups=2)
+    feeds = {"x": x, "offset": off, "mask": mask}
+    prof = {"x": ((1, c, 4, 4), (n, c, h, w), (4, c, 32, 32)), "offset": ((1, 36, 4, 4), (n, 36, h, w), (4, 36, 32, 32)),
+            "mask": ((1, 18, 4, 4), (n, 18, h, w), (4, 18, 32, 32))}
+    out.append(("DeformConv2d", m, feeds, [ref.deform_conv2d(x, off, wt, bias, (1, 1), (1, 1), (1, 1), mask)], prof))
+    # mmdeploy's MMCVModulatedDeformConv2d: inputs (input, offset, mask, weight, bias).
+    m = _model("mmdeploy", "MMCVModulatedDeformConv2d", dcn_inputs, [("y", ["N", 6, "H", "W"])],
+               [("w", wt), ("b", bias)],
+               stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=1, deform_groups=2)
+    out.append(("MMCVModulatedDeformConv2d", m, dict(feeds), [out[0][3][0]], prof))
+
+    rois = _rois(rng, 5, n, h * 2, w * 2, bad_roi)  # image coordinates, spatial_scale 0.5
+    roi_prof = {"x": ((1, c, 4, 4), (n, c, h, w), (4, c, 32, 32)), "rois": ((1, 5), (6, 5), (64, 5))}
+    for mode in ("avg", "max"):
+        m = _model("dcnkit", "RoIAlign", [("x", dims), ("rois", ["K", 5])], [("y", ["K", c, 3, 2])],
+                   output_size=[3, 2], spatial_scale=0.5, sampling_ratio=2, aligned=1, pool_mode=mode)
+        want = _with_zero_rows(lambda r: ref.roi_align(x, r, (3, 2), 0.5, 2, True, mode), rois, n)
+        out.append((f"RoIAlign {mode}", m, {"x": x, "rois": rois}, want, roi_prof))
+    m = _model("mmcv", "MMCVRoiAlign", [("x", dims), ("rois", ["K", 5])], [("y", ["K", c, 3, 2])],
+               output_height=3, output_width=2, spatial_scale=0.5, sampling_ratio=2, mode="max", aligned=1)
+    out.append(("MMCVRoiAlign max", m, {"x": x, "rois": rois}, out[-1][3], roi_prof))
+
+    roff = (rng.standard_normal((rois.shape[0], 2, 3, 3)) * 0.3).astype(np.float32)
+    m = _model("dcnkit", "DeformRoIPool", [("x", dims), ("rois", ["K", 5]), ("offset", ["K", 2, 3, 3])],
+               [("y", ["K", c, 3, 3])], output_size=[3, 3], spatial_scale=0.5, sampling_ratio=2, gamma=0.1)
+    ok = rois[:, 0] < n
+    want = _with_zero_rows(lambda r: ref.deform_roi_pool(x, r, roff[ok], (3, 3), 0.5, 2, 0.1), rois, n)
+    prof = dict(roi_prof, offset=((1, 2, 3, 3), (6, 2, 3, 3), (64, 2, 3, 3)))
+    out.append(("DeformRoIPool", m, {"x": x, "rois": rois, "offset": roff}, want, prof))
+
+    xp = rng.standard_normal((n, 2 * 2 * 2, h, w)).astype(np.float32)  # output_dim 2, group_size 2
+    trans = (rng.standard_normal((rois.shape[0], 2, 2, 2)) * 0.5).astype(np.float32)
+    m = _model("dcnkit", "DeformPSRoIPool", [("x", ["N", 8, "H", "W"]), ("rois", ["K", 5]),
+               ("trans", ["K", 2, 2, 2])], [("y", ["K", 2, 2, 2]), ("count", ["K", 2, 2, 2])], spatial_scale=0.5,
+               output_size=2, output_dim=2, group_size=2, part_size=2, sample_per_part=2, trans_std=0.1)
+    want = _with_zero_rows(lambda r: ref.deform_psroi_pool(xp, r, trans[ok], 0.5, 2, 2, 2, 2, 2, 0.1), rois, n)
+    prof = {"x": ((1, 8, 4, 4), (n, 8, h, w), (4, 8, 32, 32)), "rois": roi_prof["rois"],
+            "trans": ((1, 2, 2, 2), (6, 2, 2, 2), (64, 2, 2, 2))}
+    out.append(("DeformPSRoIPool", m, {"x": xp, "rois": rois, "trans": trans}, want, prof))
+    return out
+
+
+def _runner(backend, model, precision, shapes):
+    if backend == "tensorrt":
+        from dcnkit.runtime.tensorrt import TensorRTRunner
+
+        return TensorRTRunner(model, precision=None if precision == "fp32" else precision, shapes=shapes)
+    from dcnkit.runtime.runners import make_runner
+
+    return make_runner(model, backend)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", default="tensorrt", choices=("tensorrt", "ort-cpu", "ort-cuda"))
+    p.add_argument("--precisions", default="fp32,fp16", help="comma-separated: fp32, fp16 (tensorrt only)")
+    p.add_argument("--iterations", type=int, default=20, help="timed runs per case (default 20)")
+    args = p.parse_args(argv)
+    from dcnkit.runtime.runners import available_backends
+
+    reason = available_backends()[args.backend]
+    if reason:
+        print(f"{args.backend}: skipped: {reason}")
+        return 0
+    precisions = [s.strip() for s in args.precisions.split(",") if s.strip()]
+    bad = [s for s in precisions if s not in TOL or (s != "fp32" and args.backend != "tensorrt")]
+    if bad:
+        p.error(f"--precisions: expected fp32 (and fp16 for tensorrt), got {bad}")
+    failures = 0
+    print(f"{'case':<28} {'precision':<9} {'max err':>10} {'allowed':>10} {'median ms':>10}  result")
+    for name, model, feeds, want, shapes in cases(np.random.default_rng(0), bad_roi=args.backend != "ort-cpu"):
+        for prec in precisions:
+            atol, rtol = TOL[prec]
+            try:
+                with _runner(args.backend, model, prec, shapes) as r:
+                    got = list(r.run(feeds).values())
+                    times = []
+                    for _ in range(args.iterations):
+                        t0 = time.perf_counter()
+                        r.run(feeds)
+                        times.append(time.perf_counter() - t0)
+            except Exception as e:  # one failing plugin must not hide the others
+                failures += 1
+                print(f"{name:<28} {prec:<9} {'-':>10} {'-':>10} {'-':>10}  ERROR {type(e).__name__}: "
+                      f"{(str(e).splitlines() or [''])[0]}")
+                continue
+            err, allowed = 0.0, np.inf
+            for g, w in zip(got, want):
+                diff = np.abs(g.astype(np.float64) - w)
+                lim = atol + rtol * np.abs(w)
+                err = max(err, float(diff.max(initial=0)))
+                allowed = min(allowed, float(lim.min(initial=np.inf)))
+                ok_case = g.shape == w.shape and bool(np.all(diff <= lim))
+                if not ok_case:
+                    break
+            failures += not ok_case
+            print(f"{name:<28} {prec:<9} {err:>10.3g} {allowed:>10.3g} {np.median(times) * 1e3:>10.3f}  "
+                  f"{'ok' if ok_case else 'MISMATCH'}")
+    print("PASSED" if failures == 0 else f"FAILED: {failures} case(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
