@@ -13,9 +13,10 @@ writes::
 
 Triton's model configuration has no field for TensorRT plugins: the TensorRT backend loads plugin libraries
 given on the server's command line, ``--backend-config=tensorrt,plugins="/models/dcn/libdcnkit_trt.so"``
-(several separated by ``;``), or through ``LD_PRELOAD``; both ``dlopen`` the library (see
-runtime/triton/README.md). The config's header says so. A copied engine is not validated (it must come from the
-TensorRT version of the Triton image, for its GPU); the signature is read from the ONNX model.
+(several separated by ``;``): the backend ``dlopen``s it after loading TensorRT, and the library registers its
+creators itself (``LD_PRELOAD`` does not work: it loads the library before TensorRT; runtime/triton/README.md).
+The config's header says so. A copied engine is not validated (it must come from the TensorRT version of the
+Triton image, for its GPU); the signature is read from the ONNX model.
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def write_tensorrt_repository(
         header += (
             "# The engine uses the kit's TensorRT plugins. Triton's config has no field for TensorRT plugins: start\n"
             f"#   tritonserver --backend-config=tensorrt,plugins=\"{plugin_ref}\" ...\n"
-            f"# (or LD_PRELOAD={plugin_ref}); both dlopen the library (runtime/triton/README.md).\n"
+            f"# (the library registers its plugins when the backend loads it; runtime/triton/README.md).\n"
         )
     (model_dir / "config.pbtxt").write_text(header + to_pbtxt(cfg) + "\n")
     return model_dir
