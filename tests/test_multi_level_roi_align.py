@@ -108,6 +108,19 @@ def test_matches_per_level_reference_float32(pool_mode):
     torch.testing.assert_close(y1, reference(features, rois, 7, STRIDES, 2, 56, 1.0, True, pool_mode), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("pool_mode", ["avg", "max"])
+def test_matches_numpy_reference(pool_mode):
+    """The NumPy reference of dcnkit.reference (no dcnkit kernel involved) agrees too."""
+    from dcnkit import reference as R
+
+    features = make_features(c=2)
+    rois = make_rois(12)
+    y = multi_level_roi_align(features, rois, (2, 3), STRIDES, 0, 56, 1.3, False, pool_mode)
+    expected = R.multi_level_roi_align([f.numpy() for f in features], rois.numpy(), (2, 3), STRIDES, 0, 56, 1.3,
+                                       False, pool_mode)
+    torch.testing.assert_close(y, torch.from_numpy(expected), rtol=1e-10, atol=1e-10)
+
+
 def test_level_rule_and_clamping():
     """A RoI of side 56 * 2^l pools on level l (clamped to [0, L-1]); finest_scale moves the boundaries."""
     features = make_features(n=1, c=2)

@@ -84,6 +84,23 @@ def test_export_one_node_and_ort_equals_eager(dynamo, kw, tmp_path):
         np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
 
 
+def test_reference_runner_runs_the_node(tmp_path):
+    """dcnkit's ONNX reference runner (onnx.reference + NumPy, no native code) runs the exported node too."""
+    from dcnkit.runtime.reference_runner import ReferenceRunner
+
+    model = Pooler(roi_scale_factor=1.1).eval()
+    path = tmp_path / "pooler.onnx"
+    dcnkit.export.to_onnx(model, (rois(5), *features()), path, input_names=["rois", "f0", "f1", "f2", "f3"])
+    r, fs = rois(6, seed=3), features(seed=4)
+    feeds = {"rois": r.numpy(), **{f"f{i}": f.numpy() for i, f in enumerate(fs)}}
+    with ReferenceRunner(str(path)) as runner:
+        got = runner.run(feeds)
+    got = got[0] if isinstance(got, (list, tuple)) else next(iter(got.values()))
+    with torch.no_grad():
+        expected = model(r, *fs).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
 def test_exported_schema_rejects_inconsistent_nodes():
     from dcnkit.export import register_onnx_schemas
 
