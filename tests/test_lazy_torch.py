@@ -157,7 +157,10 @@ def test_ort_session_of_dcnv2_without_torch(tmp_path, dcn_onnx):
     ["compare", "{model}", "--backends", "ort-cpu,reference"],
     ["compare", "{model}"],
     ["bench", "{model}", "--backends", "ort-cpu", "--iterations", "3", "--warmup", "1"],
-], ids=["help", "run-help", "backends", "run", "compare-ort-reference", "compare-default", "bench"])
+    ["serve", "--help"],
+    ["triton-repo", "{model}", "-o", "{tmp}/repo"],
+], ids=["help", "run-help", "backends", "run", "compare-ort-reference", "compare-default", "bench", "serve-help",
+        "triton-repo"])
 def test_cli_deployment_commands_leave_torch_out(tmp_path, dcn_onnx, argv):
     argv = [a.format(model=dcn_onnx, tmp=tmp_path) for a in argv]
     p, r = _cli(tmp_path, *argv)
@@ -169,6 +172,8 @@ def test_cli_deployment_commands_leave_torch_out(tmp_path, dcn_onnx, argv):
         assert "PASSED" in p.stdout, p.stdout
     if argv[0] == "bench":
         assert "ort-cpu" in p.stdout
+    if argv[0] == "triton-repo":
+        assert (tmp_path / "repo" / "dcnv2" / "config.pbtxt").is_file()
 
 
 def _free_port() -> int:
