@@ -14,7 +14,7 @@ IMAGE = 160  # image size; maps are IMAGE / stride
 
 
 def reference_levels(rois, finest_scale, num_levels):
-    """OPS.md's level rule, in float64."""
+    """docs/operators.md's level rule, in float64."""
     r = rois.double()
     scale = torch.sqrt((r[:, 3] - r[:, 1]) * (r[:, 4] - r[:, 2]))
     lvl = torch.floor(torch.log2(scale / finest_scale + 1e-6))
@@ -23,7 +23,7 @@ def reference_levels(rois, finest_scale, num_levels):
 
 
 def reference_rescale(rois, factor):
-    """OPS.md's rescaling about the centre to half sizes (w + 1) * f / 2 - 0.5, in the RoIs' dtype (f = 1 is the
+    """docs/operators.md's rescaling about the centre to half sizes (w + 1) * f / 2 - 0.5, in the RoIs' dtype (f = 1 is the
     identity)."""
     r = rois.clone()
     if factor > 0 and factor != 1:

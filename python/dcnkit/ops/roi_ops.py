@@ -1,5 +1,5 @@
 """RoI operators: ``roi_align`` (torchvision's signature plus ``pool_mode``), ``deform_roi_pool`` (mmcv's)
-and ``deform_psroi_pool`` (R-FCN, mmcv/mmdet v1). See OPS.md for the exact contract.
+and ``deform_psroi_pool`` (R-FCN, mmcv/mmdet v1). See docs/operators.md for the exact contract.
 
 The kernels are ``torch.ops.dcnkit.*`` (C++/CUDA); this module registers their fake kernels (for
 ``torch.compile`` / ``torch.export``) and their autograd formulas (through the ``_*_backward`` ops).

@@ -1,7 +1,7 @@
 // Per-element math of the three RoI operators (RoIAlign, DeformRoIPool, DeformPSRoIPool), written once
 // as DCNKIT_HD templates and called by the CPU launchers (loops) and the CUDA launchers (grid-stride
 // kernels). T is the storage type, Acc the accumulation type. Sampling goes through bilinear.h
-// (roi_taps / psroi_taps); nothing here interpolates by itself. See OPS.md for the contract.
+// (roi_taps / psroi_taps); nothing here interpolates by itself. See docs/operators.md for the contract.
 //
 // Every function only reads the four taps of a sample when the sample is inside the map, so a map with
 // H == 0 or W == 0 is never read. Non-finite box coordinates or offsets give sampling points that are
