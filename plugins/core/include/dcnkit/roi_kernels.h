@@ -51,9 +51,7 @@ inline Status check_sampling_ratio(const char* op, const char* arg, int64_t valu
                              : "a value in [" + std::to_string(lo) + ", " + limit + "]",
                      std::to_string(value));
   }
-  if (value < lo) {
-    return arg_error(op, arg, "a value in [" + std::to_string(lo) + ", " + limit + "]", std::to_string(value));
-  }
+  if (value < lo) return arg_error(op, arg, "a value >= " + std::to_string(lo), std::to_string(value));
   return Status::Ok();
 }
 
