@@ -223,7 +223,9 @@ std::vector<Case> cases() {
                {{{str("pool_mode", "median")}, "pool_mode"},
                 {{flt("spatial_scale", 0.f)}, "spatial_scale"},
                 {{ints("output_size", {0, 7})}, "output_size"},
-                {{ints("sampling_ratio", {1, 2, 3})}, "sampling_ratio"}},
+                {{ints("sampling_ratio", {1, 2, 3})}, "sampling_ratio"},
+                // above kMaxSamplingRatio (1024): would make every bin sample 2^60 points
+                {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
                0});
   c.push_back({"DeformRoIPool", "dcnkit",
                {{"output_size", I32, 2}, {"spatial_scale", F32, 1}, {"sampling_ratio", I32, 1}, {"gamma", F32, 1}},
@@ -233,7 +235,8 @@ std::vector<Case> cases() {
                {{3, 4, 3, 3}},
                1,
                {{1, 4, 10, 10}, {3, 5}, {3, 2, 4, 4}},
-               {{{ints("gamma", {1})}, "gamma"}, {{ints("output_size", {3})}, "output_size"}},
+               {{{ints("gamma", {1})}, "gamma"}, {{ints("output_size", {3})}, "output_size"},
+                {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
                0});
   c.push_back({"DeformPSRoIPool", "dcnkit",
                {{"spatial_scale", F32, 1}, {"output_size", I32, 1}, {"output_dim", I32, 1}, {"group_size", I32, 1},
@@ -245,7 +248,8 @@ std::vector<Case> cases() {
                {{4, 2, 3, 3}, {4, 2, 3, 3}},
                1,
                {{1, 17, 12, 12}, {4, 5}, {4, 2, 3, 3}},
-               {{{ints("group_size", {0})}, "group_size"}, {{str("output_dim", "2")}, "output_dim"}},
+               {{{ints("group_size", {0})}, "group_size"}, {{str("output_dim", "2")}, "output_dim"},
+                {{ints("sample_per_part", {1 << 30})}, "sample_per_part"}},
                0});
   const std::vector<FieldDecl> mm_dcn_decl = {{"stride", I32, 2}, {"padding", I32, 2}, {"dilation", I32, 2},
                                               {"groups", I32, 1}, {"deform_groups", I32, 1}};
@@ -275,7 +279,8 @@ std::vector<Case> cases() {
                {{2, 3, 2, 3}},
                1,
                {{1, 3, 8}, {2, 5}},
-               {{{str("mode", "sum")}, "mode"}, {{ints("output_width", {-3})}, "output_width"}},
+               {{{str("mode", "sum")}, "mode"}, {{ints("output_width", {-3})}, "output_width"},
+                {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
                0});
   c.push_back({"MMCVDeformRoIPool", "",
                {{"pooled_height", I32, 1}, {"pooled_width", I32, 1}, {"spatial_scale", F32, 1},
@@ -287,7 +292,7 @@ std::vector<Case> cases() {
                {{2, 3, 2, 2}},
                1,
                {{1, 3, 8, 8}, {2, 6}},
-               {{{flt("sampling_ratio", 2.5f)}, "sampling_ratio"}},
+               {{{flt("sampling_ratio", 2.5f)}, "sampling_ratio"}, {{flt("sampling_ratio", 1073741824.f)}, "sampling_ratio"}},
                0});
   // Multi-level RoIAlign: rois, then the L maps (variadic); level by box size, output (K, C, oh, ow).
   const std::vector<std::vector<int64_t>> ml_inputs = {{6, 5}, {2, 8, 32, 32}, {2, 8, 16, 16}, {2, 8, 8, 8}};
