@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import dcnkit  # noqa: F401
 from dcnkit import reference as R
 from dcnkit.nn import DeformPSRoIPool, DeformRoIPool, DeformRoIPoolPack, RoIAlign
-from dcnkit.ops import deform_psroi_pool, deform_roi_pool, roi_align
+from dcnkit.ops import deform_psroi_pool, deform_roi_pool, multi_level_roi_align, roi_align
 from dcnkit.ops.roi_ops import MAX_SAMPLING_RATIO
 
 import sequential_roi_reference as S
@@ -110,6 +110,22 @@ def test_huge_rois_in_onnxruntime_return(tmp_path):
     np.testing.assert_array_equal(res["a"], S.roi_align(res["x"], res["rois"], (2, 2), 1.0, 0, False, window=200))
     np.testing.assert_array_equal(res["d"], S.deform_roi_pool(res["x"], res["rois"], None, (2, 2), 1.0, 0, 0.1,
                                                               window=200))
+
+
+def test_huge_rois_multi_level_return_and_equal_roi_align_on_their_level(tmp_path):
+    # Boxes of 1e9 pixels go to the coarsest level; adaptive sampling there is as bounded as roi_align's.
+    code = """
+    from dcnkit.ops import multi_level_roi_align, roi_align
+    g = torch.Generator().manual_seed(0)
+    feats = [torch.randn(1, 2, 16, 16, generator=g, dtype=torch.float64),
+             torch.randn(1, 2, 8, 8, generator=g, dtype=torch.float64)]
+    rois = torch.tensor([[0, 0, 0, 1e9, 1e9], [0, -1e9, -3e8, 1e9, 7.5]], dtype=torch.float64)
+    y = multi_level_roi_align(feats, rois, (2, 2), [4.0, 8.0], sampling_ratio=0, finest_scale=56, aligned=False)
+    ref = roi_align(feats[1], rois, (2, 2), 1 / 8.0, 0, False)
+    np.savez(OUT, y=y.numpy(), ref=ref.numpy())
+    """
+    res = run_bounded(code, tmp_path)
+    np.testing.assert_array_equal(res["y"], res["ref"])
 
 
 def test_float32_coordinates_that_round_together_stay_bounded(tmp_path):
@@ -253,7 +269,9 @@ def test_explicit_sampling_above_the_limit_is_an_error(value):
     calls = {
         "sampling_ratio": [lambda: roi_align(x, rois, (2, 2), 1.0, value),
                            lambda: roi_align(x, rois, (2, 2), 1.0, value, True, "max"),
-                           lambda: deform_roi_pool(x, rois, None, (2, 2), sampling_ratio=value)],
+                           lambda: deform_roi_pool(x, rois, None, (2, 2), sampling_ratio=value),
+                           lambda: multi_level_roi_align([x, x[:, :, ::2, ::2]], rois, (2, 2), [1.0, 2.0],
+                                                         sampling_ratio=value)],
         "sample_per_part": [lambda: deform_psroi_pool(x, rois, None, 1.0, 2, 1, 2, sample_per_part=value)],
     }
     for arg, fns in calls.items():
@@ -321,6 +339,10 @@ def test_explicit_limit_calls_return_quickly_in_a_subprocess(tmp_path):
      {"output_height": 2, "output_width": 2, "sampling_ratio": BIG}, "sampling_ratio"),
     ("mmcv", "MMCVDeformRoIPool", [("x", ["N", 2, "H", "W"]), ("r", ["K", 5])],
      {"pooled_height": 2, "pooled_width": 2, "sampling_ratio": float(BIG)}, "sampling_ratio"),
+    ("dcnkit", "MultiLevelRoIAlign", [("r", ["K", 5]), ("f0", ["N", 2, "H", "W"]), ("f1", ["N", 2, "H1", "W1"])],
+     {"output_size": [2, 2], "featmap_strides": [4.0, 8.0], "sampling_ratio": BIG}, "sampling_ratio"),
+    ("mmdeploy", "MMCVMultiLevelRoiAlign", [("r", ["K", 5]), ("f0", ["N", 2, "H", "W"])],
+     {"output_height": 2, "output_width": 2, "featmap_strides": [4.0], "sampling_ratio": BIG}, "sampling_ratio"),
 ])
 def test_ort_session_creation_rejects_grids_above_the_limit(domain, op_type, inputs, attrs, arg):
     from test_ort_library import cpu_session, make_model

@@ -309,7 +309,8 @@ std::vector<Case> cases() {
                {{{flts("featmap_strides", {4.f, 0.f, 16.f})}, "featmap_strides"},
                 {{str("pool_mode", "median")}, "pool_mode"},
                 {{ints("finest_scale", {0})}, "finest_scale"},
-                {{ints("output_size", {7, 0})}, "output_size"}},
+                {{ints("output_size", {7, 0})}, "output_size"},
+                {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
                0,
                {flts("featmap_strides", {4.f, 8.f, 16.f})}});
   // mmdeploy's node: output_height/output_width, pool_mode as an int (0 max, 1 avg).
@@ -326,7 +327,8 @@ std::vector<Case> cases() {
                ml_bad,
                {{{ints("pool_mode", {2})}, "pool_mode"},
                 {{flts("featmap_strides", {-4.f, 8.f, 16.f})}, "featmap_strides"},
-                {{ints("output_height", {0})}, "output_height"}},
+                {{ints("output_height", {0})}, "output_height"},
+                {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
                0,
                {flts("featmap_strides", {4.f, 8.f, 16.f})}});
   return c;
