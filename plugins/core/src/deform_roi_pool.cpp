@@ -82,7 +82,7 @@ Status deform_roi_pool_backward_cpu(const DeformRoIPoolParams& p, const T* grad_
         T y0, x0;
         origin_of(k, box, bin / ow, bin % ow, &y0, &x0);
         RoISample<T> buf[kRoITapsBuffer];
-        int64_t start[2];
+        int64_t start[2] = {0, 0};
         const bool fits = roi_collect_bins(box, k, bin, bin + 1, ow, H, W, origin_of, buf, start) == 1;
         T sx = T(0), sy = T(0);
         for (int64_t c = 0; c < C; ++c) {

@@ -6,7 +6,7 @@
 // Every function only reads the four taps of a sample when the sample is inside the map, so a map with
 // H == 0 or W == 0 is never read. Non-finite box coordinates or offsets give sampling points that are
 // NaN or infinite: those sample as outside (0, or skipped), and an adaptive grid of a non-finite box
-// is empty.
+// is empty. The work per output element is bounded whatever the box ("Bounded sampling grids" below).
 #pragma once
 
 #include <cmath>
