@@ -254,7 +254,7 @@ struct CpuImage {
 // Hot loops are compiled for several ISAs and picked at load time (GCC/Clang function multi-versioning
 // on x86-64); elsewhere they are plain functions.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(DCNKIT_NO_FMV)
-#define DCNKIT_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define DCNKIT_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define DCNKIT_CPU_CLONES
 #endif
@@ -266,56 +266,38 @@ __attribute__((always_inline)) inline void blend4(T* __restrict dst, const T* __
   for (int64_t c = 0; c < n; ++c) dst[c] = w0 * s0[c] + w1 * s1[c] + w2 * s2[c] + w3 * s3[c];
 }
 
-// A run of channels [cb, cb + len) of deformable group g inside one conv group: the run's column offset in
-// a position's row is at + k * cin_g for kernel point k (conv group block + channel within it).
-struct ChannelRun {
-  int64_t cb, len, at;
-};
-
-// The runs of deformable group g (its channels cut at conv-group borders), appended to `runs`. Computed
-// once per tile, so the per-point loops divide nothing.
-inline void channel_runs(const DeformConv2dParams& p, int64_t g, std::vector<ChannelRun>* runs) {
-  const int64_t K = p.kernel_size(), cpg = p.in_per_deformable_group(), cin_g = p.in_per_group();
-  for (int64_t cb = g * cpg, cend = (g + 1) * cpg; cb < cend;) {
-    const int64_t gc = cb / cin_g;
-    const int64_t ce = std::min(cend, (gc + 1) * cin_g);
-    runs->push_back({cb, ce - cb, gc * K * cin_g + (cb - gc * cin_g)});
-    cb = ce;
-  }
-}
-
-// Columns of positions [p0, p0 + tn) into col (tn x Cin*K, position-major, see the file comment). Kernel
-// point and deformable group outermost: the offsets and mask of one (g, k) are read as contiguous runs
-// over the tile's positions.
+// Columns of positions [p0, p0 + tn) into col (tn x Cin*K, position-major, see the file comment).
 template <typename T>
 __attribute__((always_inline)) inline void build_columns_impl(const CpuImage<T>& im, int64_t p0, int64_t tn, T* __restrict col) {
   const DeformConv2dParams& p = *im.p;
-  const int64_t Cin = p.in_channels, CK = Cin * p.kernel_size(), cin_g = p.in_per_group();
-  const int64_t Gd = p.attrs.deformable_groups;
-  std::vector<ChannelRun> runs;
-  for (int64_t g = 0; g < Gd; ++g) {
-    runs.clear();
-    channel_runs(p, g, &runs);
+  const int64_t K = p.kernel_size(), Cin = p.in_channels, CK = Cin * K;
+  const int64_t Gd = p.attrs.deformable_groups, cpg = p.in_per_deformable_group(), cin_g = p.in_per_group();
+  int64_t ho = p0 / p.out_w, wo = p0 - ho * p.out_w;
+  for (int64_t t = 0; t < tn; ++t) {
+    const int64_t pos = p0 + t;
+    T* crow = col + t * CK;
     for (int64_t i = 0, k = 0; i < p.kernel_h; ++i) {
       for (int64_t j = 0; j < p.kernel_w; ++j, ++k) {
-        int64_t ho = p0 / p.out_w, wo = p0 - ho * p.out_w;
-        T* crow = col + k * cin_g;
-        for (int64_t t = 0; t < tn; ++t, crow += CK) {
+        for (int64_t g = 0; g < Gd; ++g) {
           T py, px, m;
-          deform_conv2d_point_at<T, T>(p, im.offset, im.mask, g, k, i, j, ho, wo, p0 + t, &py, &px, &m);
+          deform_conv2d_point_at<T, T>(p, im.offset, im.mask, g, k, i, j, ho, wo, pos, &py, &px, &m);
           const SampleTaps<T> s = masked_taps<T>(py, px, m, p.height, p.width);
-          const T *x0 = im.x_hwc + s.idx[0] * Cin, *x1 = im.x_hwc + s.idx[1] * Cin,
-                  *x2 = im.x_hwc + s.idx[2] * Cin, *x3 = im.x_hwc + s.idx[3] * Cin;
-          for (const ChannelRun& r : runs) {
-            blend4<T>(crow + r.at, x0 + r.cb, x1 + r.cb, x2 + r.cb, x3 + r.cb, s.w[0], s.w[1], s.w[2], s.w[3],
-                      r.len);
-          }
-          if (++wo == p.out_w) {
-            wo = 0;
-            ++ho;
+          // The group's channels, cut at conv-group borders.
+          for (int64_t cb = g * cpg, cend = (g + 1) * cpg; cb < cend;) {
+            const int64_t gc = cb / cin_g;
+            const int64_t ce = std::min(cend, (gc + 1) * cin_g);
+            const T* src = im.x_hwc + cb;
+            blend4<T>(crow + gc * K * cin_g + k * cin_g + (cb - gc * cin_g), src + s.idx[0] * Cin,
+                      src + s.idx[1] * Cin, src + s.idx[2] * Cin, src + s.idx[3] * Cin, s.w[0], s.w[1],
+                      s.w[2], s.w[3], ce - cb);
+            cb = ce;
           }
         }
       }
+    }
+    if (++wo == p.out_w) {
+      wo = 0;
+      ++ho;
     }
   }
 }
