@@ -2,6 +2,8 @@
 
 Timing: the implementations of one case are run in turn, round after round (interleaved, so that a burst of
 load from other work on a shared machine hits all of them alike), and each reports the fastest of its rounds.
+``--clock cpu`` measures the process's CPU time instead of elapsed time (with ``--threads 1``: the work done,
+much less disturbed by other processes than elapsed time on a busy machine).
 Memory: the peak memory a call allocates beyond what existed before it (its outputs, gradients, workspaces and
 temporaries): ``torch.cuda.max_memory_allocated`` on CUDA; on the CPU the process's resident-set high-water mark
 (``VmHWM``, reset through ``/proc/self/clear_refs`` before each call) minus its resident set before the call,
@@ -17,6 +19,7 @@ import time
 from collections.abc import Callable
 
 MMAP_ENV = "MALLOC_MMAP_THRESHOLD_"
+_clock = time.perf_counter  # --clock cpu: time.process_time
 
 
 def reexec_for_cpu_memory() -> None:
@@ -43,6 +46,9 @@ def add_common_args(ap, repeat: int = 15) -> None:
                     "intra-op threads (default 2)")
     ap.add_argument("--repeat", type=int, default=repeat, help=f"timed rounds; the fastest counts (default {repeat})")
     ap.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="wall: elapsed time (default); cpu: this process's CPU time, steadier on a machine shared "
+                    "with other work (use it with --threads 1, where CPU time is the work done)")
     ap.add_argument("--quick", action="store_true", help="tiny shapes and 1 round: checks that the script runs")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
 
@@ -57,6 +63,8 @@ def resolve_device(args) -> str:
         torch.set_num_threads(args.threads)
     if args.quick:
         args.repeat, args.warmup = 1, 0
+    global _clock
+    _clock = time.process_time if getattr(args, "clock", "wall") == "cpu" else time.perf_counter
     return dev
 
 
@@ -78,10 +86,10 @@ def interleaved(fns: dict[str, Callable[[], object]], repeat: int, warmup: int, 
     for _ in range(max(1, repeat)):
         for k, f in fns.items():
             sync()
-            t0 = time.perf_counter()
+            t0 = _clock()
             f()
             sync()
-            best[k] = min(best[k], (time.perf_counter() - t0) * 1e3)
+            best[k] = min(best[k], (_clock() - t0) * 1e3)
     return best
 
 

@@ -162,7 +162,7 @@ def main(argv=None):
     dtypes = [torch.float32] + ([torch.float16] if device == "cuda" else [])
     print(f"torch {torch.__version__}, device {device}"
           f"{' (' + torch.cuda.get_device_name(0) + ')' if device == 'cuda' else f', {torch.get_num_threads()} threads'}"
-          f", fastest of {args.repeat} interleaved rounds")
+          f", fastest of {args.repeat} interleaved rounds, {args.clock} clock")
     rows = []
     table = []
     for dt in dtypes:

@@ -74,7 +74,7 @@ def main(argv=None):
     x = torch.randn(args.batch, 3, size, size, generator=torch.Generator().manual_seed(1))
     tmp = tempfile.mkdtemp(prefix="dcnkit-bench-")
     path = os.path.join(tmp, "resnet50_dcn.onnx")
-    dcnkit.export.to_onnx(model, (x,), path)  # standard DeformConv nodes
+    dcnkit.export.to_onnx(model, (x,), path, verbose=False)  # standard DeformConv nodes
     sess_probe = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     feeds = {sess_probe.get_inputs()[0].name: x.numpy()}
     del sess_probe
