@@ -1,29 +1,34 @@
 """Benchmark: DCNv2 in ONNX Runtime — the kit's ``dcnkit::DeformConv2d`` vs ONNX Runtime's built-in
 ``DeformConv`` (opset 19) vs the PyTorch path (``dcnkit.ops.deform_conv2d``), in one run.
 
-    python benchmarks/bench_ort_deform_conv.py [--threads 2] [--repeat 7] [--json out.json]
+    python benchmarks/bench_ort_deform_conv.py [--device cpu|cuda] [--threads 2] [--repeat 15] [--json out.json]
 
-Shapes: N1 C64 64x64 and N4 C256 32x32 (Cout = Cin), 3x3, pad 1, with mask and bias, float32 on the CPU.
-ONNX Runtime sessions use ``--threads`` intra-op threads, PyTorch ``torch.set_num_threads(--threads)``.
-Each timing is the median of ``--repeat`` runs after warm-up; the outputs of the three paths are checked
-against each other before timing. Prints milliseconds and the ratios built-in / kit and torch / kit
-(> 1: the kit is faster).
+Shapes: N1 C64 64x64 and N4 C256 32x32 (Cout = Cin), 3x3, pad 1, with mask and bias, float32. Sessions:
+``kit`` a model with the ``dcnkit::DeformConv2d`` node; ``kit (rewrite)`` the standard ``DeformConv`` model through
+``dcnkit.runtime.ort_session`` (default: rewritten in memory onto the kit's kernel); ``built-in`` the same standard
+model with ``kit_kernels=False``. ONNX Runtime uses ``--threads`` intra-op threads, PyTorch
+``torch.set_num_threads(--threads)``; on CUDA the CUDA execution provider (when onnxruntime has it) and the
+PyTorch CUDA op, and TensorRT engines (the kit's plugin; float32 and float16) when TensorRT is importable.
+Outputs are checked against each other before timing; times are the fastest of interleaved rounds; the ratios
+are built-in / kit and torch / kit (> 1: the kit is faster).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+import os
+import sys
 
-import numpy as np
-import onnxruntime as ort
-from onnx import TensorProto, helper
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
 
 SHAPES = [(1, 64, 64, 64), (4, 256, 32, 32)]
+QUICK_SHAPES = [(1, 8, 12, 12)]
 
 
 def _inputs(n, c, h, w, seed=0):
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     k = 3
     return {
@@ -36,11 +41,14 @@ def _inputs(n, c, h, w, seed=0):
 
 
 def _model(kit: bool, c: int):
+    from onnx import TensorProto, helper
+
     shapes = {"x": ["N", c, "H", "W"], "offset": ["N", 18, "H", "W"], "mask": ["N", 9, "H", "W"],
               "weight": [c, c, 3, 3], "bias": [c]}
     if kit:
         names = ["x", "offset", "weight", "bias", "mask"]
-        node = helper.make_node("DeformConv2d", names, ["y"], domain="dcnkit", padding=[1, 1])
+        node = helper.make_node("DeformConv2d", names, ["y"], domain="dcnkit", padding=[1, 1],
+                                plugin_namespace="dcnkit")
         opsets = [helper.make_opsetid("", 19), helper.make_opsetid("dcnkit", 1)]
     else:
         names = ["x", "weight", "offset", "bias", "mask"]
@@ -51,46 +59,38 @@ def _model(kit: bool, c: int):
     return helper.make_model(graph, opset_imports=opsets, ir_version=10).SerializeToString()
 
 
-def _time(fn, repeat: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
-
-
 def main(argv=None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--json", help="also write the results to this file")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    C.add_common_args(ap)
     args = ap.parse_args(argv)
-
+    device = C.resolve_device(args)
+    import numpy as np
+    import onnxruntime as ort
     import torch
 
     import dcnkit
     from dcnkit.runtime import ort_session
+    from dcnkit.runtime.ort import cuda_provider_available
 
-    torch.set_num_threads(args.threads)
-    print(f"onnxruntime {ort.__version__}, torch {torch.__version__}, {args.threads} threads, "
-          f"library {dcnkit.ort_library()}")
-    header = f"{'shape':>22} | {'kit ORT ms':>10} | {'ORT DeformConv ms':>17} | {'torch ms':>9} | " \
-             f"{'builtin/kit':>11} | {'torch/kit':>9}"
-    print(header)
-    print("-" * len(header))
-    results = []
-    for n, c, h, w in SHAPES:
+    providers = ["CPUExecutionProvider"]
+    if device == "cuda":
+        if cuda_provider_available():
+            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        else:
+            print("ONNX Runtime: no CUDA execution provider (install onnxruntime-gpu): its sessions run on the CPU")
+    trt_reason = C.tensorrt_available()
+    print(f"onnxruntime {ort.__version__} ({providers[0]}), torch {torch.__version__} on {device}, {args.threads} "
+          f"threads, fastest of {args.repeat} interleaved rounds; library {dcnkit.ort_library()}")
+    if trt_reason:
+        print(f"TensorRT skipped: {trt_reason}")
+    opts = dict(intra_op_num_threads=args.threads, inter_op_num_threads=1)
+    table, results = [], []
+    for n, c, h, w in (QUICK_SHAPES if args.quick else SHAPES):
         feeds = _inputs(n, c, h, w)
-        kit = ort_session(_model(True, c), providers=["CPUExecutionProvider"], intra_op_num_threads=args.threads,
-                          inter_op_num_threads=1)
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = args.threads
-        so.inter_op_num_threads = 1
-        builtin = ort.InferenceSession(_model(False, c), so, providers=["CPUExecutionProvider"])
-        t = {k: torch.from_numpy(v) for k, v in feeds.items()}
+        kit = ort_session(_model(True, c), providers=providers, **opts)
+        rewrite = ort_session(_model(False, c), providers=providers, **opts)
+        builtin = ort_session(_model(False, c), providers=providers, kit_kernels=False, **opts)
+        t = {k: torch.from_numpy(v).to(device) for k, v in feeds.items()}
 
         def run_torch():
             with torch.inference_mode():
@@ -98,20 +98,31 @@ def main(argv=None) -> list[dict]:
                                                 mask=t["mask"])
 
         y_kit = kit.run(None, feeds)[0]
-        y_builtin = builtin.run(None, feeds)[0]
-        y_torch = run_torch().numpy()
-        np.testing.assert_allclose(y_kit, y_builtin, rtol=1e-4, atol=1e-4)
-        np.testing.assert_allclose(y_kit, y_torch, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(rewrite.run(None, feeds)[0], y_kit, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(builtin.run(None, feeds)[0], y_kit, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(run_torch().cpu().numpy(), y_kit, rtol=1e-4, atol=1e-4)
+        fns = {"kit": lambda: kit.run(None, feeds), "kit (rewrite)": lambda: rewrite.run(None, feeds),
+               "built-in": lambda: builtin.run(None, feeds), "torch": run_torch}
+        ms = C.interleaved(fns, args.repeat, args.warmup, C.synchronizer(device))
+        if trt_reason is None:
+            from dcnkit.runtime.tensorrt import TensorRTRunner
 
-        ms_kit = _time(lambda: kit.run(None, feeds), args.repeat)
-        ms_builtin = _time(lambda: builtin.run(None, feeds), args.repeat)
-        ms_torch = _time(run_torch, args.repeat)
+            for prec in (None, "fp16"):
+                with TensorRTRunner(_model(True, c), precision=prec) as r:
+                    ms[f"TensorRT {prec or 'fp32'}"] = C.interleaved({"t": lambda: r.run(feeds)}, args.repeat,
+                                                                     args.warmup)["t"]
         shape = f"N{n} C{c} {h}x{w}"
-        print(f"{shape:>22} | {ms_kit:10.2f} | {ms_builtin:17.2f} | {ms_torch:9.2f} | "
-              f"{ms_builtin / ms_kit:11.2f} | {ms_torch / ms_kit:9.2f}")
-        results.append({"shape": [n, c, h, w], "threads": args.threads, "kit_ort_ms": ms_kit,
-                        "ort_deformconv_ms": ms_builtin, "torch_ms": ms_torch,
-                        "builtin_over_kit": ms_builtin / ms_kit, "torch_over_kit": ms_torch / ms_kit})
+        table.append([shape, f"{ms['kit']:.2f}", f"{ms['kit (rewrite)']:.2f}", f"{ms['built-in']:.2f}",
+                      f"{ms['torch']:.2f}", f"{ms['kit'] / ms['built-in']:.2f}x", f"{ms['built-in'] / ms['kit']:.2f}",
+                      f"{ms['torch'] / ms['kit']:.2f}"]
+                     + [f"{ms[k]:.2f}" for k in ("TensorRT fp32", "TensorRT fp16") if k in ms])
+        results.append({"shape": [n, c, h, w], "threads": args.threads, "device": device, "providers": providers,
+                        "ms": ms, "kit_over_builtin": ms["kit"] / ms["built-in"]})
+    header = ["shape", "kit ORT ms", "kit (rewrite) ms", "ORT DeformConv ms", "torch ms", "kit/built-in",
+              "built-in/kit", "torch/kit"]
+    if trt_reason is None:
+        header += ["TensorRT fp32 ms", "TensorRT fp16 ms"]
+    C.print_table(header, table)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -395,14 +395,20 @@ def _describe(a: np.ndarray) -> str:
     return f"{a.dtype} {tuple(a.shape)}"
 
 
-def _make_runner_cli(model, backend, arg="--backend"):
+def _make_runner_cli(model, backend, arg="--backend", kit_kernels=True):
     """A runner; a backend that cannot run here raises BackendUnavailable (main: one line, exit code 1)."""
     from dcnkit.runtime.runners import make_runner
     from dcnkit.runtime.tensorrt import is_engine_file
 
     if is_engine_file(model) and backend != "tensorrt":
         raise CliError(arg, f"expected tensorrt for the engine file {str(model)!r}, got {backend!r}")
-    return make_runner(model, backend)
+    return make_runner(model, backend, kit_kernels=kit_kernels)
+
+
+def _add_kit_kernels_arg(p):
+    p.add_argument("--no-kit-kernels", dest="kit_kernels", action="store_false",
+                   help="ONNX Runtime: run standard DeformConv nodes on ONNX Runtime's built-in kernel (default: on "
+                   "the kit's DeformConv2d kernel, an in-memory rewrite; the file is not changed)")
 
 
 def _require_backends(requested, available) -> None:
@@ -422,7 +428,7 @@ def cmd_run(args) -> int:
         check_backend(args.backend)
     except ValueError as e:
         raise CliError("--backend", str(e).split(": ", 1)[1]) from None
-    with _make_runner_cli(args.model, args.backend) as runner:
+    with _make_runner_cli(args.model, args.backend, kit_kernels=args.kit_kernels) as runner:
         feeds = _feeds_for(args, runner.inputs())
         t0 = time.perf_counter()
         outs = runner.run(feeds)
@@ -553,7 +559,7 @@ def cmd_bench(args) -> int:
         if avail.get(b) is not None:
             print(f"{b} skipped: {avail[b]}")
             continue
-        with _make_runner_cli(args.model, b, "--backends") as runner:
+        with _make_runner_cli(args.model, b, "--backends", kit_kernels=args.kit_kernels) as runner:
             feeds = _feeds_for(args, runner.inputs())
             times = bench_runner(runner, feeds, args.warmup, args.iterations, desc=b)
         batch = next(iter(feeds.values())).shape[0] if feeds and next(iter(feeds.values())).ndim else 1
@@ -636,6 +642,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_input_args(p)
     p.add_argument("-o", "--output", help="save the outputs to this .npz")
     p.add_argument("--save-inputs", metavar="NPZ", help="save the inputs used to this .npz")
+    _add_kit_kernels_arg(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("compare", help="compare backends on a model with Polygraphy",
@@ -658,6 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5, help="untimed runs first (default 5)")
     p.add_argument("--iterations", type=int, default=50, help="timed runs (default 50)")
     p.add_argument("--json", help="also write the results to this JSON file")
+    _add_kit_kernels_arg(p)
     _add_input_args(p)
     p.set_defaults(func=cmd_bench)
 

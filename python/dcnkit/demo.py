@@ -4,8 +4,9 @@
 
 1. trains ``conv -> ModulatedDeformConv2dPack -> max-pool -> linear`` on the 8x8 digits bundled with
    scikit-learn (fixed seed, stratified 80/20 split; seconds on a CPU) and reports train/test accuracy;
-2. exports it with ``dcnkit.export.to_onnx`` (dcnkit-domain nodes by default, so ONNX Runtime runs the kit's
-   own kernels; ``--standard-ops`` for the standard ``DeformConv``);
+2. exports it with ``dcnkit.export.to_onnx`` (dcnkit-domain nodes by default; ``--standard-ops`` for the
+   standard ``DeformConv``, which ONNX Runtime also runs on the kit's kernel through ``ort_session``'s in-memory
+   rewrite unless ``--no-kit-kernels``);
 3. runs the test set in ONNX Runtime with the kit's library and reports its accuracy;
 4. compares backends with Polygraphy: ort-cpu vs the NumPy reference runner, plus ort-cuda / tensorrt when
    present (else one line "skipped: reason"), and prints the largest output differences.
@@ -33,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="test images compared against the slow NumPy reference runner (default 32)")
     p.add_argument("--standard-ops", action="store_true",
                    help="export the standard ONNX DeformConv instead of the dcnkit-domain DeformConv2d")
+    p.add_argument("--no-kit-kernels", dest="kit_kernels", action="store_false",
+                   help="with --standard-ops: run DeformConv on ONNX Runtime's built-in kernel, not the kit's")
     p.add_argument("--atol", type=float, default=1e-4, help="comparison tolerance (absolute, default 1e-4)")
     p.add_argument("--rtol", type=float, default=1e-4, help="comparison tolerance (relative, default 1e-4)")
     p.add_argument("--threads", type=int, default=1,
@@ -114,7 +117,8 @@ def torch_logits(model, x: np.ndarray) -> np.ndarray:
 
 def run_demo(out: str | Path = "dcnkit-demo", epochs: int = 15, batch_size: int = 64, lr: float = 3e-3,
              seed: int = 0, train_fraction: float = 1.0, reference_samples: int = 32, standard_ops: bool = False,
-             atol: float = 1e-4, rtol: float = 1e-4, threads: int | None = 1, log=print) -> dict:
+             atol: float = 1e-4, rtol: float = 1e-4, threads: int | None = 1, log=print,
+             kit_kernels: bool = True) -> dict:
     """The whole demo; returns a summary dict (also written to ``out/summary.json``)."""
     import torch
 
@@ -123,13 +127,13 @@ def run_demo(out: str | Path = "dcnkit-demo", epochs: int = 15, batch_size: int 
         torch.set_num_threads(threads)
     try:
         return _run_demo(out, epochs, batch_size, lr, seed, train_fraction, reference_samples, standard_ops,
-                         atol, rtol, log)
+                         atol, rtol, log, kit_kernels)
     finally:
         torch.set_num_threads(old_threads)
 
 
 def _run_demo(out, epochs, batch_size, lr, seed, train_fraction, reference_samples, standard_ops, atol, rtol,
-              log) -> dict:
+              log, kit_kernels=True) -> dict:
     import torch
 
     import dcnkit.export as dk_export
@@ -169,13 +173,16 @@ def _run_demo(out, epochs, batch_size, lr, seed, train_fraction, reference_sampl
                  if n.op_type in ("DeformConv2d", "DeformConv")]
     log(f"exported {onnx_path} ({', '.join(dcn_nodes) or 'no deformable node!'}) in {time.perf_counter() - t0:.1f} s")
 
-    with make_runner(onnx_path, "ort-cpu") as ort_runner:
+    with make_runner(onnx_path, "ort-cpu", kit_kernels=kit_kernels) as ort_runner:
         name = ort_runner.inputs()[0].name
         out_name = ort_runner.outputs()[0].name
         logits_ort = ort_runner.run({name: x_te})[out_name]
     test_acc_ort = float((logits_ort.argmax(1) == y_te).mean())
     diff_pt_ort = float(np.abs(logits_ort - logits_pt).max())
-    where = "kit's library" if any(d.startswith("dcnkit::") for d in dcn_nodes) else "built-in DeformConv"
+    if any(d.startswith("dcnkit::") for d in dcn_nodes):
+        where = "kit's library"
+    else:
+        where = "kit's kernel, DeformConv rewritten in memory" if kit_kernels else "built-in DeformConv"
     log(f"ONNX Runtime ({where}): test accuracy {test_acc_ort:.4f}; "
         f"largest |PyTorch - ORT| logit difference {diff_pt_ort:.3g}")
 
@@ -205,7 +212,8 @@ def _run_demo(out, epochs, batch_size, lr, seed, train_fraction, reference_sampl
         train_accuracy=train_acc, test_accuracy_torch=test_acc_pt, test_accuracy_ort=test_acc_ort,
         max_abs_diff_torch_ort=diff_pt_ort, compared_backends=backends, skipped=skipped,
         comparison=stats, comparison_passed=bool(passed), largest_difference=largest,
-        onnx=str(onnx_path), deformable_nodes=dcn_nodes, seconds=time.perf_counter() - t_start,
+        onnx=str(onnx_path), deformable_nodes=dcn_nodes, ort_deform_conv_kernel=where,
+        seconds=time.perf_counter() - t_start,
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     log(f"artifacts in {out} ({summary['seconds']:.1f} s in all)")
@@ -223,7 +231,8 @@ def main_from_args(args) -> int:
         raise CliError("--train-fraction", f"expected a value in (0, 1], got {args.train_fraction}")
     s = run_demo(out=args.out, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                  train_fraction=args.train_fraction, reference_samples=args.reference_samples,
-                 standard_ops=args.standard_ops, atol=args.atol, rtol=args.rtol, threads=args.threads)
+                 standard_ops=args.standard_ops, atol=args.atol, rtol=args.rtol, threads=args.threads,
+                 kit_kernels=args.kit_kernels)
     return 0 if s["comparison_passed"] else 1
 
 

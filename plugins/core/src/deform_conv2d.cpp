@@ -1,10 +1,10 @@
 // DeformConv2d: parameter validation and the CPU launchers (float32, float64).
 //
-// The CPU launchers work channels-last: the input is copied once to (N, H, W, Cin) in the workspace and
+// The CPU launchers work channels-last: each image is copied to (H, W, Cin) in the workspace and
 // column tiles are position-major, [t][conv group][k][channel of the group], so that every sampling
 // point's taps (computed once per deformable group, kernel point and position) are applied to a
 // contiguous run of channels (vectorised loops), and the weight is used as (Cout, K, Cin/groups).
-// Forward: tiles of output positions per task; a tile's columns (~256 KB) are built in the task's
+// Forward: per image, tiles of output positions per task; a tile's columns (~512 KB) are built in the task's
 // workspace slot and multiplied into the output (ldc = Ho*Wo) by one strided-batched GEMM over the
 // convolution groups, the bias written first. The whole column matrix never exists.
 // Backward: per image and chunk of positions, each task takes a contiguous range of the chunk's
@@ -160,7 +160,7 @@ ForwardLayout forward_layout(const DeformConv2dParams& p, DType dtype, const Cpu
   const size_t e = dtype_size(dtype);
   const int64_t T = forward_tile(p, e, ctx);
   ForwardLayout l;
-  l.x_hwc = bytes_of(p.batch * p.in_channels * p.height * p.width, e);
+  l.x_hwc = bytes_of(p.in_channels * p.height * p.width, e);  // one image: independent of the batch
   l.weight_t = bytes_of(p.out_channels * p.in_per_group() * p.kernel_size(), e);
   l.col = bytes_of(p.in_channels * p.kernel_size() * T, e);
   l.slot = l.col;
@@ -661,61 +661,62 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
   T* wt = reinterpret_cast<T*>(ws + l.x_hwc);
   char* slots = ws + l.x_hwc + l.weight_t;
 
-  // Channels-last input and (Cout, K, Cin_g) weight.
+  // (Cout, K, Cin_g) weight; per image, its channels-last copy, then its tiles (the workspace holds one image,
+  // so it does not grow with the batch).
+  weight_to_kc(p, weight, wt);
   constexpr int64_t kPixBlock = 256;
   const int64_t pblocks = (HW + kPixBlock - 1) / kPixBlock;
-  parallel_for(ctx, N * pblocks, [&](int64_t b, int64_t e) {
-    for (int64_t it = b; it < e; ++it) {
-      const int64_t n = it / pblocks, pb = (it % pblocks) * kPixBlock;
-      to_channels_last(input + n * Cin * HW, x_hwc + n * Cin * HW, Cin, HW, pb, std::min(HW, pb + kPixBlock));
-    }
-  });
-  weight_to_kc(p, weight, wt);
-
   const int64_t tile = forward_tile(p, sizeof(T), ctx);
   const int64_t ntiles = (P + tile - 1) / tile;
-  const int64_t items = N * ntiles;
-  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(ctx.num_threads, items));
+  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(ctx.num_threads, ntiles));
   std::vector<Status> statuses(static_cast<size_t>(tasks));
-  std::atomic<int64_t> next_item{0};
-  parallel_tasks(ctx, tasks, [&](int64_t task) {
-    T* col = reinterpret_cast<T*>(slots + static_cast<size_t>(task) * l.slot);
-    // Tiles are handed out dynamically (a busy core takes fewer); each result does not depend on
-    // which task computes it.
-    for (int64_t item = next_item.fetch_add(1); item < items; item = next_item.fetch_add(1)) {
-      const int64_t n = item / ntiles, p0 = (item % ntiles) * tile;
-      const int64_t tn = std::min(tile, P - p0);
-      const CpuImage<T> im{&p, x_hwc + n * Cin * HW, offset + n * 2 * Gd * K * P,
-                           mask ? mask + n * Gd * K * P : nullptr};
-      build_columns(im, p0, tn, col);
-      T* out = output + n * Cout * P + p0;
-      if (bias) {
-        for (int64_t co = 0; co < Cout; ++co) std::fill(out + co * P, out + co * P + tn, bias[co]);
+  for (int64_t n = 0; n < N; ++n) {
+    parallel_for(ctx, pblocks, [&](int64_t b, int64_t e) {
+      for (int64_t it = b; it < e; ++it) {
+        const int64_t pb = it * kPixBlock;
+        to_channels_last(input + n * Cin * HW, x_hwc, Cin, HW, pb, std::min(HW, pb + kPixBlock));
       }
-      GemmArgs ga;
-      ga.dtype = dt;
-      ga.trans_b = true;
-      ga.m = cout_g;
-      ga.n = tn;
-      ga.k = K * cin_g;
-      ga.beta = bias ? 1.f : 0.f;
-      ga.a = wt;
-      ga.lda = K * cin_g;
-      ga.stride_a = cout_g * K * cin_g;
-      ga.b = col;
-      ga.ldb = CK;
-      ga.stride_b = K * cin_g;
-      ga.c = out;
-      ga.ldc = P;
-      ga.stride_c = cout_g * P;
-      ga.batch = G;
-      Status s = ctx.run_gemm(ga);
-      if (!s.ok()) {
-        statuses[static_cast<size_t>(task)] = s;
-        return;
+    });
+    const CpuImage<T> im{&p, x_hwc, offset + n * 2 * Gd * K * P, mask ? mask + n * Gd * K * P : nullptr};
+    std::atomic<int64_t> next_tile{0};
+    parallel_tasks(ctx, tasks, [&](int64_t task) {
+      T* col = reinterpret_cast<T*>(slots + static_cast<size_t>(task) * l.slot);
+      // Tiles are handed out dynamically (a busy core takes fewer); each result does not depend on
+      // which task computes it.
+      for (int64_t it = next_tile.fetch_add(1); it < ntiles; it = next_tile.fetch_add(1)) {
+        const int64_t p0 = it * tile;
+        const int64_t tn = std::min(tile, P - p0);
+        build_columns(im, p0, tn, col);
+        T* out = output + n * Cout * P + p0;
+        if (bias) {
+          for (int64_t co = 0; co < Cout; ++co) std::fill(out + co * P, out + co * P + tn, bias[co]);
+        }
+        GemmArgs ga;
+        ga.dtype = dt;
+        ga.trans_b = true;
+        ga.m = cout_g;
+        ga.n = tn;
+        ga.k = K * cin_g;
+        ga.beta = bias ? 1.f : 0.f;
+        ga.a = wt;
+        ga.lda = K * cin_g;
+        ga.stride_a = cout_g * K * cin_g;
+        ga.b = col;
+        ga.ldb = CK;
+        ga.stride_b = K * cin_g;
+        ga.c = out;
+        ga.ldc = P;
+        ga.stride_c = cout_g * P;
+        ga.batch = G;
+        Status s = ctx.run_gemm(ga);
+        if (!s.ok()) {
+          statuses[static_cast<size_t>(task)] = s;
+          return;
+        }
       }
-    }
-  });
+    });
+    DCNKIT_RETURN_IF_ERROR(first_error(statuses));
+  }
   return first_error(statuses);
 }
 

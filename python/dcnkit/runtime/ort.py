@@ -10,6 +10,11 @@ The library implements domain ``dcnkit`` (``DeformConv2d``, ``RoIAlign``, ``Defo
 ``mmcv::MMCVRoiAlign``, ``mmcv::MMCVDeformRoIPool``), so models exported by those tools run unchanged.
 Two builds exist: ``libdcnkit_ort.so`` (CPU kernels, no CUDA dependency) and ``libdcnkit_ort_cuda.so``
 (CPU + CUDA execution-provider kernels, built when CUDA is); :func:`ort_library` picks one.
+
+Standard ``DeformConv`` nodes (what ``torch.onnx.export`` writes) run on the kit's ``DeformConv2d`` kernel by
+default: the session is built from an in-memory copy of the model with those nodes rewritten
+(:mod:`dcnkit.runtime.ort_rewrite`; identical semantics, the file on disk stays standard).
+``ort_session(..., kit_kernels=False)`` keeps ONNX Runtime's built-in ``DeformConv``.
 """
 from __future__ import annotations
 
@@ -69,9 +74,12 @@ def ort_library(cuda: bool = False) -> str:
     return dcnkit.ort_library()
 
 
+def _wants_cuda(providers: list) -> bool:
+    return any(_provider_name(p) == CUDA_PROVIDER for p in providers)
+
+
 def _library_for(providers: list) -> str:
-    wants_cuda = any(_provider_name(p) == CUDA_PROVIDER for p in providers)
-    if wants_cuda and cuda_provider_available():
+    if _wants_cuda(providers) and cuda_provider_available():
         try:
             return ort_library(cuda=True)
         except FileNotFoundError as e:
@@ -129,16 +137,71 @@ def _model_arg(model):
     raise TypeError(f"ort_session: model: expected a path, bytes or onnx.ModelProto, got {type(model).__name__}")
 
 
-def ort_session(model, providers=None, **options):
+def _load_proto(model):
+    """``model`` (path, bytes or ModelProto) as an ``onnx.ModelProto`` without its external data, or None
+    when it cannot be parsed here (ONNX Runtime then reports the problem)."""
+    import onnx
+
+    if isinstance(model, onnx.ModelProto):
+        return model
+    try:
+        if isinstance(model, (bytes, bytearray)):
+            return onnx.load_from_string(bytes(model))
+        return onnx.load(os.fspath(model), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not a model onnx can read: leave it to ONNX Runtime
+        return None
+
+
+def _with_kit_kernels(model, kernels_on_cuda: bool, providers: list):
+    """``model`` with standard DeformConv nodes on the kit's kernel (bytes), or ``model`` unchanged when
+    it has none, when the kit's kernels would run on another device than the built-in ones, or when the
+    rewrite is not possible (a warning says why)."""
+    if _wants_cuda(providers) and cuda_provider_available() and not kernels_on_cuda:
+        return model  # the kit's kernel would run on the CPU, ONNX Runtime's on the GPU
+    proto = _load_proto(model)
+    if proto is None:
+        return model
+    from dcnkit.runtime.ort_rewrite import count_deform_conv, rewrite_deform_conv
+
+    if count_deform_conv(proto) == 0:
+        return model
+    import onnx.external_data_helper as ext
+
+    if isinstance(model, (str, os.PathLike)) and any(
+        ext.uses_external_data(t) for t in ext._get_all_tensors(proto)
+    ):
+        ext.load_external_data_for_model(proto, str(Path(os.fspath(model)).resolve().parent))
+    rewritten, n = rewrite_deform_conv(proto)
+    if n == 0:
+        return model
+    try:
+        return rewritten.SerializeToString()
+    except ValueError as e:  # protobuf's 2 GiB limit
+        warnings.warn(
+            f"dcnkit: DeformConv nodes run on ONNX Runtime's built-in kernel: the rewritten model cannot be "
+            f"serialized ({e})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return model
+
+
+def ort_session(model, providers=None, kit_kernels: bool = True, **options):
     """An ``onnxruntime.InferenceSession`` for ``model`` with the kit's custom-op library registered.
 
     ``model``: a path, serialized bytes or an ``onnx.ModelProto``. ``providers``: as for ONNX Runtime
-    (names or ``(name, options)`` tuples); default :func:`default_providers`. ``options`` set attributes of
+    (names or ``(name, options)`` tuples); default :func:`default_providers`. ``kit_kernels`` (default True):
+    standard ``DeformConv`` nodes run on the kit's ``DeformConv2d`` kernel (an in-memory rewrite with identical
+    semantics, see :mod:`dcnkit.runtime.ort_rewrite`; the model file is not changed); False keeps ONNX Runtime's
+    built-in kernel. ``options`` set attributes of
     ``onnxruntime.SessionOptions`` (``intra_op_num_threads=2``, ``graph_optimization_level="ORT_ENABLE_ALL"``,
     ``log_severity_level=3`` ...); an unknown name is a TypeError listing the valid ones. The CUDA build
     of the library is registered when the CUDA provider is requested and usable.
     """
     import onnxruntime as ort
+
+    if not isinstance(kit_kernels, bool):
+        raise TypeError(f"ort_session: kit_kernels: expected a bool, got {type(kit_kernels).__name__}")
 
     so = ort.SessionOptions()
     known = _session_option_names(so)
@@ -154,5 +217,9 @@ def ort_session(model, providers=None, **options):
     providers = default_providers() if providers is None else list(providers)
     if not providers:
         raise ValueError("ort_session: providers: expected at least one execution provider, got []")
-    so.register_custom_ops_library(_library_for(providers))
-    return ort.InferenceSession(_model_arg(model), sess_options=so, providers=providers)
+    library = _library_for(providers)
+    so.register_custom_ops_library(library)
+    model_arg = _model_arg(model)
+    if kit_kernels:
+        model_arg = _with_kit_kernels(model_arg, Path(library).name.startswith("libdcnkit_ort_cuda"), providers)
+    return ort.InferenceSession(model_arg, sess_options=so, providers=providers)

@@ -196,32 +196,16 @@ class Runner:
 
 def _make_ort_session(model, providers, **options):
     """An ONNX Runtime session with the kit's library registered (via dcnkit.runtime.ort_session)."""
-    try:
-        from dcnkit.runtime import ort_session
+    from dcnkit.runtime import ort_session
 
-        return ort_session(model, providers=providers, **options)
-    except NotImplementedError:
-        pass
-    # Fallback while dcnkit.runtime.ort_session is a placeholder.
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    for k, v in options.items():
-        setattr(so, k, v)
-    try:
-        import dcnkit
-
-        so.register_custom_ops_library(dcnkit.ort_library())
-    except FileNotFoundError:
-        if uses_custom_ops(model):
-            raise
-    return ort.InferenceSession(_model_arg(model), sess_options=so, providers=providers)
+    return ort_session(model, providers=providers, **options)
 
 
 class OrtRunner(Runner):
-    """ONNX Runtime with the kit's custom-op library; ``device`` is ``"cpu"`` or ``"cuda"``."""
+    """ONNX Runtime with the kit's custom-op library; ``device`` is ``"cpu"`` or ``"cuda"``. ``kit_kernels``
+    (default True) runs standard ``DeformConv`` nodes on the kit's kernel (see :func:`dcnkit.runtime.ort_session`)."""
 
-    def __init__(self, model, device: str = "cpu", **options):
+    def __init__(self, model, device: str = "cpu", kit_kernels: bool = True, **options):
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
         self.name = f"ort-{device}"
@@ -232,7 +216,7 @@ class OrtRunner(Runner):
             providers = [("CUDAExecutionProvider", {}), "CPUExecutionProvider"]
         else:
             providers = ["CPUExecutionProvider"]
-        self.session = _make_ort_session(model, providers, **options)
+        self.session = _make_ort_session(model, providers, kit_kernels=kit_kernels, **options)
         if device == "cuda" and "CUDAExecutionProvider" not in self.session.get_providers():
             raise BackendUnavailable("ort-cuda: the CUDA execution provider failed to initialise")
 
@@ -365,18 +349,20 @@ def check_backend(backend: str) -> str:
     return backend
 
 
-def make_runner(model, backend: str = DEFAULT_BACKEND, **options) -> Runner:
+def make_runner(model, backend: str = DEFAULT_BACKEND, kit_kernels: bool = True, **options) -> Runner:
     """A runner for ``model`` (path, bytes or ``onnx.ModelProto``) on ``backend``.
 
+    ``kit_kernels`` (``ort-*`` only; default True): standard ``DeformConv`` nodes run on the kit's kernel;
+    False keeps ONNX Runtime's built-in one (:func:`dcnkit.runtime.ort_session`).
     ``options`` go to the backend: ONNX Runtime ``SessionOptions`` attributes for ``ort-*`` (e.g.
     ``intra_op_num_threads=2``), ``workspace=`` (bytes) for ``tensorrt``. Raises ValueError for an unknown
     backend, :class:`BackendUnavailable` when the backend cannot run here, FileNotFoundError for a missing model.
     """
     check_backend(backend)
     if backend == "ort-cpu":
-        return OrtRunner(model, "cpu", **options)
+        return OrtRunner(model, "cpu", kit_kernels=kit_kernels, **options)
     if backend == "ort-cuda":
-        return OrtRunner(model, "cuda", **options)
+        return OrtRunner(model, "cuda", kit_kernels=kit_kernels, **options)
     if backend == "tensorrt":
         reason = _tensorrt_reason()
         if reason:

@@ -48,6 +48,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graceful-timeout", type=_nonneg_float, default=30.0,
                    help="seconds to finish in-flight requests on SIGTERM/SIGINT (default %(default)s)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument("--no-kit-kernels", dest="kit_kernels", action="store_false",
+                   help="ort-*: run standard DeformConv nodes on ONNX Runtime's built-in kernel (default: on the "
+                        "kit's DeformConv2d kernel, an in-memory rewrite; the file is not changed)")
 
 
 def add_triton_repo_arguments(p: argparse.ArgumentParser) -> None:
@@ -100,6 +103,7 @@ def run_serve(args) -> int:
             log_level=args.log_level, graceful_timeout_s=args.graceful_timeout,
             max_batch_size=args.max_batch_size, max_queue_delay_ms=args.max_queue_delay_ms,
             max_queue_size=args.max_queue_size, max_request_bytes=args.max_request_bytes,
+            runner_options={"kit_kernels": args.kit_kernels},
         )
     except BackendUnavailable as e:  # the backend cannot run on this machine: what is missing, one line
         print(f"dcnkit serve: {e}", file=sys.stderr)
