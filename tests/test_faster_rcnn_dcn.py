@@ -1,0 +1,109 @@
+"""The deformable Faster R-CNN example end to end: DCNv2 in layer3-4, dcnkit's fused pooler, the whole detector
+exported (legacy exporter, named outputs) with one MultiLevelRoIAlign node and no ScatterElements, and its
+detections in ONNX Runtime (in process, ``dcnkit run`` and ``dcnkit serve``) equal to eager PyTorch's."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+import faster_rcnn_dcn as ex  # noqa: E402
+
+SIZE = 320
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    model = ex.build(SIZE, seed=0)
+    image = ex.make_image(SIZE, seed=0)
+    path = ex.export(model, image, tmp_path_factory.mktemp("frcnn") / "frcnn.onnx")
+    return model, image, path
+
+
+def test_model_is_deformable_and_fused():
+    import dcnkit.nn
+
+    model = ex.build(SIZE)
+    dcn = [n for n, m in model.named_modules() if isinstance(m, dcnkit.nn.ModulatedDeformConv2dPack)]
+    assert len(dcn) == 9 and all(n.startswith(("backbone.body.layer3.", "backbone.body.layer4.")) for n in dcn)
+    assert isinstance(model.roi_heads.box_roi_pool, dcnkit.nn.MultiScaleRoIAlign)
+    # The offsets are not zero: the deformable sampling is exercised.
+    assert model.backbone.body.layer3[0].conv2.conv_offset.weight.abs().sum() > 0
+
+
+def test_exported_graph_has_one_fused_pooler_and_named_outputs(exported):
+    import onnx
+
+    _, _, path = exported
+    s = ex.graph_summary(path)
+    assert s["outputs"] == ["boxes", "labels", "scores"]
+    assert s["counts"].get("dcnkit::MultiLevelRoIAlign", 0) == 1  # the box head's one pooler
+    assert s["counts"].get("ai.onnx::ScatterElements", 0) == 0
+    assert s["counts"].get("ai.onnx::RoiAlign", 0) == 0
+    n_dcn = s["counts"].get("ai.onnx::DeformConv", 0) + s["counts"].get("dcnkit::DeformConv2d", 0)
+    assert n_dcn == 9
+    m = onnx.load(str(path), load_external_data=False)
+    for out in m.graph.output:
+        assert out.type.tensor_type.shape.dim[0].dim_param == "num_detections"
+    node = next(n for n in m.graph.node if n.op_type == "MultiLevelRoIAlign")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert list(attrs["featmap_strides"]) == [4.0, 8.0, 16.0, 32.0]
+    assert attrs["finest_scale"] == 56 and attrs["aligned"] == 0 and list(attrs["output_size"]) == [7, 7]
+    assert len(node.input) == 5  # rois, feat_0..feat_3
+
+
+def test_ort_detections_equal_eager(exported):
+    from dcnkit.runtime import ort_session
+
+    model, image, path = exported
+    want = ex.eager_detections(model, image)
+    assert len(want["scores"]) >= 20  # a meaningful comparison: many detections of several labels
+    assert len(np.unique(want["labels"])) >= 2
+    sess = ort_session(str(path), providers=["CPUExecutionProvider"])
+    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"images": image})))
+    diff = ex.check_detections(got, want, box_atol=0.05, score_atol=1e-4)
+    assert diff["detections"] == len(want["scores"])
+    # A different image gives different detections (the comparison is not vacuous), equal again.
+    other = ex.make_image(SIZE, seed=1)
+    want2 = ex.eager_detections(model, other)
+    got2 = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"images": other})))
+    ex.check_detections(got2, want2, box_atol=0.05, score_atol=1e-4)
+    assert len(want2["scores"]) != len(want["scores"]) or not np.allclose(want2["boxes"], want["boxes"])
+
+
+def test_check_detections_fails_on_a_difference(exported):
+    model, image, _ = exported
+    want = ex.eager_detections(model, image)
+    moved = dict(want, boxes=want["boxes"] + np.float32(0.1))
+    with pytest.raises(AssertionError, match="boxes differ by"):
+        ex.check_detections(moved, want, 0.05, 1e-4)
+    with pytest.raises(AssertionError, match="detections: ORT found"):
+        ex.check_detections({k: v[1:] for k, v in want.items()}, want, 0.05, 1e-4)
+
+
+def test_fused_detector_equals_torchvision_pooler_detector():
+    """Swapping the pooler changes nothing in eager PyTorch: same detections."""
+    image = ex.make_image(SIZE, seed=2)
+    a = ex.eager_detections(ex.build(SIZE, fused=True), image)
+    b = ex.eager_detections(ex.build(SIZE, fused=False), image)
+    ex.check_detections(a, b, box_atol=1e-3, score_atol=1e-5)
+
+
+def test_example_cli_run_and_serve(exported, tmp_path):
+    """The example's main: export, ORT, ``dcnkit run`` and ``dcnkit serve`` (subprocesses), all equal to eager."""
+    import json
+
+    rc = ex.main(["--out", str(tmp_path), "--image-size", str(SIZE)])
+    assert rc == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    for key in ("ort", "cli_run", "serve"):
+        assert report[key]["detections"] >= 20
+        assert report[key]["max_box_diff"] <= 0.05 and report[key]["max_score_diff"] <= 1e-4
+    with np.load(tmp_path / "detections.npz") as d:
+        assert sorted(d.files) == ["boxes", "labels", "scores"]
