@@ -89,7 +89,11 @@ def _output_structure(model: Any, args: tuple, kwargs: dict) -> tuple[int, list[
     keys_only = ["_".join(p for p in path if isinstance(p, str)) for path, _ in leaves]
     if all(keys_only) and len(set(keys_only)) == len(keys_only):
         return len(leaves), keys_only
-    return len(leaves), ["_".join(str(p) for p in path) or f"output_{i}" for i, (path, _) in enumerate(leaves)]
+    names = []
+    for i, (path, _) in enumerate(leaves):
+        keys = [p for p in path if isinstance(p, str)] + [str(p) for p in path if not isinstance(p, str)]
+        names.append("_".join(keys) or f"output_{i}")
+    return len(leaves), names
 
 
 def _param_bytes(model: Any) -> int:

@@ -62,8 +62,6 @@ class MultiScaleRoIAlign(nn.Module):
     of the one before); torchvision's level index otherwise points past its maps and those boxes pool zeros.
     """
 
-    __annotations__ = {"scales": Optional[List[float]]}
-
     def __init__(self, featmap_names: List[str], output_size: Union[int, Tuple[int], List[int]],
                  sampling_ratio: int, *, canonical_scale: int = 224, canonical_level: int = 4):
         super().__init__()
@@ -86,6 +84,7 @@ class MultiScaleRoIAlign(nn.Module):
         self.canonical_scale = canonical_scale
         self.canonical_level = canonical_level
         self.scales: Optional[List[float]] = None
+        self.finest_scale: Optional[int] = None
 
     def _setup(self, features: List[Tensor], image_shapes: List[Tuple[int, int]]) -> Tuple[List[float], int]:
         """(scales, finest_scale) as torchvision's ``_setup_scales`` infers them."""

@@ -101,7 +101,9 @@ def deformable_resnet(model: nn.Module, stages=(3, 4), modulated: bool = True) -
     body = _body(model)
     for i in stages:
         layer = getattr(body, f"layer{i}")
-        targets = [(name, m) for name, m in layer.named_modules() if _is_convertible(m)]
+        inside_dcn = [n for n, m in layer.named_modules() if isinstance(m, (DeformConv2dPack, ModulatedDeformConv2dPack))]
+        targets = [(name, m) for name, m in layer.named_modules() if _is_convertible(m)
+                   and not any(name.startswith(d + ".") for d in inside_dcn)]
         if not targets:
             raise ValueError(f"deformable_resnet: stages: layer{i} has no 3x3 nn.Conv2d to convert "
                              "(already deformable?)")
