@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from dcnkit.ops import deform_conv2d, deform_psroi_pool, deform_roi_pool, roi_align
+from dcnkit.ops import deform_conv2d, deform_psroi_pool, deform_roi_pool, multi_level_roi_align, roi_align
 
 
 def _rois(g, k, n, h, w):
@@ -50,6 +50,16 @@ def op_cases(seed=0, n=3):
     cases.append(("deform_psroi_pool",
                   lambda x, rois, t: deform_psroi_pool(x, rois, t, 1.0, 3, 2, 2, None, 3, 0.1),
                   [xp, rois, trans], [True, False, True]))
+    # Multi-level RoIAlign: three maps (strides 2, 4, 8 of a 24 x 22 image), RoIs on every level
+    # (finest_scale 4: sides below 8 on level 0, 8-16 on level 1, above 16 on level 2), rescaled by 1.2.
+    maps = [r(n, 3, 12, 11), r(n, 3, 6, 6), r(n, 3, 3, 3)]
+    sides = torch.tensor([3.0, 6.5, 10.0, 13.0, 18.0, 21.0], dtype=torch.float64)
+    xy = torch.rand(6, 2, generator=g, dtype=torch.float64) * 4
+    bi = torch.randint(0, n, (6, 1), generator=g).double()
+    ml_rois = torch.cat([bi, xy, xy + sides[:, None]], 1)
+    cases.append(("multi_level_roi_align",
+                  lambda f0, f1, f2, rois: multi_level_roi_align([f0, f1, f2], rois, 2, [2.0, 4.0, 8.0], 2, 4, 1.2),
+                  [*maps, ml_rois], [True, True, True, False]))
     return cases
 
 

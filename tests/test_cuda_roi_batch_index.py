@@ -15,13 +15,14 @@ CALLS = {
     "roi_align": "roi_align(x, rois, 2)",
     "deform_roi_pool": "deform_roi_pool(x, rois, None, 2)",
     "deform_psroi_pool": "deform_psroi_pool(x, rois, None, 1.0, 2, 1, 2)",
+    "multi_level_roi_align": "multi_level_roi_align([x, x[:, :, ::2, ::2]], rois, 2, [1.0, 2.0], finest_scale=2)",
 }
 
 
 def _run(call, batch_index):
     code = textwrap.dedent(f"""
         import torch
-        from dcnkit.ops import deform_psroi_pool, deform_roi_pool, roi_align
+        from dcnkit.ops import deform_psroi_pool, deform_roi_pool, multi_level_roi_align, roi_align
         x = torch.randn(2, 4, 6, 6, device="cuda")
         rois = torch.tensor([[0.0, 0, 0, 3, 3], [{batch_index}, 0, 0, 4, 4]], device="cuda")
         y = {call}

@@ -109,11 +109,27 @@ class DeformPSRoIPoolOps(torch.nn.Module):
         )
 
 
+class MultiLevelRoIAlignOps(torch.nn.Module):
+    """Three maps of a 16 x 16 image (strides 2, 4, 8); finest_scale 4 puts the RoIs on every level."""
+
+    def forward(self, rois, f0, f1, f2):
+        return (
+            ops.multi_level_roi_align([f0, f1, f2], rois, (3, 2), [2.0, 4.0, 8.0], 2, finest_scale=4),
+            ops.multi_level_roi_align([f0, f1, f2], rois, 2, [2.0, 4.0, 8.0], 0, 4, 1.5, False, "max"),
+        )
+
+    @staticmethod
+    def inputs(n, k, g):
+        maps = [torch.randn(n, 3, 16 // s, 16 // s, generator=g) for s in (2, 4, 8)]
+        return (_rois(k, n, 16, g), *maps)
+
+
 OP_MODELS = {
     "deform_conv2d": (DeformConvOps, {"DeformConv"}, {"DeformConv2d"}),
     "roi_align": (RoIAlignOps, {"RoiAlign"}, {"RoIAlign"}),
     "deform_roi_pool": (DeformRoIPoolOps, set(), {"DeformRoIPool"}),
     "deform_psroi_pool": (DeformPSRoIPoolOps, set(), {"DeformPSRoIPool"}),
+    "multi_level_roi_align": (MultiLevelRoIAlignOps, set(), {"MultiLevelRoIAlign"}),
 }
 
 
@@ -212,7 +228,10 @@ def test_custom_nodes_follow_op_table(tmp_path):
             assert onnx.helper.get_attribute_value(
                 next(a for a in node.attribute if a.name == "plugin_namespace")) == DOMAIN.encode()
             assert all(node.input), "no empty inner input (TensorRT passes plugin inputs by position)"
-            assert len(node.input) <= len(d["inputs"]) and len(node.output) == len(d["outputs"])
+            if d["inputs"][-1].get("variadic"):  # one node input per tensor of the variadic last input
+                assert len(node.input) >= len(d["inputs"]) and len(node.output) == len(d["outputs"])
+            else:
+                assert len(node.input) <= len(d["inputs"]) and len(node.output) == len(d["outputs"])
     assert seen == set(table)
 
 

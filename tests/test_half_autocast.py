@@ -18,12 +18,13 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
 from dcnkit import nn as dnn
 from dcnkit import reference as R
-from dcnkit.ops import deform_conv2d, deform_psroi_pool, deform_roi_pool, roi_align
+from dcnkit.ops import deform_conv2d, deform_psroi_pool, deform_roi_pool, multi_level_roi_align, roi_align
 
 from conftest import HAS_CUDA
 from test_roi_align import rand_rois
@@ -44,6 +45,16 @@ def assert_rounded(got, ref, dtype, what):
 
 
 # ---- the four ops as (function of the differentiable tensors, their float64 values, NumPy forward) -----
+
+
+def _multi_level_np(f0, rr, f1):
+    """NumPy reference of the multi-level case: OPS.md's level rule (finest_scale 2, strides 2 and 4), then
+    RoIAlign (avg, aligned, ratio 2, output 3x2) on the chosen map."""
+    maps, strides = [f0, f1], [2.0, 4.0]
+    s = np.sqrt((rr[:, 3] - rr[:, 1]) * (rr[:, 4] - rr[:, 2]))
+    lvl = np.clip(np.nan_to_num(np.floor(np.log2(s / 2 + 1e-6)), nan=0.0), 0, 1).astype(int)
+    return np.concatenate([R.roi_align(maps[lv], rr[k:k + 1], (3, 2), 1.0 / strides[lv], 2, True, "avg")
+                           for k, lv in enumerate(lvl)])
 
 
 def _cases(gen):
@@ -89,10 +100,16 @@ def _cases(gen):
             [x_roi, rois, r(5, 2, 2, 2) * 0.5],
             lambda x, rr, t: R.deform_psroi_pool(x, rr, t, 0.5, 3, 2, 2, 2, 2, 0.2)[0],
         ),
+        # (maps, rois, maps): the RoIs stay input 1 as in the other RoI ops; both levels get RoIs.
+        "multi_level_roi_align": (
+            lambda f0, rr, f1: multi_level_roi_align([f0, f1], rr, (3, 2), [2.0, 4.0], 2, 2),
+            [x_roi, rois, r(2, 8, 5, 4)],
+            _multi_level_np,
+        ),
     }
 
 
-OPS = ["deform_conv2d", "roi_align", "roi_align_max", "deform_roi_pool", "deform_psroi_pool"]
+OPS = ["deform_conv2d", "roi_align", "roi_align_max", "deform_roi_pool", "deform_psroi_pool", "multi_level_roi_align"]
 
 
 def _grads(fn, tensors, gy):

@@ -16,6 +16,7 @@ import warnings
 import zipfile
 from typing import List, Optional, Tuple
 
+import numpy as np
 import pytest
 import torch
 from torch import Tensor
@@ -24,7 +25,7 @@ import dcnkit.ops
 from dcnkit import nn as dnn
 from dcnkit import reference as R
 from dcnkit._lib import find_library
-from dcnkit.ops import deform_conv2d, deform_psroi_pool, deform_roi_pool, roi_align
+from dcnkit.ops import deform_conv2d, deform_psroi_pool, deform_roi_pool, multi_level_roi_align, roi_align
 
 from test_roi_align import rand_rois
 
@@ -52,6 +53,19 @@ def deform_psroi_pool_fn(x: Tensor, rois: Tensor, trans: Optional[Tensor]) -> Te
     return deform_psroi_pool(x, rois, trans, 0.5, 3, 2, group_size=2, part_size=2, sample_per_part=2, trans_std=0.1)
 
 
+def multi_level_roi_align_fn(f0: Tensor, f1: Tensor, rois: Tensor) -> Tensor:
+    return multi_level_roi_align([f0, f1], rois, (2, 3), [2.0, 4.0], 2, 4, 1.0, True, "max")
+
+
+def _multi_level_reference(maps, rois, strides, finest_scale):
+    """Per RoI: OPS.md's level rule, then the NumPy RoIAlign on that level (max, aligned, ratio 2)."""
+    r = _NP(rois)
+    s = np.sqrt((r[:, 3] - r[:, 1]) * (r[:, 4] - r[:, 2]))
+    lvl = np.clip(np.nan_to_num(np.floor(np.log2(s / finest_scale + 1e-6)), nan=0.0), 0, len(maps) - 1).astype(int)
+    return np.concatenate([R.roi_align(_NP(maps[lv]), r[k:k + 1], (2, 3), 1.0 / strides[lv], 2, True, "max")
+                           for k, lv in enumerate(lvl)])
+
+
 def _op_cases():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 8, 9, 9, dtype=torch.float64, generator=g)
@@ -64,6 +78,9 @@ def _op_cases():
     roff = torch.randn(4, 2, 2, 3, dtype=torch.float64, generator=g)
     trans = torch.randn(4, 2, 2, 2, dtype=torch.float64, generator=g)
     rois_from_boxes = torch.cat([torch.tensor([[0.0], [0.0], [1.0], [1.0]], dtype=torch.float64), rois[:, 1:]], 1)
+    f1 = torch.randn(2, 8, 5, 5, dtype=torch.float64, generator=g)
+    ml_rois = torch.tensor([[0, 1.0, 2.0, 5.5, 6.0], [1, 0.5, 1.0, 14.0, 12.5], [1, 3.0, 2.0, 7.0, 9.0],
+                            [0, 2.0, 2.5, 17.0, 16.0]], dtype=torch.float64)  # levels 0, 1, 0, 1
     return [
         ("deform_conv2d", dcn_fn, (x, off, w, b, mask),
          [R.deform_conv2d(_NP(x), _NP(off), _NP(w), _NP(b), (1, 1), (1, 1), (1, 1), _NP(mask))]),
@@ -78,6 +95,8 @@ def _op_cases():
          [R.deform_roi_pool(_NP(x), _NP(rois), None, (2, 3), 0.5, 2, 0.2)]),
         ("deform_psroi_pool", deform_psroi_pool_fn, (x, rois, trans),
          [R.deform_psroi_pool(_NP(x), _NP(rois), _NP(trans), 0.5, 3, 2, 2, 2, 2, 0.1)[0]]),
+        ("multi_level_roi_align", multi_level_roi_align_fn, (x, f1, ml_rois),
+         [_multi_level_reference([x, f1], ml_rois, [2.0, 4.0], 4)]),
     ]
 
 
@@ -92,7 +111,7 @@ def _assert_ref(got, expected):
         torch.testing.assert_close(g, torch.from_numpy(e), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("case", range(7))
 def test_script_functional_ops(case):
     name, fn, args, expected = _op_cases()[case]
     scripted = torch.jit.script(fn)
@@ -102,7 +121,7 @@ def test_script_functional_ops(case):
     assert f"dcnkit::{name}" in str(scripted.inlined_graph)
 
 
-@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("case", range(7))
 def test_fx_trace_functional_ops(case):
     name, fn, args, expected = _op_cases()[case]
     gm = torch.fx.symbolic_trace(fn)

@@ -52,7 +52,37 @@ const void* ptr(const TensorView& t) { return t.present() ? t.data : nullptr; }
 
 }  // namespace
 
+namespace {
+
+Status compute_multi_level_cuda(Kernel& k, OrtKernelContext* ctx) {
+  TensorView rois;
+  std::vector<TensorView> features;
+  DCNKIT_RETURN_IF_ERROR(gather_multi_level_inputs(k, ctx, &rois, &features));
+  void* stream = nullptr;
+  DCNKIT_RETURN_IF_ERROR(from_ort(api().KernelContext_GetGPUComputeStream(ctx, &stream), "GetGPUComputeStream"));
+  CudaContext cuda;
+  cuda.stream = stream;  // no GEMM
+  MultiLevelRoIAlignParams p;
+  void* y = nullptr;
+  DCNKIT_RETURN_IF_ERROR(prepare_multi_level_run(k, rois, features, ctx, &p, &y));
+  if (y == nullptr) return Status::Ok();
+  std::vector<const void*> f;
+  for (const TensorView& t : features) f.push_back(ptr(t));
+  const size_t bytes = multi_level_roi_align_workspace_cuda(p);
+  StreamScratch ws;  // stream-ordered (ort_scratch.h); empty today
+  if (bytes > 0) {
+    const OrtMemoryInfo* mem = nullptr;
+    DCNKIT_RETURN_IF_ERROR(from_ort(api().GetTensorMemoryInfo(rois.value, &mem), "GetTensorMemoryInfo"));
+    DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, bytes));
+  }
+  // A RoI whose batch index is outside [0, N) gives zeros (no synchronisation to report it).
+  return multi_level_roi_align_forward_cuda(p, dtype_of(k), f.data(), ptr(rois), y, ws.data(), cuda);
+}
+
+}  // namespace
+
 Status compute_cuda(Kernel& k, OrtKernelContext* ctx) {
+  if (k.variant->kind == OpKind::kMultiLevelRoIAlign) return compute_multi_level_cuda(k, ctx);
   std::lock_guard<std::mutex> lock(k.mutex);
   TensorView in[kMaxInputs];
   DCNKIT_RETURN_IF_ERROR(gather_inputs(k, ctx, in, kMaxInputs));
@@ -106,6 +136,7 @@ Status compute_cuda(Kernel& k, OrtKernelContext* ctx) {
       return deform_psroi_pool_forward_cuda(p, dt, ptr(in[kPsInput]), ptr(in[kPsRois]), ptr(in[kPsTrans]), y, count,
                                             launcher_ws, cuda);
     }
+    case OpKind::kMultiLevelRoIAlign: break;  // compute_multi_level_cuda
   }
   return Status::Internal("unknown op kind");
 }

@@ -4,10 +4,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "dcnkit/deform_conv2d.h"
 #include "dcnkit/deform_psroi_pool.h"
 #include "dcnkit/deform_roi_pool.h"
+#include "dcnkit/multi_level_roi_align.h"
 #include "dcnkit/roi_align.h"
 #include "ort_common.h"
 
@@ -29,6 +31,14 @@ struct Kernel {
 
 // The node's inputs in canonical order (absent ones have value == nullptr).
 Status gather_inputs(const Kernel& k, const OrtKernelContext* ctx, TensorView* inputs, size_t max_inputs);
+
+// MultiLevelRoIAlign's inputs: rois, then every tensor of the variadic input (the L feature maps), each of
+// the node's element type.
+Status gather_multi_level_inputs(const Kernel& k, const OrtKernelContext* ctx, TensorView* rois,
+                                 std::vector<TensorView>* features);
+// Its params (checked by the core) and output 0 allocated to their output shape.
+Status prepare_multi_level_run(const Kernel& k, const TensorView& rois, const std::vector<TensorView>& features,
+                               OrtKernelContext* ctx, MultiLevelRoIAlignParams* p, void** y);
 
 // The run's core params from the node's attributes and the shapes of its inputs `in` (canonical order),
 // checked by the core: one overload per op kind, shared by the CPU and CUDA paths.

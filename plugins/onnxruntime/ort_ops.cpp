@@ -63,6 +63,43 @@ Status gather_inputs(const Kernel& k, const OrtKernelContext* ctx, TensorView* i
   return Status::Ok();
 }
 
+Status gather_multi_level_inputs(const Kernel& k, const OrtKernelContext* ctx, TensorView* rois,
+                                 std::vector<TensorView>* features) {
+  *rois = TensorView();
+  features->clear();
+  size_t count = 0;
+  DCNKIT_RETURN_IF_ERROR(from_ort(api().KernelContext_GetInputCount(ctx, &count), "KernelContext_GetInputCount"));
+  const OpDef& def = op_def(k.variant->kind);
+  for (size_t i = 0; i < count; ++i) {
+    const OrtValue* v = nullptr;
+    DCNKIT_RETURN_IF_ERROR(from_ort(api().KernelContext_GetInput(ctx, i, &v), "KernelContext_GetInput"));
+    TensorView t;
+    DCNKIT_RETURN_IF_ERROR(tensor_view(v, &t));
+    const std::string name = i == 0 ? def.inputs[kMlRois].name : "feat_" + std::to_string(i - 1);
+    if (!t.present()) return arg_error(k.variant->op_type, name, "a tensor", "no input");
+    if (t.type != k.dtype) {
+      return arg_error(k.variant->op_type, name,
+                       std::string("element type ") + onnx_type_name(k.dtype) + " (the type of the node)",
+                       onnx_type_name(t.type));
+    }
+    if (i == 0) {
+      *rois = t;
+    } else {
+      features->push_back(t);
+    }
+  }
+  if (!rois->present()) return arg_error(k.variant->op_type, def.inputs[kMlRois].name, "a tensor", "no input");
+  return Status::Ok();
+}
+
+Status prepare_multi_level_run(const Kernel& k, const TensorView& rois, const std::vector<TensorView>& features,
+                               OrtKernelContext* ctx, MultiLevelRoIAlignParams* p, void** y) {
+  std::vector<Shape> shapes;
+  for (const TensorView& f : features) shapes.push_back(f.shape);
+  DCNKIT_RETURN_IF_ERROR(::dcnkit::make_params(k.variant->op_type, k.attrs, rois.shape, shapes, p));
+  return output_tensor(ctx, 0, p->output_shape(), y);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Per-run params and outputs (CPU and CUDA)
 
@@ -111,7 +148,28 @@ const T* ptr(const TensorView& t) {
 
 }  // namespace
 
+namespace {
+
+Status compute_multi_level_cpu(Kernel& k, OrtKernelContext* ctx) {
+  TensorView rois;
+  std::vector<TensorView> features;
+  DCNKIT_RETURN_IF_ERROR(gather_multi_level_inputs(k, ctx, &rois, &features));
+  MultiLevelRoIAlignParams p;
+  void* y = nullptr;
+  DCNKIT_RETURN_IF_ERROR(prepare_multi_level_run(k, rois, features, ctx, &p, &y));
+  if (y == nullptr) return Status::Ok();
+  std::vector<const float*> f;
+  for (const TensorView& t : features) f.push_back(ptr<float>(t));
+  CpuRun run;
+  run.context = ctx;
+  return multi_level_roi_align_forward_cpu<float>(p, f.data(), ptr<float>(rois), static_cast<float*>(y),
+                                                  cpu_context(&run));
+}
+
+}  // namespace
+
 Status compute_cpu(Kernel& k, OrtKernelContext* ctx) {
+  if (k.variant->kind == OpKind::kMultiLevelRoIAlign) return compute_multi_level_cpu(k, ctx);
   TensorView in[kMaxInputs];
   DCNKIT_RETURN_IF_ERROR(gather_inputs(k, ctx, in, kMaxInputs));
   CpuRun run;
@@ -165,6 +223,7 @@ Status compute_cpu(Kernel& k, OrtKernelContext* ctx) {
                                                   ptr<float>(in[kPsTrans]), static_cast<float*>(y),
                                                   static_cast<float*>(count), cpu);
     }
+    case OpKind::kMultiLevelRoIAlign: break;  // compute_multi_level_cpu
   }
   return Status::Internal("unknown op kind");
 }
@@ -231,7 +290,9 @@ size_t ORT_API_CALL output_count_fn(const OrtCustomOp* op) { return op_def(self(
 ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp* op, size_t) { return self(op).dtype; }
 ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp* op, size_t) { return self(op).dtype; }
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_char(const OrtCustomOp* op, size_t i) {
-  return self(op).variant->inputs[i].optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  const InputSlot& slot = self(op).variant->inputs[i];
+  if (slot.variadic) return INPUT_OUTPUT_VARIADIC;  // the last input: one or more tensors
+  return slot.optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
 }
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_char(const OrtCustomOp* op, size_t i) {
   return op_def(self(op).variant->kind).outputs[i].optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;

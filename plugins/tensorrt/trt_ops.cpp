@@ -212,6 +212,7 @@ PluginBase* make_plugin(const OpVariant* variant, const OpAttrs& attrs, const st
     case OpKind::kRoIAlign: return new RoIAlignPlugin(variant, attrs, name);
     case OpKind::kDeformRoIPool: return new DeformRoIPoolPlugin(variant, attrs, name);
     case OpKind::kDeformPSRoIPool: return new DeformPSRoIPoolPlugin(variant, attrs, name);
+    case OpKind::kMultiLevelRoIAlign: return nullptr;  // no plugin yet (trt_creators.cpp skips the kind)
   }
   return nullptr;
 }

@@ -60,7 +60,8 @@ PluginFieldType field_type(AttrKind k) {
   switch (k) {
     case AttrKind::kInt:
     case AttrKind::kInts: return PluginFieldType::kINT32;
-    case AttrKind::kFloat: return PluginFieldType::kFLOAT32;
+    case AttrKind::kFloat:
+    case AttrKind::kFloats: return PluginFieldType::kFLOAT32;
     case AttrKind::kString: return PluginFieldType::kCHAR;
   }
   return PluginFieldType::kUNKNOWN;
@@ -155,7 +156,9 @@ void serialize_fields(const OpVariant& v, const OpAttrs& attrs, FieldStore* out)
       case AttrKind::kInt:
       case AttrKind::kInts: {
       std::vector<int32_t> ints;
-        if (f.element >= 0) {
+        if (f.enum_values != nullptr) {  // an int naming a canonical string (mmdeploy pool_mode)
+          ints.push_back(static_cast<int32_t>(enum_index(f.enum_values, a.s)));
+        } else if (f.element >= 0) {
           ints.push_back(static_cast<int32_t>(a.ints[f.element]));
         } else {
           for (int64_t x : a.ints) ints.push_back(static_cast<int32_t>(x));
@@ -172,6 +175,12 @@ void serialize_fields(const OpVariant& v, const OpAttrs& attrs, FieldStore* out)
       case AttrKind::kString:
         out->add(f.name, PluginFieldType::kCHAR, a.s.data(), static_cast<int32_t>(a.s.size()), a.s.size());
         break;
+      case AttrKind::kFloats: {
+        std::vector<float> xs(a.floats.begin(), a.floats.end());
+        out->add(f.name, PluginFieldType::kFLOAT32, xs.data(), static_cast<int32_t>(xs.size()),
+                 xs.size() * sizeof(float));
+        break;
+      }
     }
   }
 }

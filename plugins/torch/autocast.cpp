@@ -1,4 +1,4 @@
-// Autocast kernels of the four forward ops (AutocastCPU and AutocastCUDA), as torchvision's: under
+// Autocast kernels of the five forward ops (AutocastCPU and AutocastCUDA), as torchvision's: under
 // torch.autocast every floating tensor argument except float64 is cast to float32, the op runs below
 // autocast (through the dispatcher, so autograd records it in float32), and its results are returned in
 // the dtype of `input`. The backward ops need none: autograd saved float32 tensors, and the kernels
@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <tuple>
+#include <vector>
 
 namespace dcnkit::torch_binding {
 namespace {
@@ -91,12 +92,31 @@ std::tuple<at::Tensor, at::Tensor> deform_psroi_pool_autocast(
   return {out.to(input.scalar_type()), count.to(input.scalar_type())};
 }
 
+using MultiLevelRoIAlignSig = at::Tensor(at::TensorList, const at::Tensor&, int64_t, int64_t,
+                                         c10::ArrayRef<double>, int64_t, int64_t, double, bool, c10::string_view);
+
+template <c10::DeviceType D>
+at::Tensor multi_level_roi_align_autocast(at::TensorList features, const at::Tensor& rois, int64_t pooled_h,
+                                          int64_t pooled_w, c10::ArrayRef<double> featmap_strides,
+                                          int64_t sampling_ratio, int64_t finest_scale, double roi_scale_factor,
+                                          bool aligned, c10::string_view pool_mode) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  static const auto op = op_handle<MultiLevelRoIAlignSig>("dcnkit::multi_level_roi_align");
+  std::vector<at::Tensor> f;
+  for (const at::Tensor& t : features) f.push_back(f32<D>(t));
+  const at::Tensor out = op.call(f, f32<D>(rois), pooled_h, pooled_w, featmap_strides, sampling_ratio, finest_scale,
+                                 roi_scale_factor, aligned, pool_mode);
+  // The dtype of features[0] (an empty list reaches the kernel's error).
+  return features.empty() ? out : out.to(features[0].scalar_type());
+}
+
 template <c10::DeviceType D>
 void register_autocast(torch::Library& m) {
   m.impl("deform_conv2d", TORCH_FN(deform_conv2d_autocast<D>));
   m.impl("roi_align", TORCH_FN(roi_align_autocast<D>));
   m.impl("deform_roi_pool", TORCH_FN(deform_roi_pool_autocast<D>));
   m.impl("deform_psroi_pool", TORCH_FN(deform_psroi_pool_autocast<D>));
+  m.impl("multi_level_roi_align", TORCH_FN(multi_level_roi_align_autocast<D>));
 }
 
 }  // namespace

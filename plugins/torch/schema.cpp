@@ -42,6 +42,17 @@ TORCH_LIBRARY(dcnkit, m) {
       "_deform_psroi_pool_backward(Tensor grad_output, Tensor input, Tensor rois, Tensor? trans, "
       "Tensor count, float spatial_scale, int output_size, int output_dim, int group_size, "
       "int part_size, int sample_per_part, float trans_std) -> (Tensor, Tensor)");
+
+  // features: L maps (N, C, H_l, W_l); rois (K, 5). Returns (K, C, pooled_h, pooled_w).
+  m.def(
+      "multi_level_roi_align(Tensor[] features, Tensor rois, int pooled_h, int pooled_w, "
+      "float[] featmap_strides, int sampling_ratio, int finest_scale, float roi_scale_factor, bool aligned, "
+      "str pool_mode) -> Tensor");
+  // Returns the gradient of every feature map.
+  m.def(
+      "_multi_level_roi_align_backward(Tensor grad_output, Tensor[] features, Tensor rois, int pooled_h, "
+      "int pooled_w, float[] featmap_strides, int sampling_ratio, int finest_scale, float roi_scale_factor, "
+      "bool aligned, str pool_mode) -> Tensor[]");
 }
 
 namespace {

@@ -1,4 +1,4 @@
-"""Slow, obviously-correct NumPy references of the four operators, written straight from OPS.md.
+"""Slow, obviously-correct NumPy references of the five operators, written straight from OPS.md.
 
 They compute in float64 with plain loops (vectorised only over whole feature maps or channels), share no
 code with the C++ core, and are what the tests, `dcnkit compare` and the Polygraphy reference runner
@@ -10,7 +10,8 @@ import math
 
 import numpy as np
 
-__all__ = ["deform_conv2d", "roi_align", "deform_roi_pool", "deform_psroi_pool", "sample_dcn", "sample_roi"]
+__all__ = ["deform_conv2d", "roi_align", "deform_roi_pool", "deform_psroi_pool", "multi_level_roi_align",
+           "sample_dcn", "sample_roi"]
 
 
 def _pair(v) -> tuple[int, int]:
@@ -168,6 +169,34 @@ def roi_align(x, rois, output_size, spatial_scale=1.0, sampling_ratio=0, aligned
                     continue
                 stack = np.stack(samples)
                 out[k, :, p, q] = stack.mean(axis=0) if pool_mode == "avg" else stack.max(axis=0)
+    return out
+
+
+def multi_level_roi_align(features, rois, output_size, featmap_strides, sampling_ratio=0, finest_scale=56,
+                          roi_scale_factor=1.0, aligned=True, pool_mode="avg"):
+    """MultiLevelRoIAlign, per OPS.md: per RoI the level clamp(floor(log2(sqrt(w * h) / finest_scale + 1e-6)),
+    0, L-1) of the box as given (NaN: 0), the box rescaled about its centre to half sizes (w + 1) * f / 2 - 0.5
+    when f = roi_scale_factor > 0, then :func:`roi_align` on that level with spatial_scale 1 / stride."""
+    features, rois = [_f64(f) for f in features], _f64(rois)
+    if len(features) < 1 or len(featmap_strides) != len(features):
+        raise ValueError(f"featmap_strides: expected one stride per feature map ({len(features)}), "
+                         f"got {list(featmap_strides)}")
+    oh, ow = _pair(output_size)
+    out = np.zeros((rois.shape[0], features[0].shape[1], oh, ow))
+    for k in range(rois.shape[0]):
+        x1, y1, x2, y2 = rois[k, 1:]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            v = math.floor(math.log2(math.sqrt((x2 - x1) * (y2 - y1)) / finest_scale + 1e-6)) \
+                if (x2 - x1) * (y2 - y1) >= 0 else float("nan")
+        level = 0 if not v > 0 else min(int(v), len(features) - 1)
+        box = rois[k].copy()
+        if roi_scale_factor > 0:
+            cx, cy = (x1 + x2) * 0.5, (y1 + y2) * 0.5
+            hw = (x2 - x1 + 1) * roi_scale_factor * 0.5 - 0.5
+            hh = (y2 - y1 + 1) * roi_scale_factor * 0.5 - 0.5
+            box[1:] = [cx - hw, cy - hh, cx + hw, cy + hh]
+        out[k] = roi_align(features[level], box[None], (oh, ow), 1.0 / featmap_strides[level], sampling_ratio,
+                           aligned, pool_mode)[0]
     return out
 
 

@@ -15,7 +15,9 @@ namespace {
 
 std::vector<InputSlot> canonical_inputs(const OpDef& d) {
   std::vector<InputSlot> v;
-  for (size_t i = 0; i < d.num_inputs; ++i) v.push_back({static_cast<int>(i), d.inputs[i].optional});
+  for (size_t i = 0; i < d.num_inputs; ++i) {
+    v.push_back({static_cast<int>(i), d.inputs[i].optional, d.inputs[i].variadic});
+  }
   return v;
 }
 
@@ -23,7 +25,7 @@ std::vector<OpVariant> build_variants() {
   std::vector<OpVariant> v;
   // The kit's own operators: names, input order and defaults straight from op_defs.h.
   const OpKind kinds[] = {OpKind::kDeformConv2d, OpKind::kRoIAlign, OpKind::kDeformRoIPool,
-                          OpKind::kDeformPSRoIPool};
+                          OpKind::kDeformPSRoIPool, OpKind::kMultiLevelRoIAlign};
   for (OpKind k : kinds) {
     const OpDef& d = op_def(k);
     v.push_back({kOnnxDomain, d.onnx_type, k, canonical_inputs(d), {}, false, false});
@@ -72,6 +74,23 @@ std::vector<OpVariant> build_variants() {
                 {"gamma", kDeformRoIPoolAttrs[kDrGamma].name, -1}},
                true,
                true});
+  // mmdeploy::MMCVMultiLevelRoiAlign: (rois, feat_0, ..., feat_{L-1}); output_height, output_width,
+  // featmap_strides (floats), sampling_ratio, finest_scale, roi_scale_factor (float), aligned, and pool_mode
+  // as an int (0: max, 1: avg).
+  v.push_back({"mmdeploy",
+               "MMCVMultiLevelRoiAlign",
+               OpKind::kMultiLevelRoIAlign,
+               {{kMlRois, false}, {kMlFeatures, false, true}},
+               {{"output_height", kMultiLevelRoIAlignAttrs[kMlOutputSize].name, 0},
+                {"output_width", kMultiLevelRoIAlignAttrs[kMlOutputSize].name, 1},
+                {"featmap_strides", kMultiLevelRoIAlignAttrs[kMlStrides].name, -1},
+                {"sampling_ratio", kMultiLevelRoIAlignAttrs[kMlSampling].name, -1},
+                {"finest_scale", kMultiLevelRoIAlignAttrs[kMlFinestScale].name, -1},
+                {"roi_scale_factor", kMultiLevelRoIAlignAttrs[kMlRoIScaleFactor].name, -1},
+                {"aligned", kMultiLevelRoIAlignAttrs[kMlAligned].name, -1},
+                {"pool_mode", kMultiLevelRoIAlignAttrs[kMlPoolMode].name, -1, "max|avg"}},
+               false,
+               true});
   return v;
 }
 
@@ -81,9 +100,37 @@ int canonical_index(const OpDef& def, const char* name) {
   return -1;
 }
 
-int kind_count(AttrKind k) { return k == AttrKind::kInts ? 2 : (k == AttrKind::kString ? 0 : 1); }
+int kind_count(AttrKind k) {
+  return k == AttrKind::kInts ? 2 : ((k == AttrKind::kString || k == AttrKind::kFloats) ? 0 : 1);
+}
 
 }  // namespace
+
+int64_t enum_index(const char* enum_values, const std::string& name) {
+  if (enum_values == nullptr) return -1;
+  int64_t i = 0;
+  const char* p = enum_values;
+  while (true) {
+    const char* e = std::strchr(p, '|');
+    const size_t n = e ? static_cast<size_t>(e - p) : std::strlen(p);
+    if (name.size() == n && name.compare(0, n, p, n) == 0) return i;
+    if (e == nullptr) return -1;
+    p = e + 1;
+    ++i;
+  }
+}
+
+std::string enum_name(const char* enum_values, int64_t i) {
+  if (enum_values == nullptr || i < 0) return "";
+  const char* p = enum_values;
+  for (int64_t k = 0; k < i; ++k) {
+    p = std::strchr(p, '|');
+    if (p == nullptr) return "";
+    ++p;
+  }
+  const char* e = std::strchr(p, '|');
+  return e ? std::string(p, e) : std::string(p);
+}
 
 const std::vector<OpVariant>& op_variants() {
   static const std::vector<OpVariant> v = build_variants();
@@ -101,8 +148,8 @@ std::vector<VariantField> variant_fields(const OpVariant& v) {
   }
   for (const AttrAlias& a : v.aliases) {
     const int idx = canonical_index(def, a.canonical);
-    const AttrKind kind = a.element >= 0 ? AttrKind::kInt : def.attrs[idx].kind;
-    out.push_back({a.onnx_name, kind, kind_count(kind), idx, a.element});
+    const AttrKind kind = (a.element >= 0 || a.enum_values != nullptr) ? AttrKind::kInt : def.attrs[idx].kind;
+    out.push_back({a.onnx_name, kind, kind_count(kind), idx, a.element, a.enum_values});
   }
   return out;
 }
@@ -123,6 +170,19 @@ AttrValue parse_default(const AttrDef& d) {
         if ((*p >= '0' && *p <= '9') || *p == '-') {
           char* end = nullptr;
           v.ints.push_back(std::strtoll(p, &end, 10));
+          p = end;
+        } else {
+          ++p;
+        }
+      }
+      break;
+    }
+    case AttrKind::kFloats: {
+      const char* p = s.c_str();
+      while (*p) {
+        if ((*p >= '0' && *p <= '9') || *p == '-' || *p == '.') {
+          char* end = nullptr;
+          v.floats.push_back(std::strtod(p, &end));
           p = end;
         } else {
           ++p;
@@ -171,9 +231,21 @@ bool as_int(const RawAttr& r, bool loose, int64_t* v) {
   return false;
 }
 
-Status convert(const char* op, const char* onnx_name, const AttrDef& def, int element, bool loose,
-               const RawAttr& r, AttrValue* out) {
+Status convert(const char* op, const char* onnx_name, const AttrDef& def, int element, const char* enum_values,
+               bool loose, const RawAttr& r, AttrValue* out) {
   const std::string arg = std::string("attribute ") + onnx_name;
+  if (enum_values != nullptr) {  // an int naming one value of a canonical string
+    int64_t v = 0;
+    std::string choices;
+    for (int64_t i = 0; !enum_name(enum_values, i).empty(); ++i) {
+      choices += (i ? ", " : "") + std::to_string(i) + " (" + enum_name(enum_values, i) + ")";
+    }
+    if (!as_int(r, loose, &v) || enum_name(enum_values, v).empty()) {
+      return arg_error(op, arg, "an int: " + choices, raw_attr_str(r));
+    }
+    out->s = enum_name(enum_values, v);
+    return Status::Ok();
+  }
   if (element >= 0) {  // one element of a canonical pair
     int64_t v = 0;
     if (!as_int(r, loose, &v)) return arg_error(op, arg, "an int", raw_attr_str(r));
@@ -200,6 +272,20 @@ Status convert(const char* op, const char* onnx_name, const AttrDef& def, int el
     case AttrKind::kString:
       if (r.type != RawAttr::kString) return arg_error(op, arg, "a string", raw_attr_str(r));
       out->s = r.s;
+      return Status::Ok();
+    case AttrKind::kFloats:
+      out->floats.clear();
+      if (r.type == RawAttr::kFloats) {
+        for (float x : r.floats) out->floats.push_back(static_cast<double>(x));
+      } else if (r.type == RawAttr::kInts && (loose || r.ints.empty())) {
+        for (int64_t x : r.ints) out->floats.push_back(static_cast<double>(x));
+      } else if (r.type == RawAttr::kFloat) {  // one value (a TensorRT field of length 1)
+        out->floats.push_back(r.f);
+      } else if (loose && r.type == RawAttr::kInt) {
+        out->floats.push_back(static_cast<double>(r.i));
+      } else {
+        return arg_error(op, arg, "floats", raw_attr_str(r));
+      }
       return Status::Ok();
     case AttrKind::kInts: {
       if (r.type == RawAttr::kInts && r.ints.size() == 2) {
@@ -244,7 +330,7 @@ Status read_attrs(const OpVariant& variant, const std::function<RawAttr(const ch
     if (f.canonical < 0) return Status::Internal(std::string("unknown canonical attribute of ") + f.name);
     const RawAttr r = lookup(f.name);
     if (r.type == RawAttr::kAbsent) continue;
-    DCNKIT_RETURN_IF_ERROR(convert(variant.op_type, f.name, def.attrs[f.canonical], f.element,
+    DCNKIT_RETURN_IF_ERROR(convert(variant.op_type, f.name, def.attrs[f.canonical], f.element, f.enum_values,
                                    variant.loose_attrs, r, &(*out)[f.canonical]));
   }
   return Status::Ok();
@@ -347,6 +433,30 @@ Status check_op_attrs(const OpVariant& variant, const std::vector<AttrValue>& a,
       return make_deform_psroi_pool_params(op, {1, od * gs * gs, 16, 16}, {1, 5},
                                            r.no_trans ? nullptr : &trans, r, &p);
     }
+    case OpKind::kMultiLevelRoIAlign: {
+      MultiLevelRoIAlignAttrs& r = out->mlroi;
+      const std::vector<double>& strides = a[kMlStrides].floats;
+      if (strides.empty() || strides.size() > static_cast<size_t>(kMaxFeatureLevels)) {
+        RawAttr raw;
+        raw.type = RawAttr::kFloats;
+        for (double x : strides) raw.floats.push_back(static_cast<float>(x));
+        return arg_error(op, "featmap_strides",
+                         "1 to " + std::to_string(kMaxFeatureLevels) + " floats (one stride per feature map)",
+                         raw_attr_str(raw));
+      }
+      r.pooled_h = a[kMlOutputSize].ints[0];
+      r.pooled_w = a[kMlOutputSize].ints[1];
+      r.num_levels = static_cast<int64_t>(strides.size());
+      for (size_t l = 0; l < strides.size(); ++l) r.featmap_strides[l] = strides[l];
+      r.sampling_ratio = a[kMlSampling].ints[0];
+      r.finest_scale = a[kMlFinestScale].ints[0];
+      r.roi_scale_factor = a[kMlRoIScaleFactor].f;
+      r.aligned = a[kMlAligned].ints[0] != 0;
+      DCNKIT_RETURN_IF_ERROR(parse_pool_mode(op, a[kMlPoolMode].s, &r.mode));
+      MultiLevelRoIAlignParams p;
+      return make_multi_level_roi_align_params(op, std::vector<Shape>(strides.size(), Shape{1, 1, 16, 16}), {1, 5},
+                                               r, &p);
+    }
   }
   return Status::Internal("unknown op kind");
 }
@@ -383,6 +493,11 @@ Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, Def
 Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, DeformPSRoIPoolParams* p) {
   for (int i : {kPsInput, kPsRois}) DCNKIT_RETURN_IF_ERROR(need(op, in, i, kDeformPSRoIPoolInputs));
   return make_deform_psroi_pool_params(op, *in[kPsInput], *in[kPsRois], in[kPsTrans], a.psroi, p);
+}
+
+Status make_params(const char* op, const OpAttrs& a, const Shape& rois, const std::vector<Shape>& features,
+                   MultiLevelRoIAlignParams* p) {
+  return make_multi_level_roi_align_params(op, features, rois, a.mlroi, p);
 }
 
 std::vector<AttrValue> op_attr_values(const OpAttrs& a) {
@@ -426,6 +541,17 @@ std::vector<AttrValue> op_attr_values(const OpAttrs& a) {
       v[kPsSamplePerPart].ints = {r.sample_per_part};
       v[kPsTransStd].f = r.trans_std;
       v[kPsNoTrans].ints = {r.no_trans ? 1 : 0};
+      break;
+    }
+    case OpKind::kMultiLevelRoIAlign: {
+      const MultiLevelRoIAlignAttrs& r = a.mlroi;
+      v[kMlOutputSize].ints = {r.pooled_h, r.pooled_w};
+      v[kMlStrides].floats.assign(r.featmap_strides, r.featmap_strides + r.num_levels);
+      v[kMlSampling].ints = {r.sampling_ratio};
+      v[kMlFinestScale].ints = {r.finest_scale};
+      v[kMlRoIScaleFactor].f = r.roi_scale_factor;
+      v[kMlAligned].ints = {r.aligned ? 1 : 0};
+      v[kMlPoolMode].s = pool_mode_name(r.mode);
       break;
     }
   }

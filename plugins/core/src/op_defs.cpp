@@ -29,6 +29,7 @@ const char* kind_name(AttrKind k) {
     case AttrKind::kInts: return "ints";
     case AttrKind::kFloat: return "float";
     case AttrKind::kString: return "string";
+    case AttrKind::kFloats: return "floats";
   }
   return "unknown";
 }
@@ -38,7 +39,8 @@ std::string tensors_json(const TensorDef* t, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     s += (i ? ", " : "");
     s += "{\"name\": " + quoted(t[i].name) + ", \"optional\": " + (t[i].optional ? "true" : "false") +
-         ", \"doc\": " + quoted(t[i].doc) + "}";
+         ", \"doc\": " + quoted(t[i].doc) +
+         ", \"variadic\": " + (t[i].variadic ? "true" : "false") + "}";
   }
   return s + "]";
 }

@@ -50,7 +50,15 @@ class _Emitter:
         return getattr(self._std, op_type)(*self._inputs(inputs), **attrs)
 
     def custom(self, info: _table.OpInfo, inputs: list[Any], attrs: dict[str, Any]) -> Any:
-        out = getattr(self._custom, info.onnx_type)(*self._inputs(tuple(inputs)), **attrs)
+        op = getattr(self._custom, info.onnx_type)
+        if info.inputs and info.inputs[-1].variadic:
+            # Inputs by name (the variadic one as a list): torch's node builder hands a positional variadic
+            # parameter every positional argument, the ones before it included.
+            fixed = len(info.inputs) - 1
+            named = {t.name: v for t, v in zip(info.inputs[:fixed], inputs[:fixed])}
+            named[info.inputs[-1].name] = list(inputs[fixed:])
+            return op(**named, **attrs)
+        out = op(*self._inputs(tuple(inputs)), **attrs)
         if len(info.outputs) > 1 and not isinstance(out, (tuple, list)):
             raise RuntimeError(f"{info.onnx_type}: expected {len(info.outputs)} outputs, got 1")
         return tuple(out) if isinstance(out, list) else out

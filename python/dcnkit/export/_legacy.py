@@ -14,7 +14,7 @@ from dcnkit.export import _lowering, _table
 from dcnkit.ops import _loader  # noqa: F401  (torch.ops.dcnkit.*)
 
 _MIN_OPSET = 9
-_SUFFIX = {"int": "i", "ints": "i", "float": "f", "string": "s"}
+_SUFFIX = {"int": "i", "ints": "i", "float": "f", "floats": "f", "string": "s"}
 _registered = False
 
 
@@ -31,6 +31,13 @@ def _attr_suffix(name: str, value: Any) -> str:
 
 def _scalar_desc(arg: Any) -> str:
     t = arg.type
+    if isinstance(t, torch.ListType):
+        elem = t.getElementType()
+        if isinstance(elem, torch.IntType):
+            return "is"
+        if isinstance(elem, torch.FloatType):
+            return "fs"
+        raise TypeError(f"dcnkit export: argument {arg.name}: unsupported type {t}")
     if isinstance(t, torch.BoolType):
         return "b"
     if isinstance(t, torch.IntType):
@@ -40,6 +47,15 @@ def _scalar_desc(arg: Any) -> str:
     if isinstance(t, torch.StringType):
         return "s"
     raise TypeError(f"dcnkit export: argument {arg.name}: unsupported type {t}")
+
+
+def _const(value: Any, desc: str, name: str) -> Any:
+    """A constant scalar argument; ``int[]`` / ``float[]`` also from a list of constants."""
+    from torch.onnx import symbolic_helper
+
+    if desc in ("is", "fs") and value.node().kind() == "prim::ListConstruct":
+        return [symbolic_helper._get_const(v, desc[0], name) for v in value.node().inputs()]
+    return symbolic_helper._get_const(value, desc, name)
 
 
 class _Emitter:
@@ -103,10 +119,12 @@ def _make_symbolic(name: str):
     def symbolic(g, *values):
         tensors, scalars = {}, []
         for a, v in zip(args, values):
-            if _lowering.is_tensor_arg(a):
+            if _lowering.is_tensor_list_arg(a):
+                tensors[a.name] = symbolic_helper._unpack_list(v)
+            elif _lowering.is_tensor_arg(a):
                 tensors[a.name] = None if symbolic_helper._is_none(v) else v
             else:
-                scalars.append(symbolic_helper._get_const(v, _scalar_desc(a), a.name))
+                scalars.append(_const(v, _scalar_desc(a), a.name))
         return _lowering.lower(name, tensors, scalars, _Emitter(g), g.opset)
 
     symbolic.__name__ = f"dcnkit_{name}_symbolic"

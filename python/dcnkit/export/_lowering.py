@@ -160,6 +160,10 @@ def lower(
         if out is not None:
             return out
     inputs = [tensors.get(t.name) for t in info.inputs]
+    if info.inputs and info.inputs[-1].variadic:
+        # A variadic input (MultiLevelRoIAlign's feature maps, a torch Tensor[]): one node input per tensor.
+        inputs = inputs[:-1] + list(inputs[-1] or [])
+        return em.custom(info, inputs, {**attrs, **_table.plugin_attrs()})
     # TensorRT's ONNX parser hands a plugin its inputs by position and has no tensor for an empty name: an
     # absent optional input before a present one (DCNv2 without bias) becomes its neutral value.
     for i, t in enumerate(info.inputs):
@@ -181,8 +185,15 @@ _NEUTRAL: dict[tuple[str, str], Callable[[dict[str, Any], Emitter], Any]] = {
 
 
 def is_tensor_arg(arg: Any) -> bool:
-    """Whether a torch schema argument is a (possibly optional) tensor."""
+    """Whether a torch schema argument is a (possibly optional) tensor or a tensor list."""
     t = arg.type
     if isinstance(t, torch.OptionalType):
         t = t.getElementType()
+    if isinstance(t, torch.ListType):
+        t = t.getElementType()
     return isinstance(t, torch.TensorType)
+
+
+def is_tensor_list_arg(arg: Any) -> bool:
+    """Whether a torch schema argument is a ``Tensor[]``."""
+    return isinstance(arg.type, torch.ListType) and isinstance(arg.type.getElementType(), torch.TensorType)

@@ -13,24 +13,33 @@ import json
 from typing import Any
 
 # Attribute kinds of the table -> the Python type of their values.
-_KIND_TYPES = {"int": int, "ints": list, "float": float, "string": str}
+_KIND_TYPES = {"int": int, "ints": list, "float": float, "floats": list, "string": str}
 
 
 @dataclasses.dataclass(frozen=True)
 class AttrInfo:
     name: str
-    kind: str  # "int" | "ints" | "float" | "string"
+    kind: str  # "int" | "ints" | "float" | "floats" | "string"
     default: Any
     doc: str
 
     @property
     def arity(self) -> int:
+        """Torch scalar arguments that fill it: an ``ints`` pair takes two (``pooled_h, pooled_w``), a
+        ``floats`` list one (a ``float[]`` argument), anything else one."""
         return len(self.default) if self.kind == "ints" else 1
+
+    @property
+    def required(self) -> bool:
+        """A ``floats`` attribute with an empty default has no default (``featmap_strides``)."""
+        return self.kind == "floats" and not self.default
 
     def convert(self, value: Any) -> Any:
         """``value`` as this attribute's kind (bool -> int, int -> float, tuple -> list)."""
         if self.kind == "ints":
             return [int(v) for v in value]
+        if self.kind == "floats":
+            return [float(v) for v in value]
         return _KIND_TYPES[self.kind](value)
 
 
@@ -39,6 +48,7 @@ class TensorInfo:
     name: str
     optional: bool
     doc: str
+    variadic: bool = False  # the last input only: one or more tensors (a torch ``Tensor[]``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +73,11 @@ def _parse_default(kind: str, text: str) -> Any:
     if kind == "string":
         return text
     value = json.loads(text)
-    return [int(v) for v in value] if kind == "ints" else _KIND_TYPES[kind](value)
+    if kind == "ints":
+        return [int(v) for v in value]
+    if kind == "floats":
+        return [float(v) for v in value]
+    return _KIND_TYPES[kind](value)
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,7 +90,10 @@ def _load() -> tuple[str, int, dict[str, OpInfo]]:
         ops[d["name"]] = OpInfo(
             name=d["name"],
             onnx_type=d["onnx_type"],
-            inputs=tuple(TensorInfo(t["name"], bool(t["optional"]), t["doc"]) for t in d["inputs"]),
+            inputs=tuple(
+                TensorInfo(t["name"], bool(t["optional"]), t["doc"], bool(t.get("variadic", False)))
+                for t in d["inputs"]
+            ),
             outputs=tuple(TensorInfo(t["name"], bool(t["optional"]), t["doc"]) for t in d["outputs"]),
             attrs=tuple(
                 AttrInfo(a["name"], a["kind"], _parse_default(a["kind"], a["default"]), a["doc"])

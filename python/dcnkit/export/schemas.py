@@ -3,7 +3,8 @@
 After ``register_onnx_schemas()``, ``onnx.checker.check_model(model, full_check=True)`` and
 ``onnx.shape_inference.infer_shapes(model, strict_mode=True)`` accept our nodes and infer their
 outputs: element type of ``input``; shapes ``(N, Cout, Ho, Wo)`` for DeformConv2d, ``(K, C, oh, ow)``
-for RoIAlign / DeformRoIPool and ``(K, output_dim, P, P)`` for DeformPSRoIPool, symbolic dims kept.
+for RoIAlign / DeformRoIPool / MultiLevelRoIAlign (whose inputs are ``rois, feat_0 .. feat_{L-1}``, a
+variadic last input) and ``(K, output_dim, P, P)`` for DeformPSRoIPool, symbolic dims kept.
 onnx >= 1.18 runs a Python inference function set with
 ``OpSchema.set_type_and_shape_inference_function`` (also in strict mode); inconsistent inputs raise
 with the core's message format (``<op>: <arg>: expected <x>, got <y>``).
@@ -198,11 +199,44 @@ def _infer_deform_psroi_pool(info, ctx, attrs):
     return [[k, od, p, p]] * len(info.outputs)
 
 
+def _infer_multi_level_roi_align(info, ctx, attrs):
+    op = info.onnx_type
+    k = _check_rois(op, _shape(ctx, 0))
+    oh, ow = _output_size(op, attrs)
+    if attrs["pool_mode"] not in ("avg", "max"):
+        _fail(op, "pool_mode", "avg or max", repr(attrs["pool_mode"]))
+    levels = ctx.get_num_inputs() - 1
+    strides = attrs["featmap_strides"]
+    if levels < 1:
+        _fail(op, "inputs", "rois and at least one feature map", f"{levels + 1} inputs")
+    if len(strides) != levels:
+        _fail(op, "featmap_strides", f"one stride per feature map ({levels} values)", strides)
+    if any(not (s > 0) for s in strides):
+        _fail(op, "featmap_strides", "strides > 0", strides)
+    if attrs["finest_scale"] < 1:
+        _fail(op, "finest_scale", "an int > 0", attrs["finest_scale"])
+    channels = None
+    batch = None
+    for i in range(levels):
+        x = _shape(ctx, 1 + i)
+        _check_rank(op, f"feat_{i}", x, 4)
+        if not x:
+            continue
+        if isinstance(x[1], int) and isinstance(channels, int) and x[1] != channels:
+            _fail(op, f"feat_{i}.shape[1]", f"{channels} (the channels of the other maps)", x[1])
+        if isinstance(x[0], int) and isinstance(batch, int) and x[0] != batch:
+            _fail(op, f"feat_{i}.shape[0]", f"{batch} (the batch size of the other maps)", x[0])
+        channels = channels if channels is not None else x[1]
+        batch = batch if batch is not None else x[0]
+    return [[k, channels, oh, ow]]
+
+
 _INFER = {
     "deform_conv2d": _infer_deform_conv2d,
     "roi_align": _infer_roi_align,
     "deform_roi_pool": _infer_deform_roi_pool,
     "deform_psroi_pool": _infer_deform_psroi_pool,
+    "multi_level_roi_align": _infer_multi_level_roi_align,
 }
 
 
@@ -212,6 +246,7 @@ def _make_inference(info: _table.OpInfo):
     def infer(ctx: Any) -> None:
         shapes = _INFER[info.name](info, ctx, _attrs(ctx, info))
         elem = 0
+        # Input 0's element type (MultiLevelRoIAlign's rois share their maps' type).
         t0 = ctx.get_input_type(0)
         if t0 is not None and t0.HasField("tensor_type"):
             elem = t0.tensor_type.elem_type
@@ -232,21 +267,22 @@ def _build_schema(info: _table.OpInfo) -> Any:
     import onnx
     from onnx.defs import OpSchema
 
+    def option(t):
+        if t.variadic:
+            return OpSchema.FormalParameterOption.Variadic
+        return OpSchema.FormalParameterOption.Optional if t.optional else OpSchema.FormalParameterOption.Single
+
     def params(tensors):
         return [
-            OpSchema.FormalParameter(
-                t.name,
-                "T",
-                t.doc,
-                param_option=(
-                    OpSchema.FormalParameterOption.Optional if t.optional else OpSchema.FormalParameterOption.Single
-                ),
-            )
+            OpSchema.FormalParameter(t.name, "T", t.doc, param_option=option(t), is_homogeneous=True, min_arity=1)
             for t in tensors
         ]
 
     attributes = [
-        OpSchema.Attribute(a.name, onnx.helper.make_attribute(a.name, a.default), a.doc) for a in info.attrs
+        OpSchema.Attribute(a.name, OpSchema.AttrType.FLOATS, a.doc, required=True)
+        if a.required
+        else OpSchema.Attribute(a.name, onnx.helper.make_attribute(a.name, a.default), a.doc)
+        for a in info.attrs
     ]
     # TensorRT's ONNX parser finds the plugin of a node by these (they are not plugin fields).
     plugin = {"plugin_namespace": _table.domain(), "plugin_version": _table.PLUGIN_VERSION}

@@ -4,7 +4,8 @@ Every standard node runs in ONNX's own reference evaluator (``onnx.reference.Ref
 deformable / RoI nodes run in :mod:`dcnkit.reference`, the slow NumPy loops written straight from OPS.md that
 the test-suite also uses:
 
-- ``dcnkit`` domain: ``DeformConv2d``, ``RoIAlign``, ``DeformRoIPool``, ``DeformPSRoIPool``;
+- ``dcnkit`` domain: ``DeformConv2d``, ``RoIAlign``, ``DeformRoIPool``, ``DeformPSRoIPool``,
+  ``MultiLevelRoIAlign``;
 - standard domain: ``DeformConv`` (opset 19) and ``RoiAlign`` (opset 10/16) are replaced too, so a model
   exported with ``standard_ops=True`` is checked against the same contract as one with custom nodes.
 
@@ -157,6 +158,25 @@ class DeformPSRoIPool(OpRun):
         return (out, count) if n_out > 1 else (out,)
 
 
+class MultiLevelRoIAlign(OpRun):
+    op_domain = DCNKIT_DOMAIN
+
+    def _run(self, rois, *features, **_):
+        rois, *features = _f32(rois, *features)
+        out = _ref().multi_level_roi_align(
+            features,
+            rois,
+            _pair(_attr(self, "output_size", [1, 1]), "output_size", "MultiLevelRoIAlign"),
+            [float(s) for s in _attr(self, "featmap_strides", [])],
+            sampling_ratio=int(_attr(self, "sampling_ratio", 0)),
+            finest_scale=int(_attr(self, "finest_scale", 56)),
+            roi_scale_factor=float(_attr(self, "roi_scale_factor", 1.0)),
+            aligned=bool(_attr(self, "aligned", 1)),
+            pool_mode=str(_attr(self, "pool_mode", "avg")),
+        )
+        return (np.asarray(out).astype(features[0].dtype, copy=False),)
+
+
 # ------------------------------------------------------------------------------------------------
 # Standard domain replacements (same contract, other attribute spellings)
 # ------------------------------------------------------------------------------------------------
@@ -230,7 +250,7 @@ class RoiAlign(OpRun):
         return (np.asarray(out).astype(X.dtype, copy=False),)
 
 
-CUSTOM_OPS = (DeformConv2d, RoIAlign, DeformRoIPool, DeformPSRoIPool, DeformConv, RoiAlign)
+CUSTOM_OPS = (DeformConv2d, RoIAlign, DeformRoIPool, DeformPSRoIPool, MultiLevelRoIAlign, DeformConv, RoiAlign)
 
 
 def reference_evaluator(model, verbose: int = 0) -> ReferenceEvaluator:

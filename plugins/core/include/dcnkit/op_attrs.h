@@ -16,6 +16,7 @@
 #include "dcnkit/deform_conv2d.h"
 #include "dcnkit/deform_psroi_pool.h"
 #include "dcnkit/deform_roi_pool.h"
+#include "dcnkit/multi_level_roi_align.h"
 #include "dcnkit/op_defs.h"
 #include "dcnkit/roi_align.h"
 
@@ -91,8 +92,21 @@ constexpr int kPsInput = DCNKIT_INDEX(kDeformPSRoIPoolInputs, "input");
 constexpr int kPsRois = DCNKIT_INDEX(kDeformPSRoIPoolInputs, "rois");
 constexpr int kPsTrans = DCNKIT_INDEX(kDeformPSRoIPoolInputs, "trans");
 
-// The feature map is the first input of every operator.
+// MultiLevelRoIAlign (inputs: rois, then the variadic feature maps)
+constexpr int kMlOutputSize = DCNKIT_INDEX(kMultiLevelRoIAlignAttrs, "output_size");
+constexpr int kMlStrides = DCNKIT_INDEX(kMultiLevelRoIAlignAttrs, "featmap_strides");
+constexpr int kMlSampling = DCNKIT_INDEX(kMultiLevelRoIAlignAttrs, "sampling_ratio");
+constexpr int kMlFinestScale = DCNKIT_INDEX(kMultiLevelRoIAlignAttrs, "finest_scale");
+constexpr int kMlRoIScaleFactor = DCNKIT_INDEX(kMultiLevelRoIAlignAttrs, "roi_scale_factor");
+constexpr int kMlAligned = DCNKIT_INDEX(kMultiLevelRoIAlignAttrs, "aligned");
+constexpr int kMlPoolMode = DCNKIT_INDEX(kMultiLevelRoIAlignAttrs, "pool_mode");
+constexpr int kMlRois = DCNKIT_INDEX(kMultiLevelRoIAlignInputs, "rois");
+constexpr int kMlFeatures = DCNKIT_INDEX(kMultiLevelRoIAlignInputs, "features");
+
+// The feature map is the first input of every single-map operator; MultiLevelRoIAlign takes rois first
+// (mmdeploy's order) and its maps as the last, variadic input.
 static_assert(kDcInput == 0 && kRaInput == 0 && kDrInput == 0 && kPsInput == 0, "op_defs.h: input order changed");
+static_assert(kMlRois == 0 && kMlFeatures == 1, "op_defs.h: MultiLevelRoIAlign input order changed");
 
 // Inputs of any op (canonical order), an upper bound for fixed-size arrays of them.
 constexpr size_t kMaxInputs = 8;
@@ -101,23 +115,34 @@ constexpr size_t kMaxInputs = 8;
 // Operator variants: the kit's own ops (domain "dcnkit", names and defaults from op_defs.h) and the
 // names mmdeploy / mmcv 1.x export, mapped onto the same kernels.
 
-enum class OpKind : int { kDeformConv2d = 0, kRoIAlign = 1, kDeformRoIPool = 2, kDeformPSRoIPool = 3 };
+enum class OpKind : int {
+  kDeformConv2d = 0,
+  kRoIAlign = 1,
+  kDeformRoIPool = 2,
+  kDeformPSRoIPool = 3,
+  kMultiLevelRoIAlign = 4,
+};
 
 const OpDef& op_def(OpKind kind);
 
 // An attribute of a variant: its name in the model, the canonical attribute (AttrDef name) it sets,
-// and which element of a canonical `ints` attribute (-1: the whole value).
+// and which element of a canonical `ints` attribute (-1: the whole value). `enum_values` ("max|avg"):
+// the variant writes an int that selects the i-th of these names of a canonical string attribute
+// (mmdeploy's MMCVMultiLevelRoiAlign pool_mode: 0 = max, 1 = avg); see enum_index / enum_name.
 struct AttrAlias {
   const char* onnx_name;
   const char* canonical;
   int element;
+  const char* enum_values = nullptr;
 };
 
-// One node input of a variant: the canonical input (TensorDef index) it carries, and whether the
-// variant declares it optional.
+// One node input of a variant: the canonical input (TensorDef index) it carries, whether the variant
+// declares it optional, and whether it is variadic (the last slot only: one or more tensors, all of the
+// canonical input; MultiLevelRoIAlign's feature maps).
 struct InputSlot {
   int canonical;
   bool optional;
+  bool variadic = false;
 };
 
 struct OpVariant {
@@ -135,24 +160,34 @@ struct OpVariant {
 const std::vector<OpVariant>& op_variants();
 
 // One attribute of a variant as written in a model: its name, kind and element count
-// (count 0: any length), and the canonical attribute (index into the OpDef's attrs) and element it sets.
+// (count 0: any length), and the canonical attribute (index into the OpDef's attrs) and element it sets;
+// `enum_values` as in AttrAlias (kind kInt then, the canonical attribute a string).
 struct VariantField {
   const char* name;
   AttrKind kind;
   int count;
   int canonical;
   int element;
+  const char* enum_values = nullptr;
 };
 std::vector<VariantField> variant_fields(const OpVariant& v);
+
+// Whether the variant's last input is variadic (then a node has inputs.size() - 1 + L inputs, L >= 1).
+inline bool has_variadic_input(const OpVariant& v) { return !v.inputs.empty() && v.inputs.back().variadic; }
+
+// "max|avg": the index of `name` (-1 when absent), and the name of index i ("" when out of range).
+int64_t enum_index(const char* enum_values, const std::string& name);
+std::string enum_name(const char* enum_values, int64_t i);
 
 // ---------------------------------------------------------------------------------------------
 // Attribute values
 
-// A canonical attribute value: ints (also for kInt, one element), float or string.
+// A canonical attribute value: ints (also for kInt, one element), float, floats or string.
 struct AttrValue {
   std::vector<int64_t> ints;
   double f = 0.0;
   std::string s;
+  std::vector<double> floats;
 };
 
 // The default of an AttrDef ("1", "[1, 1]", "0.1", "avg").
@@ -186,6 +221,7 @@ struct OpAttrs {
   RoIAlignAttrs roi;
   DeformRoIPoolAttrs droi;
   DeformPSRoIPoolAttrs psroi;
+  MultiLevelRoIAlignAttrs mlroi;
 };
 Status make_op_attrs(const OpVariant& variant, const std::vector<AttrValue>& values, OpAttrs* out);
 
@@ -196,6 +232,9 @@ Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, Def
 Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, RoIAlignParams* p);
 Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, DeformRoIPoolParams* p);
 Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, DeformPSRoIPoolParams* p);
+// MultiLevelRoIAlign: rois and the L maps of the variadic input.
+Status make_params(const char* op, const OpAttrs& a, const Shape& rois, const std::vector<Shape>& features,
+                   MultiLevelRoIAlignParams* p);
 
 // Back to canonical values (for serialization): the inverse of make_op_attrs.
 std::vector<AttrValue> op_attr_values(const OpAttrs& a);

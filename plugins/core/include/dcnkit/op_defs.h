@@ -9,12 +9,12 @@
 
 namespace dcnkit {
 
-enum class AttrKind : int { kInt = 0, kInts = 1, kFloat = 2, kString = 3 };
+enum class AttrKind : int { kInt = 0, kInts = 1, kFloat = 2, kString = 3, kFloats = 4 };
 
 struct AttrDef {
   const char* name;
   AttrKind kind;
-  const char* default_value;  // as written in ONNX/JSON ("1", "[1, 1]", "0.1", "avg")
+  const char* default_value;  // as written in ONNX/JSON ("1", "[1, 1]", "0.1", "avg", "[]": required floats)
   const char* doc;
 };
 
@@ -22,6 +22,7 @@ struct TensorDef {
   const char* name;
   bool optional;
   const char* doc;
+  bool variadic = false;  // the last input only: one or more tensors (MultiLevelRoIAlign's feature maps)
 };
 
 struct OpDef {
@@ -104,6 +105,23 @@ constexpr AttrDef kDeformPSRoIPoolAttrs[] = {
     {"no_trans", AttrKind::kInt, "0", "1: no trans input"},
 };
 
+// ---- MultiLevelRoIAlign ------------------------------------------------------------------------
+// Inputs as mmdeploy orders them: rois, then the L feature maps (finest first).
+constexpr TensorDef kMultiLevelRoIAlignInputs[] = {
+    {"rois", false, "(K, 5) rows [batch_index, x1, y1, x2, y2]"},
+    {"features", false, "L maps (N, C, H_l, W_l), finest first (variadic: feat_0 .. feat_{L-1})", true},
+};
+constexpr TensorDef kMultiLevelRoIAlignOutputs[] = {{"output", false, "(K, C, oh, ow)"}};
+constexpr AttrDef kMultiLevelRoIAlignAttrs[] = {
+    {"output_size", AttrKind::kInts, "[1, 1]", "(oh, ow)"},
+    {"featmap_strides", AttrKind::kFloats, "[]", "stride of every feature map (L values, required)"},
+    {"sampling_ratio", AttrKind::kInt, "0", "samples per bin and axis; <= 0: adaptive"},
+    {"finest_scale", AttrKind::kInt, "56", "RoI scale mapped to level 0"},
+    {"roi_scale_factor", AttrKind::kFloat, "1.0", "RoI rescaling about its centre; <= 0: none"},
+    {"aligned", AttrKind::kInt, "1", "1: shift by half a pixel (pixel-center convention)"},
+    {"pool_mode", AttrKind::kString, "avg", "avg | max"},
+};
+
 #define DCNKIT_N(a) (sizeof(a) / sizeof((a)[0]))
 constexpr OpDef kOpDefs[] = {
     {"deform_conv2d", "DeformConv2d", kDeformConv2dInputs, DCNKIT_N(kDeformConv2dInputs),
@@ -117,6 +135,9 @@ constexpr OpDef kOpDefs[] = {
     {"deform_psroi_pool", "DeformPSRoIPool", kDeformPSRoIPoolInputs,
      DCNKIT_N(kDeformPSRoIPoolInputs), kDeformPSRoIPoolOutputs, DCNKIT_N(kDeformPSRoIPoolOutputs),
      kDeformPSRoIPoolAttrs, DCNKIT_N(kDeformPSRoIPoolAttrs)},
+    {"multi_level_roi_align", "MultiLevelRoIAlign", kMultiLevelRoIAlignInputs,
+     DCNKIT_N(kMultiLevelRoIAlignInputs), kMultiLevelRoIAlignOutputs, DCNKIT_N(kMultiLevelRoIAlignOutputs),
+     kMultiLevelRoIAlignAttrs, DCNKIT_N(kMultiLevelRoIAlignAttrs)},
 };
 constexpr size_t kNumOpDefs = DCNKIT_N(kOpDefs);
 #undef DCNKIT_N
@@ -126,6 +147,7 @@ const OpDef* find_op_def(const char* name);
 
 }  // namespace dcnkit
 
-// JSON of all OpDefs: {"domain": "dcnkit", "opset": 1, "ops": [{"name", "onnx_type", "inputs": [...],
-// "outputs": [...], "attrs": [{"name", "kind", "default", "doc"}]}]}. Exported by every dcnkit library.
+// JSON of all OpDefs: {"domain": "dcnkit", "opset": 1, "ops": [{"name", "onnx_type", "inputs": [{"name",
+// "optional", "doc", "variadic"}], "outputs": [...], "attrs": [{"name", "kind", "default", "doc"}]}]}
+// (kind: int | ints | float | floats | string). Exported by every dcnkit library.
 extern "C" const char* dcnkit_op_defs_json();

@@ -1,0 +1,185 @@
+// MultiLevelRoIAlign: params, checks and CPU launchers. Per RoI the level and box come from
+// multi_level_roi_align_kernels.h; everything per bin is RoIAlign's CPU driver and bin functions
+// (roi_kernels.h) on the chosen level's map.
+#include <cmath>
+#include <string>
+
+#include "dcnkit/multi_level_roi_align.h"
+#include "dcnkit/multi_level_roi_align_kernels.h"
+
+namespace dcnkit {
+
+namespace {
+
+std::string strides_str(const MultiLevelRoIAlignAttrs& a) {
+  std::string s = "[";
+  for (int64_t l = 0; l < a.num_levels && l < kMaxFeatureLevels; ++l) s += (l ? ", " : "") + to_str(a.featmap_strides[l]);
+  return s + "]";
+}
+
+}  // namespace
+
+Status make_multi_level_roi_align_params(const char* op, const std::vector<Shape>& features,
+                                         const Shape& rois, const MultiLevelRoIAlignAttrs& attrs,
+                                         MultiLevelRoIAlignParams* p) {
+  const int64_t L = static_cast<int64_t>(features.size());
+  if (L < 1 || L > kMaxFeatureLevels) {
+    return arg_error(op, "features", "1 to " + std::to_string(kMaxFeatureLevels) + " feature maps",
+                     std::to_string(L));
+  }
+  if (attrs.num_levels != L) {
+    return arg_error(op, "featmap_strides",
+                     "one stride per feature map (" + std::to_string(L) + " values)",
+                     std::to_string(attrs.num_levels) + " values " + strides_str(attrs));
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    const double s = attrs.featmap_strides[l];
+    if (!(std::isfinite(s) && s > 0)) {
+      return arg_error(op, "featmap_strides[" + std::to_string(l) + "]", "a finite stride > 0",
+                       to_str(s) + " (featmap_strides " + strides_str(attrs) + ")");
+    }
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string arg = "features[" + std::to_string(l) + "]";
+    DCNKIT_RETURN_IF_ERROR(check_rank(op, arg.c_str(), features[l], 4, "(N, C, H, W)"));
+    if (l == 0) continue;
+    if (features[l][0] != features[0][0]) {
+      return arg_error(op, arg, "batch size " + std::to_string(features[0][0]) + " (that of features[0])",
+                       std::to_string(features[l][0]) + " (shape " + shape_str(features[l]) + ")");
+    }
+    if (features[l][1] != features[0][1]) {
+      return arg_error(op, arg, std::to_string(features[0][1]) + " channels (those of features[0])",
+                       std::to_string(features[l][1]) + " (shape " + shape_str(features[l]) + ")");
+    }
+  }
+  if (attrs.finest_scale < 1) {
+    return arg_error(op, "finest_scale", "an int > 0", std::to_string(attrs.finest_scale));
+  }
+  if (!std::isfinite(attrs.roi_scale_factor)) {
+    return arg_error(op, "roi_scale_factor", "a finite value (<= 0: no rescaling)", to_str(attrs.roi_scale_factor));
+  }
+  // Everything RoIAlign checks (rois (K, 5), output_size, pool_mode, sampling_ratio), per level.
+  for (int64_t l = 0; l < L; ++l) {
+    RoIAlignAttrs ra;
+    ra.pooled_h = attrs.pooled_h;
+    ra.pooled_w = attrs.pooled_w;
+    ra.spatial_scale = 1.0 / attrs.featmap_strides[l];
+    ra.sampling_ratio = attrs.sampling_ratio;
+    ra.aligned = attrs.aligned;
+    ra.mode = attrs.mode;
+    RoIAlignParams rp;
+    DCNKIT_RETURN_IF_ERROR(make_roi_align_params(op, features[l], rois, ra, &rp));
+    p->heights[l] = features[l][2];
+    p->widths[l] = features[l][3];
+    p->spatial_scales[l] = ra.spatial_scale;
+  }
+  for (int64_t l = L; l < kMaxFeatureLevels; ++l) {
+    p->heights[l] = p->widths[l] = 0;
+    p->spatial_scales[l] = 0;
+  }
+  p->attrs = attrs;
+  p->batch = features[0][0];
+  p->channels = features[0][1];
+  p->num_rois = rois[0];
+  return Status::Ok();
+}
+
+int64_t multi_level_roi_align_level(const MultiLevelRoIAlignParams& p, const double* roi) {
+  double box[5];
+  return multi_level_roi_box<double>(p.attrs, roi, box);
+}
+
+template <typename T>
+Status multi_level_roi_align_forward_cpu(const MultiLevelRoIAlignParams& p, const T* const* features,
+                                         const T* rois, T* output, const CpuContext& ctx) {
+  const char* op = "multi_level_roi_align";
+  DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices(op, rois, p.num_rois, p.batch));
+  const MultiLevelRoIAlignAttrs& a = p.attrs;
+  const int64_t C = p.channels, oh = a.pooled_h, ow = a.pooled_w;
+  const bool max_mode = a.mode == PoolMode::kMax;
+  const CpuContext serial;  // one RoI per call of RoIAlign's driver, the RoIs in parallel here
+  parallel_for(ctx, p.num_rois, [&](int64_t kb, int64_t ke) {
+    for (int64_t k = kb; k < ke; ++k) {
+      T box[5];
+      const int64_t l = multi_level_roi_box<T>(a, rois + k * 5, box);
+      const auto box_of = [&](const T* roi) { return multi_level_roi_align_box<T>(p, roi, l); };
+      const auto origin_of = [](int64_t, const RoIAlignBox<T>& b, int64_t ph, int64_t pw, T* y0, T* x0) {
+        roi_bin_origin<T, T>(b, ph, pw, nullptr, nullptr, T(0), y0, x0);
+      };
+      roi_pool_forward_cpu(serial, 1, p.batch, C, p.heights[l], p.widths[l], oh, ow, max_mode, features[l], box,
+                           output + k * C * oh * ow, box_of, origin_of);
+    }
+  });
+  return Status::Ok();
+}
+
+template <typename T>
+Status multi_level_roi_align_backward_cpu(const MultiLevelRoIAlignParams& p, const T* grad_output,
+                                          const T* const* features, const T* rois, T* const* grad_features,
+                                          const CpuContext& ctx) {
+  const char* op = "_multi_level_roi_align_backward";
+  DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices(op, rois, p.num_rois, p.batch));
+  const MultiLevelRoIAlignAttrs& a = p.attrs;
+  const int64_t N = p.batch, C = p.channels, L = a.num_levels, oh = a.pooled_h, ow = a.pooled_w, bins = oh * ow;
+  const bool max_mode = a.mode == PoolMode::kMax;
+  // Parallel over channels: a task owns grad_features[l][:, c] of every level for all RoIs (race-free,
+  // deterministic). One pass over the RoIs; the taps of a bin are computed once for all of the task's
+  // channels (RoIAlign's bin functions on the RoI's level).
+  parallel_for(ctx, C, [&](int64_t cb, int64_t ce) {
+    for (int64_t l = 0; l < L; ++l) {
+      const int64_t hw = p.heights[l] * p.widths[l];
+      for (int64_t n = 0; n < N; ++n) {
+        T* g = grad_features[l] + (n * C + cb) * hw;
+        for (int64_t i = 0; i < (ce - cb) * hw; ++i) g[i] = T(0);
+      }
+    }
+    Taps<T> buf[kRoITapsBuffer];
+    const auto origin_of = [](int64_t, const RoIAlignBox<T>& b, int64_t ph, int64_t pw, T* y0, T* x0) {
+      roi_bin_origin<T, T>(b, ph, pw, nullptr, nullptr, T(0), y0, x0);
+    };
+    for (int64_t k = 0; k < p.num_rois; ++k) {
+      T box[5];
+      const int64_t l = multi_level_roi_box<T>(a, rois + k * 5, box);
+      int64_t b = 0;
+      roi_batch_index<T>(box, N, &b);
+      const int64_t H = p.heights[l], W = p.widths[l];
+      const RoIAlignBox<T> rb = multi_level_roi_align_box<T>(p, box, l);
+      const int64_t n = roi_bin_samples(rb);
+      if (n == 0) continue;
+      const bool cached = n <= kRoITapsBuffer;
+      for (int64_t bin = 0; bin < bins; ++bin) {
+        T y0 = T(0), x0 = T(0);
+        if (cached) {
+          roi_fill_taps(rb, k, bin, 1, ow, H, W, n, origin_of, buf);
+        } else {
+          origin_of(k, rb, bin / ow, bin % ow, &y0, &x0);
+        }
+        for (int64_t c = cb; c < ce; ++c) {
+          const T g = grad_output[(k * C + c) * bins + bin];
+          if (g == T(0)) continue;
+          const T* img = max_mode ? features[l] + (b * C + c) * H * W : nullptr;
+          CpuAddTo<T> add{grad_features[l] + (b * C + c) * H * W};
+          if (cached) {
+            roi_bin_scatter<T>(img, n, TapsArray<T>{buf}, max_mode, g, add);
+          } else {
+            roi_align_bin_backward(img, H, W, rb, y0, x0, max_mode, g, add);
+          }
+        }
+      }
+    }
+  });
+  return Status::Ok();
+}
+
+template Status multi_level_roi_align_forward_cpu<float>(const MultiLevelRoIAlignParams&, const float* const*,
+                                                         const float*, float*, const CpuContext&);
+template Status multi_level_roi_align_forward_cpu<double>(const MultiLevelRoIAlignParams&, const double* const*,
+                                                          const double*, double*, const CpuContext&);
+template Status multi_level_roi_align_backward_cpu<float>(const MultiLevelRoIAlignParams&, const float*,
+                                                          const float* const*, const float*, float* const*,
+                                                          const CpuContext&);
+template Status multi_level_roi_align_backward_cpu<double>(const MultiLevelRoIAlignParams&, const double*,
+                                                           const double* const*, const double*, double* const*,
+                                                           const CpuContext&);
+
+}  // namespace dcnkit
