@@ -156,9 +156,18 @@ def check_detections(got: dict, want: dict, box_atol: float, score_atol: float) 
                 max_score_diff=score, reordered=int((j != np.arange(n_got)).sum()))
 
 
-def _dcnkit(*args, check=True, **kw):
-    cmd = [sys.executable, "-m", "dcnkit", *map(str, args)]
+def _dcnkit(*args, check=True, in_process=False, **kw):
+    """``dcnkit ARGS``: in a subprocess, or in this process (``dcnkit.cli.main``, the same code, without paying
+    for a second interpreter's imports)."""
     print("$ dcnkit " + " ".join(map(str, args)), flush=True)
+    if in_process:
+        from dcnkit import cli
+
+        rc = cli.main([str(a) for a in args])
+        if check and rc != 0:
+            raise RuntimeError(f"dcnkit {args[0]} failed (rc {rc})")
+        return rc
+    cmd = [sys.executable, "-m", "dcnkit", *map(str, args)]
     p = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if p.stdout.strip():
         print(p.stdout.rstrip())
@@ -220,7 +229,7 @@ def cli_checks(path: Path, image: np.ndarray, want: dict, out: Path, box_atol: f
     inputs = out / "image.npz"
     np.savez(inputs, images=image)
     dets = out / "detections.npz"
-    _dcnkit("run", path, "--inputs", inputs, "-o", dets)
+    _dcnkit("run", path, "--inputs", inputs, "-o", dets, in_process=True)
     with np.load(dets) as d:
         report["cli_run"] = check_detections({k: d[k] for k in OUTPUTS}, want, box_atol, score_atol)
     if compare_reference:

@@ -27,10 +27,10 @@ def exported(tmp_path_factory):
     return model, image, want, path
 
 
-def test_model_is_deformable_and_fused():
+def test_model_is_deformable_and_fused(exported):
     import dcnkit.nn
 
-    model = ex.build(SIZE)
+    model = exported[0]
     dcn = [n for n, m in model.named_modules() if isinstance(m, dcnkit.nn.ModulatedDeformConv2dPack)]
     assert len(dcn) == 9 and all(n.startswith(("backbone.body.layer3.", "backbone.body.layer4.")) for n in dcn)
     assert isinstance(model.roi_heads.box_roi_pool, dcnkit.nn.MultiScaleRoIAlign)
