@@ -100,10 +100,17 @@ def test_fused_detector_equals_torchvision_pooler_detector(exported):
     ex.check_detections(ex.eager_detections(tv, image), want, box_atol=1e-3, score_atol=1e-5)
 
 
-def test_dcnkit_run_and_serve(exported, tmp_path):
-    """``dcnkit run`` and ``dcnkit serve`` (subprocesses, as a user runs them): detections equal to eager."""
+def test_dcnkit_run_compare_and_serve(exported, tmp_path, capsys):
+    """``dcnkit run``, ``dcnkit compare`` (ORT vs the NumPy reference backend, per-output tolerances) and
+    ``dcnkit serve`` (a subprocess, queried over HTTP): detections equal to eager."""
     _, image, want, path = exported
-    report = ex.cli_checks(path, image, want, tmp_path)
+    report = ex.cli_checks(path, image, want, tmp_path, compare_reference=True)
+    out = capsys.readouterr().out
+    assert "boxes: atol=0.05, rtol=0.0001; scores: atol=0.0001, rtol=0.001" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:2] in (
+        ["boxes", "reference"], ["scores", "reference"], ["labels", "reference"])}
+    assert float(rows["boxes"][3]) < 0.05 and float(rows["scores"][3]) < 1e-3 and float(rows["labels"][3]) == 0
+    assert report["compare"] == "PASSED"
     for key in ("cli_run", "serve"):
         assert report[key]["detections"] == len(want["scores"])
         assert report[key]["max_box_diff"] <= 0.05 and report[key]["max_score_diff"] <= 5e-4
