@@ -4,8 +4,8 @@
     python scripts/check_tensorrt.py --backend ort-cpu --precisions fp32   # the same models and checks on ONNX Runtime
 
 Small models, one node each, in the `dcnkit` domain (DeformConv2d, RoIAlign avg/max, DeformRoIPool,
-DeformPSRoIPool) and under mmdeploy's names (MMCVModulatedDeformConv2d, MMCVRoiAlign), with dynamic dims and an
-optimization profile, are built with ``dcnkit.runtime.tensorrt`` (``--fp16`` as ``dcnkit build --fp16``: converted
+DeformPSRoIPool, MultiLevelRoIAlign) and under mmdeploy's names (MMCVModulatedDeformConv2d, MMCVRoiAlign,
+MMCVMultiLevelRoiAlign), with dynamic dims and an optimization profile, are built with ``dcnkit.runtime.tensorrt`` (``--fp16`` as ``dcnkit build --fp16``: converted
 ONNX on TensorRT 11, builder flag on TensorRT 10) and run through Polygraphy's TrtRunner. Each output is compared
 with ``dcnkit.reference`` (float64 NumPy loops); on the GPU the RoI inputs include a RoI whose batch index is out
 of range, which must give zeros. Prints a table (max error, tolerance, median run time including host<->device copies) and exits 1
@@ -116,6 +116,25 @@ def cases(rng, bad_roi=True):
     prof = {"x": ((1, 8, 4, 4), (n, 8, h, w), (4, 8, 32, 32)), "rois": roi_prof["rois"],
             "trans": ((1, 2, 2, 2), (6, 2, 2, 2), (64, 2, 2, 2))}
     out.append(("DeformPSRoIPool", m, {"x": xp, "rois": rois, "trans": trans}, want, prof))
+
+    # MultiLevelRoIAlign: rois then two maps (strides 4 and 8 of a 64x64 image); finest_scale 16 sends the
+    # larger boxes to level 1. mmdeploy's node: the same with pool_mode as an int (1: avg).
+    feats = [rng.standard_normal((n, c, 16, 16)).astype(np.float32), rng.standard_normal((n, c, 8, 8)).astype(np.float32)]
+    mrois = _rois(rng, 6, n, 64, 64, bad_roi)
+    ml_in = [("rois", ["K", 5]), ("f0", ["N", c, "H0", "W0"]), ("f1", ["N", c, "H1", "W1"])]
+    feeds = {"rois": mrois, "f0": feats[0], "f1": feats[1]}
+    want = _with_zero_rows(lambda r: ref.multi_level_roi_align(feats, r, (3, 3), [4.0, 8.0], 2, 16, 1.0, True, "avg"),
+                           mrois, n)
+    prof = {"rois": roi_prof["rois"], "f0": ((1, c, 4, 4), (n, c, 16, 16), (4, c, 32, 32)),
+            "f1": ((1, c, 2, 2), (n, c, 8, 8), (4, c, 16, 16))}
+    m = _model("dcnkit", "MultiLevelRoIAlign", ml_in, [("y", ["K", c, 3, 3])], output_size=[3, 3],
+               featmap_strides=[4.0, 8.0], sampling_ratio=2, finest_scale=16, roi_scale_factor=1.0, aligned=1,
+               pool_mode="avg")
+    out.append(("MultiLevelRoIAlign", m, feeds, want, prof))
+    m = _model("mmdeploy", "MMCVMultiLevelRoiAlign", ml_in, [("y", ["K", c, 3, 3])], output_height=3,
+               output_width=3, featmap_strides=[4.0, 8.0], sampling_ratio=2, finest_scale=16, roi_scale_factor=1.0,
+               aligned=1, pool_mode=1)
+    out.append(("MMCVMultiLevelRoiAlign", m, dict(feeds), want, prof))
     return out
 
 

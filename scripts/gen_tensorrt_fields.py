@@ -30,6 +30,13 @@ MMDEPLOY = [
     ("MMCVRoiAlign", "input, rois", [("output_height", "int", ""), ("output_width", "int", ""),
                                      ("spatial_scale", "float", ""), ("sampling_ratio", "int", ""),
                                      ("mode", "string", "`avg` or `max`"), ("aligned", "int", "")]),
+    ("MMCVDeformRoIPool", "input, rois, offset?",
+     [("pooled_height", "int", ""), ("pooled_width", "int", ""), ("spatial_scale", "float", ""),
+      ("sampling_ratio", "int", "mmcv writes a float; a whole number is accepted"), ("gamma", "float", "")]),
+    ("MMCVMultiLevelRoiAlign", "rois, feat_0, ..., feat_{L-1}",
+     [("output_height", "int", ""), ("output_width", "int", ""), ("featmap_strides", "floats", "L values"),
+      ("sampling_ratio", "int", ""), ("finest_scale", "int", ""), ("roi_scale_factor", "float", ""),
+      ("aligned", "int", ""), ("pool_mode", "int", "`0` max, `1` avg")]),
 ]
 
 
@@ -43,7 +50,8 @@ def _field(kind: str, extra: str = "") -> str:
 def _length(default: str) -> str:
     default = default.strip()
     if default.startswith("[") and default.endswith("]"):
-        return f"[{len([x for x in default[1:-1].split(',') if x.strip()])}]"
+        n = len([x for x in default[1:-1].split(',') if x.strip()])
+        return f"[{n}]" if n else ""  # "[]": no default, any length (required)
     return ""
 
 
@@ -55,7 +63,8 @@ def kit_table(defs: dict) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for op in defs["ops"]:
-        ins = ", ".join(i["name"] + ("?" if i.get("optional") else "") for i in op["inputs"])
+        ins = ", ".join(i["name"] + ("..." if i.get("variadic") else "") + ("?" if i.get("optional") else "")
+                        for i in op["inputs"])
         outs = ", ".join(o["name"] for o in op["outputs"])
         fields = "<br>".join(
             f"`{a['name']}` ({a['kind']} -> {_field(a['kind'], _length(str(a['default'])))}) = `{a['default']}`"

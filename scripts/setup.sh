@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up a development/CI environment from scratch on a fresh machine:
 #   - a virtual environment in .venv with PyTorch, ONNX, ONNX Runtime and the tools,
-#   - ONNX Runtime C/C++ headers (Debian trixie's libonnxruntime-dev, headers only) in .deps/,
+#   - ONNX Runtime C/C++ headers: DCNKIT_ORT_INCLUDE_DIR when set (nothing fetched), else Debian trixie's
+#     libonnxruntime-dev (headers only, into .deps/) from the Debian archive this machine's apt already uses
+#     (scripts/ort_headers.sh; without apt-get it says in one line what to provide and fails),
 #   - dcnkit itself, built by scikit-build-core (CPU + CUDA when nvcc is present).
 # Idempotent: a second run reuses what is there and only rebuilds dcnkit.
 set -euo pipefail
@@ -10,6 +12,9 @@ cd "$root"
 venv="$root/.venv"
 py="$venv/bin/python"
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+# ---- ONNX Runtime headers first (the pip wheel ships none): fail fast when they cannot be had ----
+ort_inc="$(bash "$root/scripts/ort_headers.sh" "$root/.deps" python3)"
 
 if [ ! -x "$py" ]; then
   log "creating $venv"
@@ -22,23 +27,6 @@ if ! "$py" -c "import torch, torchvision" 2>/dev/null; then
 fi
 log "installing python dependencies"
 "$py" -m pip install -q -r "$root/requirements-dev.txt"
-
-# ---- ONNX Runtime headers (the pip wheel ships none) ----
-ort_inc="$root/.deps/onnxruntime/include"
-if [ ! -f "$ort_inc/onnxruntime_cxx_api.h" ]; then
-  log "fetching ONNX Runtime headers (Debian trixie libonnxruntime-dev)"
-  work="$root/.deps/apt"
-  mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/deb"
-  echo "deb http://deb.debian.org/debian trixie main" > "$work/sources.list"
-  apt_opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-            -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "APT::Get::List-Cleanup=0")
-  apt-get "${apt_opts[@]}" -qq update
-  (cd "$work/deb" && apt-get "${apt_opts[@]}" -qq download libonnxruntime-dev)
-  rm -rf "$work/x" && mkdir -p "$work/x"
-  dpkg -x "$work"/deb/libonnxruntime-dev_*.deb "$work/x"
-  mkdir -p "$ort_inc"
-  cp -r "$work/x/usr/include/onnxruntime/." "$ort_inc/"
-fi
 
 # ---- build and install dcnkit ----
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"

@@ -106,7 +106,7 @@ def dc_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def roi_max_model(tmp_path_factory):
-    """ONNX RoiAlign in max mode: ONNX Runtime's built-in kernel is known to differ from OPS.md's max
+    """ONNX RoiAlign in max mode: ONNX Runtime's built-in kernel is known to differ from docs/operators.md's max
     (it takes the max of weighted corner terms), so ort-cpu vs reference must report a mismatch."""
     node = helper.make_node("RoiAlign", ["x", "rois", "batch_indices"], ["y"], output_height=3, output_width=3,
                             sampling_ratio=2, mode="max")

@@ -1,4 +1,4 @@
-"""dcnkit.ops.deform_conv2d (DCNv1 / DCNv2) against the NumPy reference of OPS.md and torchvision."""
+"""dcnkit.ops.deform_conv2d (DCNv1 / DCNv2) against the NumPy reference of docs/operators.md and torchvision."""
 from __future__ import annotations
 
 import os

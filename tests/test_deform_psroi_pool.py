@@ -1,4 +1,4 @@
-"""deform_psroi_pool (R-FCN) against the NumPy reference (OPS.md), output and count; gradients, opcheck,
+"""deform_psroi_pool (R-FCN) against the NumPy reference (docs/operators.md), output and count; gradients, opcheck,
 properties, edge cases and bad input."""
 import pytest
 import torch

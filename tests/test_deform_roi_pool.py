@@ -1,4 +1,4 @@
-"""deform_roi_pool (mmcv semantics) against the NumPy reference (OPS.md); gradients, opcheck,
+"""deform_roi_pool (mmcv semantics) against the NumPy reference (docs/operators.md); gradients, opcheck,
 properties, edge cases and bad input."""
 import pytest
 import torch

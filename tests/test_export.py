@@ -236,7 +236,7 @@ def test_custom_nodes_follow_op_table(tmp_path):
 
 
 def test_standard_ops_match_torchvision(tmp_path):
-    """The standard-op graphs also agree with torchvision (the compatibility references of OPS.md)."""
+    """The standard-op graphs also agree with torchvision (the compatibility references of docs/operators.md)."""
     tv = pytest.importorskip("torchvision")
     g = torch.Generator().manual_seed(5)
     x, off2, mask2, off1 = DeformConvOps.inputs(3, 0, g)

@@ -48,7 +48,7 @@ def assert_rounded(got, ref, dtype, what):
 
 
 def _multi_level_np(f0, rr, f1):
-    """NumPy reference of the multi-level case: OPS.md's level rule (finest_scale 2, strides 2 and 4), then
+    """NumPy reference of the multi-level case: docs/operators.md's level rule (finest_scale 2, strides 2 and 4), then
     RoIAlign (avg, aligned, ratio 2, output 3x2) on the chosen map."""
     maps, strides = [f0, f1], [2.0, 4.0]
     s = np.sqrt((rr[:, 3] - rr[:, 1]) * (rr[:, 4] - rr[:, 2]))

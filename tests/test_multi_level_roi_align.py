@@ -5,6 +5,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dcnkit  # noqa: F401
 from dcnkit.ops import multi_level_roi_align, roi_align
@@ -14,7 +16,7 @@ IMAGE = 160  # image size; maps are IMAGE / stride
 
 
 def reference_levels(rois, finest_scale, num_levels):
-    """OPS.md's level rule, in float64."""
+    """docs/operators.md's level rule, in float64."""
     r = rois.double()
     scale = torch.sqrt((r[:, 3] - r[:, 1]) * (r[:, 4] - r[:, 2]))
     lvl = torch.floor(torch.log2(scale / finest_scale + 1e-6))
@@ -23,7 +25,7 @@ def reference_levels(rois, finest_scale, num_levels):
 
 
 def reference_rescale(rois, factor):
-    """OPS.md's rescaling about the centre to half sizes (w + 1) * f / 2 - 0.5, in the RoIs' dtype (f = 1 is the
+    """docs/operators.md's rescaling about the centre to half sizes (w + 1) * f / 2 - 0.5, in the RoIs' dtype (f = 1 is the
     identity)."""
     r = rois.clone()
     if factor > 0 and factor != 1:
@@ -164,6 +166,37 @@ def test_empty_rois_forward_and_backward():
     y.sum().backward()
     for f in features:
         assert f.grad is not None and f.grad.shape == f.shape and not f.grad.any()
+
+
+def test_empty_batch_and_zero_channels():
+    maps = [torch.randn(0, 3, 8, 8), torch.randn(0, 3, 4, 4)]
+    y = multi_level_roi_align(maps, torch.zeros(0, 5), 2, [4.0, 8.0])
+    assert y.shape == (0, 3, 2, 2)
+    with pytest.raises(ValueError, match=r"rois\[0, 0\] \(batch index\): expected a value in \[0, 0\)"):
+        multi_level_roi_align(maps, torch.tensor([[0.0, 1, 1, 5, 5]]), 2, [4.0, 8.0])
+    maps = [torch.randn(2, 0, 8, 8, requires_grad=True), torch.randn(2, 0, 4, 4, requires_grad=True)]
+    y = multi_level_roi_align(maps, torch.tensor([[1.0, 1, 1, 5, 5]]), 2, [4.0, 8.0])
+    assert y.shape == (1, 0, 2, 2)
+    y.sum().backward()
+    assert maps[0].grad.shape == maps[0].shape
+
+
+@settings(max_examples=25, deadline=None)
+@given(levels=st.integers(1, 5), n=st.integers(1, 2), c=st.integers(1, 3), k=st.integers(0, 12),
+       oh=st.integers(1, 3), ow=st.integers(1, 3), sr=st.integers(-1, 3), finest=st.sampled_from([8, 16, 56]),
+       factor=st.sampled_from([-1.0, 0.5, 1.0, 1.7]), aligned=st.booleans(), mode=st.sampled_from(["avg", "max"]),
+       seed=st.integers(0, 1000))
+def test_property_matches_per_level_reference(levels, n, c, k, oh, ow, sr, finest, factor, aligned, mode, seed):
+    g = torch.Generator().manual_seed(seed)
+    strides = [2.0 ** (i + 1) for i in range(levels)]
+    maps = [torch.randn(n, c, max(1, 64 // int(s)), max(1, 48 // int(s)), generator=g, dtype=torch.float64)
+            for s in strides]
+    xy = torch.rand(k, 2, generator=g, dtype=torch.float64) * 70 - 10
+    wh = torch.exp(torch.rand(k, 2, generator=g, dtype=torch.float64) * 5)
+    rois = torch.cat([torch.randint(0, n, (k, 1), generator=g).double(), xy, xy + wh], 1)
+    y = multi_level_roi_align(maps, rois, (oh, ow), strides, sr, finest, factor, aligned, mode)
+    torch.testing.assert_close(y, reference(maps, rois, (oh, ow), strides, sr, finest, factor, aligned, mode),
+                               rtol=1e-12, atol=1e-12)
 
 
 def test_non_contiguous_inputs():

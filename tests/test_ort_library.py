@@ -1,5 +1,5 @@
 """The ONNX Runtime custom-op library (domain ``dcnkit``): hand-built ONNX models run in ONNX Runtime and
-checked against the NumPy references of OPS.md (``dcnkit.reference``) and, for DeformConv2d, against ONNX
+checked against the NumPy references of docs/operators.md (``dcnkit.reference``) and, for DeformConv2d, against ONNX
 Runtime's built-in ``DeformConv``. Also: dynamic batch / RoI count, absent optional inputs, bad models
 (errors name the node and the problem), the session helper, and the CUDA execution provider (marked)."""
 from __future__ import annotations

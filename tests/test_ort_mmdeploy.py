@@ -8,7 +8,7 @@ Input orders and attribute names follow those tools' ONNX symbolics:
 - ``mmcv::MMCVRoiAlign(input, rois)``: output_height, output_width, spatial_scale, sampling_ratio, mode, aligned.
 - ``mmcv::MMCVDeformRoIPool(input, rois[, offset])``: pooled_height, pooled_width, spatial_scale,
   sampling_ratio (a float attribute in mmcv's symbolic), gamma.
-Checked against the NumPy references of OPS.md.
+Checked against the NumPy references of docs/operators.md.
 """
 from __future__ import annotations
 

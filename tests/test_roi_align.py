@@ -1,4 +1,4 @@
-"""roi_align (avg | max) against the NumPy reference (OPS.md) and torchvision; gradients, opcheck,
+"""roi_align (avg | max) against the NumPy reference (docs/operators.md) and torchvision; gradients, opcheck,
 properties, edge cases and bad input."""
 import math
 

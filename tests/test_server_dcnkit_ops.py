@@ -1,5 +1,5 @@
 """dcnkit serve with the kit's own ONNX ops (domain "dcnkit", run by libdcnkit_ort.so), checked against the
-NumPy references of OPS.md; and the `dcnkit serve` command in a subprocess, stopped with SIGTERM."""
+NumPy references of docs/operators.md; and the `dcnkit serve` command in a subprocess, stopped with SIGTERM."""
 from __future__ import annotations
 
 import os

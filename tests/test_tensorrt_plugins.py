@@ -210,6 +210,6 @@ print(n.value, fake.fake_registered_keys().decode() == "")
     keys = keys_line.split(";")
     ops = [d["onnx_type"] for d in dcnkit.op_defs()["ops"]]
     assert {f"dcnkit::{t}" for t in ops} <= set(keys)
-    assert {"::MMCVModulatedDeformConv2d", "::MMCVDeformConv2d", "::MMCVRoiAlign"} <= set(keys)
+    assert {"::MMCVModulatedDeformConv2d", "::MMCVDeformConv2d", "::MMCVRoiAlign", "::MMCVMultiLevelRoiAlign"} <= set(keys)
     count, emptied = after.split()
     assert int(count) == len(keys) and emptied == "True"  # getCreators took them back

@@ -452,7 +452,7 @@ def test_gpu_check_script_cases_are_right_on_the_cpu():
     rows = [line for line in p.stdout.splitlines() if line.endswith("  ok")]
     names = [r.split("  ")[0].strip() for r in rows]
     assert names == ["DeformConv2d", "MMCVModulatedDeformConv2d", "RoIAlign avg", "RoIAlign max", "MMCVRoiAlign max",
-                     "DeformRoIPool", "DeformPSRoIPool"], p.stdout
+                     "DeformRoIPool", "DeformPSRoIPool", "MultiLevelRoIAlign", "MMCVMultiLevelRoiAlign"], p.stdout
     assert p.stdout.strip().endswith("PASSED")
 
 

@@ -58,7 +58,7 @@ def multi_level_roi_align_fn(f0: Tensor, f1: Tensor, rois: Tensor) -> Tensor:
 
 
 def _multi_level_reference(maps, rois, strides, finest_scale):
-    """Per RoI: OPS.md's level rule, then the NumPy RoIAlign on that level (max, aligned, ratio 2)."""
+    """Per RoI: docs/operators.md's level rule, then the NumPy RoIAlign on that level (max, aligned, ratio 2)."""
     r = _NP(rois)
     s = np.sqrt((r[:, 3] - r[:, 1]) * (r[:, 4] - r[:, 2]))
     lvl = np.clip(np.nan_to_num(np.floor(np.log2(s / finest_scale + 1e-6)), nan=0.0), 0, len(maps) - 1).astype(int)

@@ -58,8 +58,6 @@ struct Creators {
   Creators() {
     std::vector<std::string> seen;
     for (const OpVariant& v : op_variants()) {
-      // MultiLevelRoIAlign has no TensorRT plugin yet (variadic inputs): no creator.
-      if (v.kind == OpKind::kMultiLevelRoIAlign) continue;
       bool dup = false;
       for (const auto& s : seen) dup = dup || s == v.op_type;
       if (dup) continue;

@@ -204,6 +204,42 @@ class DeformPSRoIPoolPlugin final : public PluginBase {
   }
 };
 
+// Inputs (rois, feat_0 .. feat_{L-1}) as mmdeploy orders them: the maps are the variadic last input.
+class MultiLevelRoIAlignPlugin final : public PluginBase {
+ public:
+  using PluginBase::PluginBase;
+
+ protected:
+  PluginBase* make_copy() const override { return new MultiLevelRoIAlignPlugin(*this); }
+
+  Status output_shapes(const DimsExprs* const* in, IExprBuilder& b, DimsExprs* out) const override {
+    DCNKIT_RETURN_IF_ERROR(need_rank(variant_->op_type, "features", in[kMlFeatures], 4));
+    return roi_output(variant_->op_type, in[kMlRois], in[kMlFeatures]->d[1], attrs_.mlroi.pooled_h,
+                      attrs_.mlroi.pooled_w, b, out);
+  }
+
+  Status params(const CanonicalInputs& in, MultiLevelRoIAlignParams* p) const {
+    return make_params(variant_->op_type, attrs_, in.shape[kMlRois], in.variadic_shape, p);
+  }
+
+  Status check(const CanonicalInputs& in) const override {
+    MultiLevelRoIAlignParams p;
+    return params(in, &p);
+  }
+
+  size_t workspace(const CanonicalInputs& max_in, DType) const override {
+    MultiLevelRoIAlignParams p;
+    return params(max_in, &p).ok() ? multi_level_roi_align_workspace_cuda(p) : 0;
+  }
+
+  Status run(const CanonicalInputs& in, DType dt, void* const* outputs, void* ws, cudaStream_t stream) override {
+    MultiLevelRoIAlignParams p;
+    DCNKIT_RETURN_IF_ERROR(params(in, &p));  // at most kMaxFeatureLevels maps
+    return multi_level_roi_align_forward_cuda(p, dt, in.variadic_data.data(), in.data[kMlRois], outputs[0], ws,
+                                              cuda_context(stream));
+  }
+};
+
 }  // namespace
 
 PluginBase* make_plugin(const OpVariant* variant, const OpAttrs& attrs, const std::string& name) {
@@ -212,7 +248,7 @@ PluginBase* make_plugin(const OpVariant* variant, const OpAttrs& attrs, const st
     case OpKind::kRoIAlign: return new RoIAlignPlugin(variant, attrs, name);
     case OpKind::kDeformRoIPool: return new DeformRoIPoolPlugin(variant, attrs, name);
     case OpKind::kDeformPSRoIPool: return new DeformPSRoIPoolPlugin(variant, attrs, name);
-    case OpKind::kMultiLevelRoIAlign: return nullptr;  // no plugin yet (trt_creators.cpp skips the kind)
+    case OpKind::kMultiLevelRoIAlign: return new MultiLevelRoIAlignPlugin(variant, attrs, name);
   }
   return nullptr;
 }

@@ -203,17 +203,31 @@ Status attrs_from_fields(const OpVariant& v, const PluginFieldCollection* fc, Op
 // ---------------------------------------------------------------------------------------------
 // Inputs and types
 
+int32_t max_node_inputs(const OpVariant& v) {
+  const auto slots = static_cast<int32_t>(v.inputs.size());
+  return has_variadic_input(v) ? slots - 1 + static_cast<int32_t>(kMaxFeatureLevels) : slots;
+}
+
+const InputSlot& input_slot(const OpVariant& v, int32_t i) {
+  const auto last = static_cast<int32_t>(v.inputs.size()) - 1;
+  return v.inputs[static_cast<size_t>(has_variadic_input(v) && i > last ? last : i)];
+}
+
 Status canonical_inputs(const OpVariant& v, const Dims* dims, void const* const* data, int32_t nb,
                         CanonicalInputs* out) {
   const OpDef& def = op_def(v.kind);
   *out = CanonicalInputs();
-  if (nb < 0 || static_cast<size_t>(nb) > v.inputs.size()) {
-    return arg_error(v.op_type, "inputs", "at most " + std::to_string(v.inputs.size()), std::to_string(nb));
+  if (nb < 0 || nb > max_node_inputs(v)) {
+    return arg_error(v.op_type, "inputs", "at most " + std::to_string(max_node_inputs(v)), std::to_string(nb));
   }
   for (int32_t i = 0; i < nb; ++i) {
-    const InputSlot& slot = v.inputs[i];
+    const InputSlot& slot = input_slot(v, i);
     Shape s(dims[i].d, dims[i].d + (dims[i].nbDims > 0 ? dims[i].nbDims : 0));
-    if (v.empty_input_is_absent && slot.optional) {
+    if (slot.variadic) {
+      out->variadic_shape.push_back(s);
+      out->variadic_data.push_back(data ? data[i] : nullptr);
+      if (out->shapes[slot.canonical] != nullptr) continue;  // the canonical entry is the first tensor
+    } else if (v.empty_input_is_absent && slot.optional) {
       int64_t numel = 1;
       for (int64_t d : s) numel *= d;
       if (numel == 0) continue;
@@ -305,7 +319,7 @@ int32_t PluginBase::min_inputs() const {
   return n;
 }
 
-int32_t PluginBase::max_inputs() const { return static_cast<int32_t>(variant_->inputs.size()); }
+int32_t PluginBase::max_inputs() const { return max_node_inputs(*variant_); }
 
 IPluginCapability* PluginBase::getCapabilityInterface(PluginCapabilityType type) noexcept {
   switch (type) {
@@ -348,7 +362,10 @@ int32_t PluginBase::getOutputShapes(const DimsExprs* inputs, int32_t nb_inputs, 
       return -1;
     }
     const DimsExprs* canonical[kMaxInputs] = {};
-    for (int32_t i = 0; i < nb_inputs; ++i) canonical[variant_->inputs[i].canonical] = &inputs[i];
+    for (int32_t i = 0; i < nb_inputs; ++i) {  // a variadic input's canonical entry is its first tensor
+      const DimsExprs*& c = canonical[input_slot(*variant_, i).canonical];
+      if (c == nullptr || !input_slot(*variant_, i).variadic) c = &inputs[i];
+    }
     const Status s = output_shapes(canonical, builder, outputs);
     if (!s.ok()) {
       log_error(where() + s.message());

@@ -60,7 +60,16 @@ struct CanonicalInputs {
   Shape shape[kMaxInputs];
   const Shape* shapes[kMaxInputs] = {};  // null: absent
   const void* data[kMaxInputs] = {};
+  // A variadic last input (MultiLevelRoIAlign's feature maps): every tensor it got, in node order;
+  // shapes[c] / data[c] of its canonical index describe the first.
+  std::vector<Shape> variadic_shape;
+  std::vector<const void*> variadic_data;
 };
+
+// Node inputs a variant takes at most: its slots, with a variadic last slot taking up to kMaxFeatureLevels.
+int32_t max_node_inputs(const OpVariant& v);
+// The variant's slot that node input i fills (the variadic last slot for every i past it).
+const InputSlot& input_slot(const OpVariant& v, int32_t i);
 
 // From TensorRT dims (nb node inputs); a 0-element optional input of an mmcv-style variant is absent.
 Status canonical_inputs(const OpVariant& v, const nvinfer1::Dims* dims, void const* const* data, int32_t nb,

@@ -2,6 +2,9 @@
 
 PyTorch operators with autograd (``dcnkit.ops``, ``dcnkit.nn``), ONNX export (``dcnkit.export``),
 an ONNX Runtime custom-op library (``dcnkit.ort_library()``) and the tools around them.
+
+``import dcnkit`` does not import torch; the submodules load on first use, and dcnkit's torch side loads
+together with torch (see ``dcnkit._torch_side``).
 """
 from __future__ import annotations
 
@@ -46,22 +49,26 @@ def cuda_compiled() -> bool:
     return bool(torch.ops.dcnkit._cuda_compiled())
 
 
-try:  # The PyTorch side is optional: deployment with ONNX Runtime alone needs no torch.
-    import torch as _torch  # noqa: F401
-except ImportError:  # pragma: no cover
-    pass
-else:
-    from dcnkit import ops  # noqa: F401,E402
-    from dcnkit import nn  # noqa: F401,E402
-    from dcnkit.export import _register  # noqa: F401,E402  (plain torch.onnx.export handles dcnkit ops)
+# The PyTorch side (``dcnkit.ops``: torch.ops.dcnkit.*; the exporters' registrations) loads with torch and
+# never before it: at once when torch is already imported, else right after something imports torch. So
+# deployment (dcnkit.runtime, dcnkit.server, `dcnkit run|compare|bench|serve` on ONNX Runtime) does not pay
+# for PyTorch, while scripted models and plain torch.onnx.export still find the operators.
+from dcnkit import _torch_side  # noqa: E402
 
-_LAZY_SUBMODULES = ("runtime", "reference", "export", "server", "cli", "demo", "polygraphy_ext")
+_torch_side.install()
+
+_LAZY_SUBMODULES = ("ops", "nn", "runtime", "reference", "export", "server", "cli", "demo", "polygraphy_ext")
 
 
 def __getattr__(name: str):
-    """``dcnkit.runtime``, ``dcnkit.reference``, ... import on first use (they pull in ONNX Runtime, FastAPI...)."""
+    """``dcnkit.ops``, ``dcnkit.nn``, ``dcnkit.runtime``, ... import on first use (``ops``, ``nn`` and
+    ``export`` import torch; ``runtime`` and ``server`` pull in ONNX Runtime, FastAPI...)."""
     if name in _LAZY_SUBMODULES:
         import importlib
 
         return importlib.import_module(f"dcnkit.{name}")
     raise AttributeError(f"module 'dcnkit' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))

@@ -33,6 +33,10 @@ from polygraphy.tools.args.base import BaseArgs, BaseRunnerArgs
 from polygraphy.tools.args.model import ModelArgs
 from polygraphy.tools.script import inline, inline_identifier, make_invocable, safe
 
+from dcnkit import _polygraphy_torch
+
+_polygraphy_torch.install()  # Polygraphy's torch checks do not import torch (the deployment side runs without)
+
 
 class SessionFromOnnxWithDcnkit(SessionFromOnnx):
     """Polygraphy ``SessionFromOnnx`` whose session registers the kit's ONNX Runtime library."""

@@ -1,4 +1,4 @@
-"""Slow, obviously-correct NumPy references of the five operators, written straight from OPS.md.
+"""Slow, obviously-correct NumPy references of the five operators, written straight from docs/operators.md.
 
 They compute in float64 with plain loops (vectorised only over whole feature maps or channels), share no
 code with the C++ core, and are what the tests, `dcnkit compare` and the Polygraphy reference runner
@@ -106,7 +106,7 @@ def _c_round(v: float) -> float:
 
 
 def deform_conv2d(x, offset, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), mask=None):
-    """DeformConv2d (mask None) / modulated DeformConv2d, per OPS.md. Groups inferred from shapes."""
+    """DeformConv2d (mask None) / modulated DeformConv2d, per docs/operators.md. Groups inferred from shapes."""
     x, offset, weight, bias, mask = map(_f64, (x, offset, weight, bias, mask))
     sh, sw = _pair(stride)
     ph, pw = _pair(padding)
@@ -141,7 +141,7 @@ def deform_conv2d(x, offset, weight, bias=None, stride=(1, 1), padding=(0, 0), d
 
 
 def roi_align(x, rois, output_size, spatial_scale=1.0, sampling_ratio=0, aligned=False, pool_mode="avg"):
-    """RoIAlign (avg | max), per OPS.md. rois (K, 5) rows [batch_index, x1, y1, x2, y2]."""
+    """RoIAlign (avg | max), per docs/operators.md. rois (K, 5) rows [batch_index, x1, y1, x2, y2]."""
     if pool_mode not in ("avg", "max"):
         raise ValueError(f"pool_mode: expected 'avg' or 'max', got {pool_mode!r}")
     x, rois = _f64(x), _f64(rois)
@@ -174,7 +174,7 @@ def roi_align(x, rois, output_size, spatial_scale=1.0, sampling_ratio=0, aligned
 
 def multi_level_roi_align(features, rois, output_size, featmap_strides, sampling_ratio=0, finest_scale=56,
                           roi_scale_factor=1.0, aligned=True, pool_mode="avg"):
-    """MultiLevelRoIAlign, per OPS.md: per RoI the level clamp(floor(log2(sqrt(w * h) / finest_scale + 1e-6)),
+    """MultiLevelRoIAlign, per docs/operators.md: per RoI the level clamp(floor(log2(sqrt(w * h) / finest_scale + 1e-6)),
     0, L-1) of the box as given (NaN: 0), the box rescaled about its centre to half sizes (w + 1) * f / 2 - 0.5
     when f = roi_scale_factor > 0, then :func:`roi_align` on that level with spatial_scale 1 / stride."""
     features, rois = [_f64(f) for f in features], _f64(rois)
@@ -201,7 +201,7 @@ def multi_level_roi_align(features, rois, output_size, featmap_strides, sampling
 
 
 def deform_roi_pool(x, rois, offset, output_size, spatial_scale=1.0, sampling_ratio=0, gamma=0.1):
-    """DeformRoIPool (mmcv semantics), per OPS.md. offset (K, 2, oh, ow) or None."""
+    """DeformRoIPool (mmcv semantics), per docs/operators.md. offset (K, 2, oh, ow) or None."""
     x, rois, offset = _f64(x), _f64(rois), _f64(offset)
     oh, ow = _pair(output_size)
     N, C, H, W = x.shape
@@ -230,7 +230,7 @@ def deform_roi_pool(x, rois, offset, output_size, spatial_scale=1.0, sampling_ra
 
 def deform_psroi_pool(x, rois, trans, spatial_scale, output_size, output_dim, group_size=1, part_size=None,
                       sample_per_part=4, trans_std=0.0):
-    """DeformPSRoIPool (R-FCN), per OPS.md. trans None means no_trans. Returns (output, count)."""
+    """DeformPSRoIPool (R-FCN), per docs/operators.md. trans None means no_trans. Returns (output, count)."""
     x, rois, trans = _f64(x), _f64(rois), _f64(trans)
     P = int(output_size)
     part_size = P if part_size is None or part_size <= 0 else int(part_size)

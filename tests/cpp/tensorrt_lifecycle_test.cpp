@@ -121,6 +121,7 @@ struct Field {
 
 Field ints(const char* n, std::vector<int32_t> v) { return {n, PluginFieldType::kINT32, std::move(v), {}, ""}; }
 Field flt(const char* n, float v) { return {n, PluginFieldType::kFLOAT32, {}, {v}, ""}; }
+Field flts(const char* n, std::vector<float> v) { return {n, PluginFieldType::kFLOAT32, {}, std::move(v), ""}; }
 Field str(const char* n, const char* v) { return {n, PluginFieldType::kCHAR, {}, {}, v}; }
 
 struct Collection {
@@ -183,6 +184,7 @@ struct Case {
   std::vector<std::vector<int64_t>> bad_inputs;      // inputs the shape checks must reject
   std::vector<BadFields> bad_fields;
   size_t min_workspace;                              // bytes, float32
+  std::vector<Field> required = {};                  // fields without a default (the rest may be absent)
 };
 
 const PluginFieldType I32 = PluginFieldType::kINT32, F32 = PluginFieldType::kFLOAT32, CHR = PluginFieldType::kCHAR;
@@ -221,7 +223,9 @@ std::vector<Case> cases() {
                {{{str("pool_mode", "median")}, "pool_mode"},
                 {{flt("spatial_scale", 0.f)}, "spatial_scale"},
                 {{ints("output_size", {0, 7})}, "output_size"},
-                {{ints("sampling_ratio", {1, 2, 3})}, "sampling_ratio"}},
+                {{ints("sampling_ratio", {1, 2, 3})}, "sampling_ratio"},
+                // above kMaxSamplingRatio (1024): would make every bin sample 2^60 points
+                {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
                0});
   c.push_back({"DeformRoIPool", "dcnkit",
                {{"output_size", I32, 2}, {"spatial_scale", F32, 1}, {"sampling_ratio", I32, 1}, {"gamma", F32, 1}},
@@ -231,7 +235,8 @@ std::vector<Case> cases() {
                {{3, 4, 3, 3}},
                1,
                {{1, 4, 10, 10}, {3, 5}, {3, 2, 4, 4}},
-               {{{ints("gamma", {1})}, "gamma"}, {{ints("output_size", {3})}, "output_size"}},
+               {{{ints("gamma", {1})}, "gamma"}, {{ints("output_size", {3})}, "output_size"},
+                {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
                0});
   c.push_back({"DeformPSRoIPool", "dcnkit",
                {{"spatial_scale", F32, 1}, {"output_size", I32, 1}, {"output_dim", I32, 1}, {"group_size", I32, 1},
@@ -243,7 +248,8 @@ std::vector<Case> cases() {
                {{4, 2, 3, 3}, {4, 2, 3, 3}},
                1,
                {{1, 17, 12, 12}, {4, 5}, {4, 2, 3, 3}},
-               {{{ints("group_size", {0})}, "group_size"}, {{str("output_dim", "2")}, "output_dim"}},
+               {{{ints("group_size", {0})}, "group_size"}, {{str("output_dim", "2")}, "output_dim"},
+                {{ints("sample_per_part", {1 << 30})}, "sample_per_part"}},
                0});
   const std::vector<FieldDecl> mm_dcn_decl = {{"stride", I32, 2}, {"padding", I32, 2}, {"dilation", I32, 2},
                                               {"groups", I32, 1}, {"deform_groups", I32, 1}};
@@ -273,7 +279,8 @@ std::vector<Case> cases() {
                {{2, 3, 2, 3}},
                1,
                {{1, 3, 8}, {2, 5}},
-               {{{str("mode", "sum")}, "mode"}, {{ints("output_width", {-3})}, "output_width"}},
+               {{{str("mode", "sum")}, "mode"}, {{ints("output_width", {-3})}, "output_width"},
+                {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
                0});
   c.push_back({"MMCVDeformRoIPool", "",
                {{"pooled_height", I32, 1}, {"pooled_width", I32, 1}, {"spatial_scale", F32, 1},
@@ -285,8 +292,45 @@ std::vector<Case> cases() {
                {{2, 3, 2, 2}},
                1,
                {{1, 3, 8, 8}, {2, 6}},
-               {{{flt("sampling_ratio", 2.5f)}, "sampling_ratio"}},
+               {{{flt("sampling_ratio", 2.5f)}, "sampling_ratio"}, {{flt("sampling_ratio", 1073741824.f)}, "sampling_ratio"}},
                0});
+  // Multi-level RoIAlign: rois, then the L maps (variadic); level by box size, output (K, C, oh, ow).
+  const std::vector<std::vector<int64_t>> ml_inputs = {{6, 5}, {2, 8, 32, 32}, {2, 8, 16, 16}, {2, 8, 8, 8}};
+  const std::vector<std::vector<int64_t>> ml_bad = {{6, 5}, {2, 8, 32, 32}, {2, 7, 16, 16}, {2, 8, 8, 8}};
+  c.push_back({"MultiLevelRoIAlign", "dcnkit",
+               {{"output_size", I32, 2}, {"featmap_strides", F32, 0}, {"sampling_ratio", I32, 1},
+                {"finest_scale", I32, 1}, {"roi_scale_factor", F32, 1}, {"aligned", I32, 1}, {"pool_mode", CHR, 0}},
+               {ints("output_size", {7, 7}), flts("featmap_strides", {4.f, 8.f, 16.f}), ints("sampling_ratio", {2}),
+                ints("finest_scale", {56}), flt("roi_scale_factor", 1.f), ints("aligned", {1}), str("pool_mode", "avg")},
+               ml_inputs,
+               {{6, 8, 7, 7}},
+               0,
+               ml_bad,
+               {{{flts("featmap_strides", {4.f, 0.f, 16.f})}, "featmap_strides"},
+                {{str("pool_mode", "median")}, "pool_mode"},
+                {{ints("finest_scale", {0})}, "finest_scale"},
+                {{ints("output_size", {7, 0})}, "output_size"},
+                {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
+               0,
+               {flts("featmap_strides", {4.f, 8.f, 16.f})}});
+  // mmdeploy's node: output_height/output_width, pool_mode as an int (0 max, 1 avg).
+  c.push_back({"MMCVMultiLevelRoiAlign", "",
+               {{"output_height", I32, 1}, {"output_width", I32, 1}, {"featmap_strides", F32, 0},
+                {"sampling_ratio", I32, 1}, {"finest_scale", I32, 1}, {"roi_scale_factor", F32, 1},
+                {"aligned", I32, 1}, {"pool_mode", I32, 1}},
+               {ints("output_height", {3}), ints("output_width", {5}), flts("featmap_strides", {4.f, 8.f, 16.f}),
+                ints("sampling_ratio", {0}), ints("finest_scale", {56}), flt("roi_scale_factor", 2.f),
+                ints("aligned", {0}), ints("pool_mode", {0})},
+               ml_inputs,
+               {{6, 8, 3, 5}},
+               0,
+               ml_bad,
+               {{{ints("pool_mode", {2})}, "pool_mode"},
+                {{flts("featmap_strides", {-4.f, 8.f, 16.f})}, "featmap_strides"},
+                {{ints("output_height", {0})}, "output_height"},
+                {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
+               0,
+               {flts("featmap_strides", {4.f, 8.f, 16.f})}});
   return c;
 }
 
@@ -507,10 +551,17 @@ void run_case(IPluginCreatorV3One* creator, const Case& c) {
           op + ": bad field " + bad.field + " -> nullptr and one line naming it (got: " + line + ")");
   }
 
-  // Absent fields take the defaults: a plugin from no fields at all exists and serializes every field.
-  PluginFieldCollection empty{};
-  std::unique_ptr<IPluginV3> defaults(creator->createPlugin("defaults", &empty, TensorRTPhase::kBUILD));
-  check(defaults != nullptr, op + ": createPlugin with no fields (defaults)");
+  // Absent fields take the defaults: a plugin from no fields but the required ones exists and serializes
+  // every field; without a required field there is no plugin.
+  Collection minimal(c.required);
+  std::unique_ptr<IPluginV3> defaults(creator->createPlugin("defaults", &minimal.fc, TensorRTPhase::kBUILD));
+  check(defaults != nullptr, op + ": createPlugin with only the required fields (defaults)");
+  if (!c.required.empty()) {
+    PluginFieldCollection none{};
+    std::unique_ptr<IPluginV3> p(creator->createPlugin("none", &none, TensorRTPhase::kBUILD));
+    check(p == nullptr && g_logger.lines.back().find(c.required[0].name) != std::string::npos,
+          op + ": createPlugin without " + c.required[0].name + " fails naming it");
+  }
   if (defaults) {
     const PluginFieldCollection* df =
         cap<IPluginV3OneRuntime>(defaults.get(), PluginCapabilityType::kRUNTIME)->getFieldsToSerialize();

@@ -24,9 +24,7 @@ Status make_deform_psroi_pool_params(const char* op, const Shape& input, const S
   if (attrs.group_size < 1) {
     return arg_error(op, "group_size", "a value >= 1", std::to_string(attrs.group_size));
   }
-  if (attrs.sample_per_part < 1) {
-    return arg_error(op, "sample_per_part", "a value >= 1", std::to_string(attrs.sample_per_part));
-  }
+  DCNKIT_RETURN_IF_ERROR(check_sampling_ratio(op, "sample_per_part", attrs.sample_per_part, 1));
   const int64_t G = attrs.group_size;
   DCNKIT_RETURN_IF_ERROR(check_dim(op, "input", input, 1, attrs.output_dim * G * G,
                                    "output_dim * group_size^2 = " + std::to_string(attrs.output_dim) +

@@ -11,6 +11,7 @@ Status make_deform_roi_pool_params(const char* op, const Shape& input, const Sha
                                    DeformRoIPoolParams* p) {
   DCNKIT_RETURN_IF_ERROR(
       check_roi_pool_args(op, input, rois, attrs.pooled_h, attrs.pooled_w, attrs.spatial_scale));
+  DCNKIT_RETURN_IF_ERROR(check_sampling_ratio(op, "sampling_ratio", attrs.sampling_ratio, INT64_MIN));
   if (!std::isfinite(attrs.gamma)) {
     return arg_error(op, "gamma", "a finite value", to_str(attrs.gamma));
   }
@@ -74,33 +75,28 @@ Status deform_roi_pool_backward_cpu(const DeformRoIPoolParams& p, const T* grad_
       int64_t b = 0;
       roi_batch_index<T>(roi, N, &b);
       const RoIAlignBox<T> box = box_of(roi);
-      const int64_t n = roi_bin_samples(box);
+      const T n = roi_bin_count(box);
       T* gox = grad_offset + k * 2 * bins;
       T* goy = gox + bins;
       for (int64_t bin = 0; bin < bins; ++bin) {
         T y0, x0;
         origin_of(k, box, bin / ow, bin % ow, &y0, &x0);
+        RoISample<T> buf[kRoITapsBuffer];
+        int64_t start[2];
+        const bool fits = roi_collect_bins(box, k, bin, bin + 1, ow, H, W, origin_of, buf, start) == 1;
         T sx = T(0), sy = T(0);
-        if (n > 0 && n <= kRoITapsBuffer) {
-          Taps<T> buf[kRoITapsBuffer];
-          roi_fill_taps(box, k, bin, 1, ow, H, W, n, origin_of, buf);
-          for (int64_t c = 0; c < C; ++c) {
-            const T g = grad_output[(k * C + c) * bins + bin];
-            if (g == T(0)) continue;
-            T gy, gx;
-            roi_bin_coord_grad<T>(input + (b * C + c) * H * W, n, TapsArray<T>{buf}, &gy, &gx);
-            sx += g * gx;
-            sy += g * gy;
+        for (int64_t c = 0; c < C; ++c) {
+          const T g = grad_output[(k * C + c) * bins + bin];
+          if (g == T(0)) continue;
+          const T* img = input + (b * C + c) * H * W;
+          T gy, gx;
+          if (fits) {
+            roi_bin_coord_grad<T>(img, n, TapsArray<T>{buf, start[1]}, &gy, &gx);
+          } else {
+            roi_align_bin_coord_grad(img, H, W, box, y0, x0, &gy, &gx);
           }
-        } else if (n > 0) {
-          for (int64_t c = 0; c < C; ++c) {
-            const T g = grad_output[(k * C + c) * bins + bin];
-            if (g == T(0)) continue;
-            T gy, gx;
-            roi_align_bin_coord_grad(input + (b * C + c) * H * W, H, W, box, y0, x0, &gy, &gx);
-            sx += g * gx;
-            sy += g * gy;
-          }
+          sx += g * gx;
+          sy += g * gy;
         }
         gox[bin] = gamma * box.roi_w * sx;
         goy[bin] = gamma * box.roi_h * sy;

@@ -133,7 +133,8 @@ Status multi_level_roi_align_backward_cpu(const MultiLevelRoIAlignParams& p, con
         for (int64_t i = 0; i < (ce - cb) * hw; ++i) g[i] = T(0);
       }
     }
-    Taps<T> buf[kRoITapsBuffer];
+    RoISample<T> buf[kRoITapsBuffer];
+    int64_t start[kRoITapsBuffer + 1];
     const auto origin_of = [](int64_t, const RoIAlignBox<T>& b, int64_t ph, int64_t pw, T* y0, T* x0) {
       roi_bin_origin<T, T>(b, ph, pw, nullptr, nullptr, T(0), y0, x0);
     };
@@ -144,28 +145,30 @@ Status multi_level_roi_align_backward_cpu(const MultiLevelRoIAlignParams& p, con
       roi_batch_index<T>(box, N, &b);
       const int64_t H = p.heights[l], W = p.widths[l];
       const RoIAlignBox<T> rb = multi_level_roi_align_box<T>(p, box, l);
-      const int64_t n = roi_bin_samples(rb);
-      if (n == 0) continue;
-      const bool cached = n <= kRoITapsBuffer;
-      for (int64_t bin = 0; bin < bins; ++bin) {
-        T y0 = T(0), x0 = T(0);
-        if (cached) {
-          roi_fill_taps(rb, k, bin, 1, ow, H, W, n, origin_of, buf);
-        } else {
-          origin_of(k, rb, bin / ow, bin % ow, &y0, &x0);
-        }
-        for (int64_t c = cb; c < ce; ++c) {
-          const T g = grad_output[(k * C + c) * bins + bin];
-          if (g == T(0)) continue;
-          const T* img = max_mode ? features[l] + (b * C + c) * H * W : nullptr;
-          CpuAddTo<T> add{grad_features[l] + (b * C + c) * H * W};
-          if (cached) {
-            roi_bin_scatter<T>(img, n, TapsArray<T>{buf}, max_mode, g, add);
-          } else {
-            roi_align_bin_backward(img, H, W, rb, y0, x0, max_mode, g, add);
-          }
-        }
-      }
+      const T n = roi_bin_count(rb);
+      if (!(n > T(0))) continue;
+      const auto img_of = [&](int64_t c) { return max_mode ? features[l] + (b * C + c) * H * W : nullptr; };
+      roi_for_each_chunk(
+          rb, k, bins, ow, H, W, origin_of, buf, start,
+          [&](int64_t bin0, int64_t nb) {
+            for (int64_t c = cb; c < ce; ++c) {
+              CpuAddTo<T> add{grad_features[l] + (b * C + c) * H * W};
+              const T* go = grad_output + (k * C + c) * bins + bin0;
+              for (int64_t j = 0; j < nb; ++j) {
+                if (go[j] == T(0)) continue;
+                roi_bin_scatter<T>(img_of(c), n, TapsArray<T>{buf + start[j], start[j + 1] - start[j]}, max_mode,
+                                   go[j], add);
+              }
+            }
+          },
+          [&](int64_t bin, T y0, T x0) {
+            for (int64_t c = cb; c < ce; ++c) {
+              const T g = grad_output[(k * C + c) * bins + bin];
+              if (g == T(0)) continue;
+              CpuAddTo<T> add{grad_features[l] + (b * C + c) * H * W};
+              roi_align_bin_backward(img_of(c), H, W, rb, y0, x0, max_mode, g, add);
+            }
+          });
     }
   });
   return Status::Ok();

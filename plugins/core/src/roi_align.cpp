@@ -21,6 +21,7 @@ Status make_roi_align_params(const char* op, const Shape& input, const Shape& ro
                              const RoIAlignAttrs& attrs, RoIAlignParams* p) {
   DCNKIT_RETURN_IF_ERROR(
       check_roi_pool_args(op, input, rois, attrs.pooled_h, attrs.pooled_w, attrs.spatial_scale));
+  DCNKIT_RETURN_IF_ERROR(check_sampling_ratio(op, "sampling_ratio", attrs.sampling_ratio, INT64_MIN));
   if (attrs.mode != PoolMode::kAvg && attrs.mode != PoolMode::kMax) {
     return arg_error(op, "pool_mode", "'avg' or 'max'", std::to_string(static_cast<int>(attrs.mode)));
   }

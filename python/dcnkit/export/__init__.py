@@ -9,15 +9,22 @@ every op a ``dcnkit`` node.
 
 ``to_onnx`` wraps the export with argument checks, dynamic batch / RoI-count axes, the checker and
 strict shape inference. ``register_onnx_schemas`` makes onnx itself know the ``dcnkit`` domain.
+
+Importing this package does not import torch (``dcnkit.export.schemas`` serves the deployment side too);
+the names that need it (``standard_ops`` ...) load on first use, and ``to_onnx`` imports it when called.
 """
-from dcnkit.export._lowering import (
-    custom_ops_only,
-    set_standard_ops,
-    standard_ops,
-    standard_ops_enabled,
-)
 from dcnkit.export._onnx import check_model, to_onnx
 from dcnkit.export.schemas import register_onnx_schemas
+
+_LOWERING_NAMES = ("custom_ops_only", "set_standard_ops", "standard_ops", "standard_ops_enabled")
+
+
+def __getattr__(name: str):
+    if name in _LOWERING_NAMES:
+        from dcnkit.export import _lowering
+
+        return getattr(_lowering, name)
+    raise AttributeError(f"module 'dcnkit.export' has no attribute {name!r}")
 
 
 def domain() -> str:

@@ -2,7 +2,7 @@
 
 ``lower`` receives the op's tensors (by the table's input names) and the torch schema's scalar
 arguments, and builds nodes through an emitter (dynamo: onnxscript tracer; legacy: TorchScript graph
-context). A standard ONNX op is used only where its semantics are identical to OPS.md:
+context). A standard ONNX op is used only where its semantics are identical to docs/operators.md:
 
 * ``deform_conv2d`` -> ``DeformConv`` (opset 19): same offset layout (dy, dx per kernel point), same
   DCNv2 corner sampling, same mask placement.

@@ -294,7 +294,7 @@ def _build_schema(info: _table.OpInfo) -> Any:
         info.onnx_type,
         _table.domain(),
         _table.opset(),
-        f"dcnkit {info.name} (see OPS.md). Inputs and attributes from the dcnkit op table.",
+        f"dcnkit {info.name} (see docs/operators.md). Inputs and attributes from the dcnkit op table.",
         inputs=params(info.inputs),
         outputs=params(info.outputs),
         type_constraints=[("T", _TYPES, "floating-point tensors")],

@@ -9,7 +9,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from dcnkit.ops._tracing import eager_call
-from dcnkit.ops.roi_ops import _pair, deform_psroi_pool, deform_roi_pool, roi_align
+from dcnkit.ops.roi_ops import _check_sampling, _pair, deform_psroi_pool, deform_roi_pool, roi_align
 
 __all__ = ["RoIAlign", "DeformRoIPool", "DeformRoIPoolPack", "ModulatedDeformRoIPoolPack",
            "DeformPSRoIPool"]
@@ -54,7 +54,7 @@ class RoIAlign(nn.Module):
             raise ValueError(f"RoIAlign: pool_mode: expected 'avg' with use_torchvision=True, got {pool_mode!r}")
         self.output_size = _pair(output_size, "RoIAlign: output_size")
         self.spatial_scale = float(spatial_scale)
-        self.sampling_ratio = int(sampling_ratio)
+        self.sampling_ratio = _check_sampling("RoIAlign", "sampling_ratio", sampling_ratio)
         self.pool_mode = pool_mode
         self.aligned = bool(aligned)
         self.use_torchvision = bool(use_torchvision)
@@ -83,7 +83,7 @@ class DeformRoIPool(nn.Module):
         super().__init__()
         self.output_size = _pair(output_size, "DeformRoIPool: output_size")
         self.spatial_scale = float(spatial_scale)
-        self.sampling_ratio = int(sampling_ratio)
+        self.sampling_ratio = _check_sampling(type(self).__name__, "sampling_ratio", sampling_ratio)
         self.gamma = float(gamma)
 
     def forward(self, input: Tensor, rois: Tensor, offset: Optional[Tensor] = None) -> Tensor:
@@ -176,7 +176,7 @@ class DeformPSRoIPool(nn.Module):
         self.output_dim = int(output_dim)
         self.group_size = int(group_size)
         self.part_size = self.output_size if part_size is None else int(part_size)
-        self.sample_per_part = int(sample_per_part)
+        self.sample_per_part = _check_sampling("DeformPSRoIPool", "sample_per_part", sample_per_part, 1)
         self.trans_std = float(trans_std)
         self.no_trans = bool(no_trans)
 

@@ -1,5 +1,5 @@
 """RoI operators: ``roi_align`` (torchvision's signature plus ``pool_mode``), ``deform_roi_pool`` (mmcv's)
-and ``deform_psroi_pool`` (R-FCN, mmcv/mmdet v1). See OPS.md for the exact contract.
+and ``deform_psroi_pool`` (R-FCN, mmcv/mmdet v1). See docs/operators.md for the exact contract.
 
 The kernels are ``torch.ops.dcnkit.*`` (C++/CUDA); this module registers their fake kernels (for
 ``torch.compile`` / ``torch.export``) and their autograd formulas (through the ``_*_backward`` ops).
@@ -15,7 +15,23 @@ from torch.jit.annotations import BroadcastingList2
 from dcnkit.ops import _loader  # noqa: F401  (loads libdcnkit_torch.so)
 from dcnkit.ops._tracing import eager_call
 
-__all__ = ["roi_align", "deform_roi_pool", "deform_psroi_pool"]
+__all__ = ["roi_align", "deform_roi_pool", "deform_psroi_pool", "MAX_SAMPLING_RATIO"]
+
+# The largest explicit sampling_ratio / sample_per_part per bin and axis; a larger value is a ValueError
+# naming the argument (from the kernels' shared checks). Mirrors kMaxSamplingRatio in
+# plugins/core/include/dcnkit/common.h, which every front end (torch, ONNX Runtime, TensorRT) enforces.
+MAX_SAMPLING_RATIO = 1024
+
+
+@torch.jit.unused
+def _check_sampling(where: str, arg: str, value: int, lo: Optional[int] = None) -> int:
+    """A module's explicit sampling grid, checked at construction like the ops check it per call."""
+    value = int(value)
+    if value > MAX_SAMPLING_RATIO or (lo is not None and value < lo):
+        expected = (f"a value <= {MAX_SAMPLING_RATIO} (<= 0: adaptive; the limit of an explicit grid)"
+                    if lo is None else f"a value in [{lo}, {MAX_SAMPLING_RATIO}]")
+        raise ValueError(f"{where}: {arg}: expected {expected}, got {value}")
+    return value
 
 
 @torch.jit.unused

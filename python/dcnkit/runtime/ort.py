@@ -14,6 +14,7 @@ Two builds exist: ``libdcnkit_ort.so`` (CPU kernels, no CUDA dependency) and ``l
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -24,13 +25,16 @@ CPU_PROVIDER = "CPUExecutionProvider"
 
 
 def _gpu_present() -> bool:
-    if os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0"):
+    """An NVIDIA GPU is visible: its device nodes (Linux, WSL), or torch says so when the process has already
+    imported it. torch is never imported for this: the deployment side runs without it."""
+    if any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")):
         return True
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
     try:
-        import torch
-
         return bool(torch.cuda.is_available())
-    except Exception:  # pragma: no cover - torch is optional
+    except Exception:  # pragma: no cover
         return False
 
 

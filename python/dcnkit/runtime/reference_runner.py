@@ -1,7 +1,7 @@
 """A slow, independent runner for whole ONNX models: ``onnx.reference`` + the kit's NumPy references.
 
 Every standard node runs in ONNX's own reference evaluator (``onnx.reference.ReferenceEvaluator``). The
-deformable / RoI nodes run in :mod:`dcnkit.reference`, the slow NumPy loops written straight from OPS.md that
+deformable / RoI nodes run in :mod:`dcnkit.reference`, the slow NumPy loops written straight from docs/operators.md that
 the test-suite also uses:
 
 - ``dcnkit`` domain: ``DeformConv2d``, ``RoIAlign``, ``DeformRoIPool``, ``DeformPSRoIPool``,

@@ -21,6 +21,7 @@ managers. A backend that cannot run here raises :class:`BackendUnavailable` (a `
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -287,13 +288,16 @@ def _ort_cpu_reason() -> str | None:
 
 
 def _gpu_present() -> bool:
-    if os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl"):
+    """An NVIDIA GPU is visible: its device nodes (Linux, WSL), or torch says so when the process has already
+    imported it. torch is never imported for this: the deployment side runs without it."""
+    if any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")):
         return True
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
     try:
-        import torch
-
         return bool(torch.cuda.is_available())
-    except Exception:
+    except Exception:  # pragma: no cover
         return False
 
 

@@ -171,6 +171,9 @@ def load_plugins(extra: Sequence = (), log: Callable[[str], None] | None = None)
     from polygraphy.backend.trt import util as trt_util
 
     import dcnkit
+    from dcnkit import _polygraphy_torch
+
+    _polygraphy_torch.install()  # Polygraphy's torch checks do not import torch
 
     trt.init_libnvinfer_plugins(trt_util.get_trt_logger(), "")
     registry = trt.get_plugin_registry()

@@ -1,4 +1,4 @@
-// Bilinear sampling, the two boundary rules of ../shared/OPS.md, written once for every backend.
+// Bilinear sampling, the two boundary rules of docs/operators.md, written once for every backend.
 //
 // Each rule turns a sampling point into `Taps`: the four neighbours' linear indices into an H x W map,
 // their interpolation weights, and the weights' derivatives with respect to the point's coordinates

@@ -24,6 +24,16 @@
 namespace dcnkit {
 
 // ---------------------------------------------------------------------------------------------
+// Limits
+
+// The largest explicit sampling grid per bin and axis: RoIAlign's and DeformRoIPool's sampling_ratio,
+// DeformPSRoIPool's sample_per_part (every front end rejects a larger value, naming the argument). Far
+// above any trained model's (0, 2 or 4 in practice), it bounds the work of a bin to 1024^2 samples;
+// adaptive grids (sampling_ratio <= 0) are bounded by the map size instead (roi_kernels.h).
+// python/dcnkit/ops/roi_ops.py mirrors it as MAX_SAMPLING_RATIO.
+constexpr int64_t kMaxSamplingRatio = 1024;
+
+// ---------------------------------------------------------------------------------------------
 // Status
 
 enum class StatusCode : int { kOk = 0, kInvalidArgument = 1, kDeviceError = 2, kInternal = 3 };

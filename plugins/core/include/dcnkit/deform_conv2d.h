@@ -1,4 +1,4 @@
-// DeformConv2d (DCNv1) and modulated DeformConv2d (DCNv2): one operator, mask optional. See OPS.md.
+// DeformConv2d (DCNv1) and modulated DeformConv2d (DCNv2): one operator, mask optional. See docs/operators.md.
 //
 // Tensor order everywhere in dcnkit (torch op, ONNX custom node, ORT kernel, TensorRT plugin):
 //   input (N, Cin, H, W), offset (N, 2*Gd*kh*kw, Ho, Wo), weight (Cout, Cin/groups, kh, kw),
@@ -33,7 +33,7 @@ struct DeformConv2dParams {
   Shape output_shape() const { return {batch, out_channels, out_h, out_w}; }
 };
 
-// Validates shapes and attributes (OPS.md: "Bad input") and fills `p`. `mask`/`bias` may be null.
+// Validates shapes and attributes (docs/operators.md: "Bad input") and fills `p`. `mask`/`bias` may be null.
 // `op` names the entry point in error messages (e.g. "deform_conv2d").
 Status make_deform_conv2d_params(const char* op, const Shape& input, const Shape& offset,
                                  const Shape& weight, const Shape* bias, const Shape* mask,

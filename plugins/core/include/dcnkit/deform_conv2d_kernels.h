@@ -1,4 +1,4 @@
-// Per-element math of DeformConv2d / ModulatedDeformConv2d (OPS.md), shared by the CPU and CUDA
+// Per-element math of DeformConv2d / ModulatedDeformConv2d (docs/operators.md), shared by the CPU and CUDA
 // launchers. Everything here is DCNKIT_HD: the CPU loops over these functions, the CUDA kernels are
 // grid-stride loops over the same functions. Bilinear sampling comes from bilinear.h (dcn_taps).
 //

@@ -1,4 +1,4 @@
-// DeformPSRoIPool: R-FCN deformable position-sensitive RoI pooling (Dai et al. 2017). See OPS.md.
+// DeformPSRoIPool: R-FCN deformable position-sensitive RoI pooling (Dai et al. 2017). See docs/operators.md.
 //   input (N, output_dim * group_size^2, H, W), rois (K, 5),
 //   trans (K, 2 * num_classes, part_size, part_size) absent when no_trans
 //   -> output (K, output_dim, P, P), count (K, output_dim, P, P) (samples taken, reused by backward)

@@ -1,5 +1,5 @@
 // MultiLevelRoIAlign: the FPN pooler of two-stage detectors (mmdeploy's MMCVMultiLevelRoiAlign) as one
-// operator. See OPS.md.
+// operator. See docs/operators.md.
 //   features: L maps (N, C, H_l, W_l), rois (K, 5) rows [batch_index, x1, y1, x2, y2]  ->  (K, C, oh, ow)
 // Per RoI: level l = clamp(floor(log2(sqrt((x2 - x1) * (y2 - y1)) / finest_scale + 1e-6)), 0, L - 1) from
 // the box as given (a non-finite or negative value gives 0); when roi_scale_factor > 0 (and != 1) the box

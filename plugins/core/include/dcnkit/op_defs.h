@@ -1,7 +1,7 @@
 // The one definition of every operator's interface: input order, attribute names, kinds and defaults.
 // Read by the ONNX Runtime kernels and the TensorRT plugin creators (through these tables), and by
 // the Python exporter and ONNX schemas (through dcnkit_op_defs_json(), exported by every dcnkit
-// library). Names follow DESIGN.md: snake_case ops, CamelCase ONNX op types / plugin names.
+// library). Names follow docs/design.md: snake_case ops, CamelCase ONNX op types / plugin names.
 #pragma once
 
 #include <cstddef>

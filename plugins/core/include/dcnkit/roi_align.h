@@ -1,4 +1,4 @@
-// RoIAlign, avg and max pooling, aligned or not, adaptive or fixed sampling. See OPS.md.
+// RoIAlign, avg and max pooling, aligned or not, adaptive or fixed sampling. See docs/operators.md.
 //   input (N, C, H, W), rois (K, 5) rows [batch_index, x1, y1, x2, y2]  ->  output (K, C, oh, ow)
 #pragma once
 

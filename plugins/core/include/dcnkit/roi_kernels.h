@@ -1,7 +1,7 @@
 // Per-element math of the three RoI operators (RoIAlign, DeformRoIPool, DeformPSRoIPool), written once
 // as DCNKIT_HD templates and called by the CPU launchers (loops) and the CUDA launchers (grid-stride
 // kernels). T is the storage type, Acc the accumulation type. Sampling goes through bilinear.h
-// (roi_taps / psroi_taps); nothing here interpolates by itself. See OPS.md for the contract.
+// (roi_taps / psroi_taps); nothing here interpolates by itself. See docs/operators.md for the contract.
 //
 // Every function only reads the four taps of a sample when the sample is inside the map, so a map with
 // H == 0 or W == 0 is never read. Non-finite box coordinates or offsets give sampling points that are
@@ -38,6 +38,20 @@ inline Status check_roi_pool_args(const char* op, const Shape& input, const Shap
   if (!(std::isfinite(spatial_scale) && spatial_scale > 0)) {
     return arg_error(op, "spatial_scale", "a finite value > 0", to_str(spatial_scale));
   }
+  return Status::Ok();
+}
+
+// An explicit sampling grid (`arg`: sampling_ratio or sample_per_part) is at most kMaxSamplingRatio per
+// axis; `lo` is the smallest value allowed (sampling_ratio: any, <= 0 is adaptive; sample_per_part: 1).
+inline Status check_sampling_ratio(const char* op, const char* arg, int64_t value, int64_t lo) {
+  const std::string limit = std::to_string(kMaxSamplingRatio);
+  if (value > kMaxSamplingRatio) {
+    return arg_error(op, arg,
+                     lo <= 0 ? "a value <= " + limit + " (<= 0: adaptive; the limit of an explicit grid)"
+                             : "a value in [" + std::to_string(lo) + ", " + limit + "]",
+                     std::to_string(value));
+  }
+  if (value < lo) return arg_error(op, arg, "a value >= " + std::to_string(lo), std::to_string(value));
   return Status::Ok();
 }
 
@@ -134,128 +148,284 @@ DCNKIT_HD void roi_bin_origin(const RoIAlignBox<Acc>& b, int64_t ph, int64_t pw,
   *x0 = xs + static_cast<Acc>(pw) * b.bin_w;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Bounded sampling grids
+//
+// An adaptive grid has ceil(roi / pooled) samples per bin and axis: unbounded for a huge box (a box of
+// 1e9 pixels on an 8 x 8 map asks for ~1e17 samples). Only the samples whose coordinate falls in the
+// sampling region of the map can contribute, about twice the map size per axis at most, and the
+// functions below visit only those. Per axis, the index range of the samples inside is found by
+// bisection on the sampling expression itself (the coordinate is monotone in the index in floating
+// point too), so exactly the samples a full loop finds inside are visited, in the loop's order, and the
+// divisor stays the full sample count: results are those of the full loop. Samples outside add 0 to a
+// sum; for a max, each run of consecutive outside samples is one candidate 0 at the place of its first
+// sample in the loop, which keeps the full loop's maximum and arg-max (ties: the first).
+// In exact arithmetic at most 2 * extent + 3 samples of an adaptive axis land on the map (they are more
+// than 0.5 apart). Rounding can put more there where box coordinates are huge: in float32 beyond ~2^22
+// feature pixels, consecutive samples round to the same point. An axis with more samples inside than
+// roi_axis_cap visits each run of equal samples once, weighted by its length (the sum then differs from
+// the sequential one in the last bits), which keeps the work bounded; below the cap every sample inside
+// is visited one by one.
+
+// First i in [lo, hi) with pred(i), for a predicate that is false then true on [lo, hi); hi if none.
+template <typename Pred>
+DCNKIT_HD int64_t first_true(int64_t lo, int64_t hi, const Pred& pred) {
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (pred(mid)) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+// Samples [lo, hi) of one axis (empty when lo >= hi).
+struct SampleRange {
+  int64_t lo, hi;
+};
+
+// The samples i in [0, n) whose coordinate coord(i) lies in [a, b], for a coordinate non-decreasing in
+// i (`increasing`) or non-increasing. NaN is outside.
+template <typename Acc, typename Coord>
+DCNKIT_HD SampleRange sample_range(int64_t n, bool increasing, Acc a, Acc b, const Coord& coord) {
+  SampleRange r;
+  if (increasing) {
+    r.lo = first_true(int64_t(0), n, [&](int64_t i) { return coord(i) >= a; });
+    r.hi = first_true(r.lo, n, [&](int64_t i) { return !(coord(i) <= b); });
+  } else {
+    r.lo = first_true(int64_t(0), n, [&](int64_t i) { return coord(i) <= b; });
+    r.hi = first_true(r.lo, n, [&](int64_t i) { return !(coord(i) >= a); });
+  }
+  return r;
+}
+
+// End (exclusive) of the run of samples from i on whose coordinate equals c = coord(i), within [i, hi).
+template <typename Acc, typename Coord>
+DCNKIT_HD int64_t sample_run_end(int64_t i, int64_t hi, Acc c, const Coord& coord) {
+  if (i + 1 >= hi || coord(i + 1) != c) return i + 1;
+  return first_true(i + 2, hi, [&](int64_t j) { return coord(j) != c; });
+}
+
+// Coordinate of sample i along one axis of a RoIAlign bin: origin + (i + 0.5) * bin / g.
+template <typename Acc>
+struct RoIAxis {
+  Acc origin, bin;
+  int64_t g;
+  DCNKIT_HD Acc operator()(int64_t i) const {
+    return origin + (static_cast<Acc>(i) + Acc(0.5)) * bin / static_cast<Acc>(g);
+  }
+};
+
 // Sample (iy, ix) of a bin whose top-left corner is (y0, x0).
 template <typename Acc>
 DCNKIT_HD Taps<Acc> roi_bin_sample(const RoIAlignBox<Acc>& b, Acc y0, Acc x0, int64_t iy, int64_t ix,
                                    int64_t H, int64_t W) {
-  const Acc y = y0 + (static_cast<Acc>(iy) + Acc(0.5)) * b.bin_h / static_cast<Acc>(b.gh);
-  const Acc x = x0 + (static_cast<Acc>(ix) + Acc(0.5)) * b.bin_w / static_cast<Acc>(b.gw);
-  return roi_taps(y, x, H, W);
+  return roi_taps(RoIAxis<Acc>{y0, b.bin_h, b.gh}(iy), RoIAxis<Acc>{x0, b.bin_w, b.gw}(ix), H, W);
 }
 
-template <typename Acc, typename T>
-DCNKIT_HD Acc roi_sample_value(const T* img, const Taps<Acc>& t) {
-  return t.inside ? taps_value(img, t) : Acc(0);
-}
-
-// Number of samples of a bin (0: empty grid).
+// Number of samples of a bin (0: empty grid), saturated at 2^63 - 1.
 template <typename Acc>
 DCNKIT_HD int64_t roi_bin_samples(const RoIAlignBox<Acc>& b) {
-  return (b.gh > 0 && b.gw > 0) ? b.gh * b.gw : 0;
+  if (b.gh <= 0 || b.gw <= 0) return 0;
+  const int64_t kMax = int64_t(0x7fffffffffffffff);
+  return b.gh <= kMax / b.gw ? b.gh * b.gw : kMax;
 }
 
-// Taps sources for the bin functions below: sample i (= iy * gw + ix) of a bin, computed on the fly
-// (CUDA) or read from taps precomputed once per RoI and bin and reused for every channel (CPU).
+// The divisor of an avg bin: its number of samples gh * gw (0: empty grid).
+template <typename Acc>
+DCNKIT_HD Acc roi_bin_count(const RoIAlignBox<Acc>& b) {
+  if (b.gh <= 0 || b.gw <= 0) return Acc(0);
+  if (b.gh <= int64_t(0x7fffffffffffffff) / b.gw) return static_cast<Acc>(b.gh * b.gw);
+  return static_cast<Acc>(b.gh) * static_cast<Acc>(b.gw);
+}
+
+// Most samples inside visited one by one along an axis of the map's `extent` (see above).
+DCNKIT_HD int64_t roi_axis_cap(int64_t extent) {
+  const int64_t c = 4 * (extent + 2);
+  return c > kMaxSamplingRatio ? c : kMaxSamplingRatio;
+}
+
+// Visits the samples of one RoIAlign bin with corner (y0, x0) that can contribute, in the order of the
+// full loop (iy outer, ix inner): visit(taps, m) for each sample inside the map (m = 1), or each run of
+// m equal samples beyond roi_axis_cap, and visit(outside, 0) (taps.inside false) where a run of samples
+// outside the map begins. Stops early when visit returns false.
+template <typename Acc, typename Visit>
+DCNKIT_HD void roi_bin_visit(const RoIAlignBox<Acc>& b, Acc y0, Acc x0, int64_t H, int64_t W,
+                             Visit& visit) {
+  if (b.gh <= 0 || b.gw <= 0) return;
+  const RoIAxis<Acc> ay{y0, b.bin_h, b.gh}, ax{x0, b.bin_w, b.gw};
+  SampleRange ry{0, 0}, rx{0, 0};
+  if (H > 0 && W > 0) {  // roi_taps: inside when -1 <= y <= H and -1 <= x <= W
+    ry = sample_range(b.gh, !(b.bin_h < Acc(0)), Acc(-1), static_cast<Acc>(H), ay);
+    if (ry.lo < ry.hi) rx = sample_range(b.gw, !(b.bin_w < Acc(0)), Acc(-1), static_cast<Acc>(W), ax);
+  }
+  Taps<Acc> out;
+  taps_clear(out);
+  if (ry.lo >= ry.hi || rx.lo >= rx.hi) {
+    visit(out, Acc(0));
+    return;
+  }
+  const bool y_runs = ry.hi - ry.lo > roi_axis_cap(H), x_runs = rx.hi - rx.lo > roi_axis_cap(W);
+  if (ry.lo > 0 && !visit(out, Acc(0))) return;
+  for (int64_t iy = ry.lo; iy < ry.hi;) {
+    const Acc y = ay(iy);
+    const int64_t ey = y_runs ? sample_run_end(iy, ry.hi, y, ay) : iy + 1;
+    const Acc my = static_cast<Acc>(ey - iy);
+    if (rx.lo > 0 && !visit(out, Acc(0))) return;
+    for (int64_t ix = rx.lo; ix < rx.hi;) {
+      const Acc x = ax(ix);
+      const int64_t ex = x_runs ? sample_run_end(ix, rx.hi, x, ax) : ix + 1;
+      if (!visit(roi_taps(y, x, H, W), my * static_cast<Acc>(ex - ix))) return;
+      ix = ex;
+    }
+    if (rx.hi < b.gw && !visit(out, Acc(0))) return;
+    iy = ey;
+  }
+  if (ry.hi < b.gh) visit(out, Acc(0));
+}
+
+// Sample sources for the bin functions below, both visited in the same order: the samples of a bin
+// computed on the fly (CUDA), or collected once per RoI and bin and reused for every channel (CPU).
+template <typename Acc>
+struct RoISample {
+  Taps<Acc> t;
+  Acc m;  // number of equal samples (0 for an outside run)
+};
 template <typename Acc>
 struct RoIBinTaps {
   const RoIAlignBox<Acc>* box;
   Acc y0, x0;
   int64_t H, W;
-  DCNKIT_HD Taps<Acc> operator()(int64_t i) const {
-    return roi_bin_sample(*box, y0, x0, i / box->gw, i % box->gw, H, W);
+  template <typename Visit>
+  DCNKIT_HD void visit(Visit& v) const {
+    roi_bin_visit(*box, y0, x0, H, W, v);
   }
 };
 template <typename Acc>
 struct TapsArray {
-  const Taps<Acc>* taps;
-  DCNKIT_HD const Taps<Acc>& operator()(int64_t i) const { return taps[i]; }
+  const RoISample<Acc>* s;
+  int64_t n;
+  template <typename Visit>
+  DCNKIT_HD void visit(Visit& v) const {
+    for (int64_t i = 0; i < n; ++i)
+      if (!v(s[i].t, s[i].m)) return;
+  }
 };
 
-// Forward of one bin of one channel map `img` from its n samples: the mean (avg) or the largest (max);
-// 0 when n == 0. `argmax` (optional) receives the index of the largest sample (the first on ties).
-template <typename Acc, typename T, typename TapsAt>
-DCNKIT_HD Acc roi_bin_reduce(const T* img, int64_t n, const TapsAt& taps_at, bool max_mode,
-                             int64_t* argmax = nullptr) {
-  if (argmax != nullptr) *argmax = -1;
-  if (n <= 0) return Acc(0);
-  Acc sum = Acc(0), best = Acc(0);
-  int64_t best_i = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    const auto& t = taps_at(i);
-    const Acc v = roi_sample_value(img, t);
-    if (max_mode) {
-      if (best_i < 0 || v > best) {
-        best = v;
-        best_i = i;
-      }
-    } else {
-      sum += v;
-    }
+// Visitors of the bin functions.
+template <typename Acc, typename T>
+struct RoIBinSum {  // sum of the samples inside
+  const T* img;
+  Acc sum;
+  DCNKIT_HD bool operator()(const Taps<Acc>& t, Acc m) {
+    if (t.inside) sum += taps_value(img, t) * m;
+    return true;
   }
-  if (argmax != nullptr) *argmax = best_i;
-  return max_mode ? best : sum / static_cast<Acc>(n);
+};
+template <typename Acc, typename T>
+struct RoIBinMax {  // largest sample (outside: 0), the first on ties; its taps when `keep`
+  const T* img;
+  bool keep, any;
+  Acc best;
+  Taps<Acc> best_taps;
+  DCNKIT_HD bool operator()(const Taps<Acc>& t, Acc) {
+    const Acc v = t.inside ? taps_value(img, t) : Acc(0);
+    if (!any || v > best) {
+      any = true;
+      best = v;
+      if (keep) best_taps = t;
+    }
+    return true;
+  }
+};
+template <typename Acc, typename Add>
+struct RoIBinSpread {  // g to every sample inside, times its weights
+  Acc g;
+  Add* add;
+  DCNKIT_HD bool operator()(const Taps<Acc>& t, Acc m) {
+    if (!t.inside) return true;
+    const Acc gm = g * m;
+    for (int i = 0; i < 4; ++i) (*add)(t.idx[i], gm * t.w[i]);
+    return true;
+  }
+};
+template <typename Acc, typename T>
+struct RoIBinCoordSum {  // sums of dS/dy and dS/dx over the samples inside
+  const T* img;
+  Acc sy, sx;
+  DCNKIT_HD bool operator()(const Taps<Acc>& t, Acc m) {
+    if (!t.inside) return true;
+    Acc dy, dx;
+    taps_coord_grad(img, t, dy, dx);
+    sy += dy * m;
+    sx += dx * m;
+    return true;
+  }
+};
+
+// Forward of one bin of one channel map `img` from its samples (`n` of them, roi_bin_count): the mean
+// (avg) or the largest (max); 0 when n == 0.
+template <typename Acc, typename T, typename Src>
+DCNKIT_HD Acc roi_bin_reduce(const T* img, Acc n, const Src& src, bool max_mode) {
+  if (!(n > Acc(0))) return Acc(0);
+  if (max_mode) {
+    RoIBinMax<Acc, T> v{img, false, false, Acc(0), {}};
+    src.visit(v);
+    return v.best;
+  }
+  RoIBinSum<Acc, T> v{img, Acc(0)};
+  src.visit(v);
+  return v.sum / n;
 }
 
 // Backward of one bin: scatters the bin's output gradient g into the channel's input gradient through
 // add(index, value) (CPU: +=, CUDA: atomicAdd). avg: g / n to every sample; max: g to the arg-max
 // sample, recomputed from `img` (avg does not read `img`).
-template <typename Acc, typename T, typename TapsAt, typename Add>
-DCNKIT_HD void roi_bin_scatter(const T* img, int64_t n, const TapsAt& taps_at, bool max_mode, Acc g,
-                               Add& add) {
-  if (n <= 0) return;
+template <typename Acc, typename T, typename Src, typename Add>
+DCNKIT_HD void roi_bin_scatter(const T* img, Acc n, const Src& src, bool max_mode, Acc g, Add& add) {
+  if (!(n > Acc(0))) return;
   if (max_mode) {
-    int64_t am = -1;
-    roi_bin_reduce<Acc>(img, n, taps_at, true, &am);
-    if (am < 0) return;
-    const auto& t = taps_at(am);
-    if (!t.inside) return;
-    for (int i = 0; i < 4; ++i) add(t.idx[i], g * t.w[i]);
+    RoIBinMax<Acc, T> v{img, true, false, Acc(0), {}};
+    src.visit(v);
+    if (!v.any || !v.best_taps.inside) return;
+    for (int i = 0; i < 4; ++i) add(v.best_taps.idx[i], g * v.best_taps.w[i]);
     return;
   }
-  const Acc gs = g / static_cast<Acc>(n);
-  for (int64_t s = 0; s < n; ++s) {
-    const auto& t = taps_at(s);
-    if (!t.inside) continue;
-    for (int i = 0; i < 4; ++i) add(t.idx[i], gs * t.w[i]);
-  }
+  RoIBinSpread<Acc, Add> v{g / n, &add};
+  src.visit(v);
 }
 
 // Derivatives of one avg bin's value with respect to its corner (y0, x0) (every sample moves with
 // it): the mean over samples of dS/dy and dS/dx. DeformRoIPool's offset gradient is
 // gamma * roi_w * (sum over channels of g * gx) in x and gamma * roi_h * (... gy) in y.
-template <typename Acc, typename T, typename TapsAt>
-DCNKIT_HD void roi_bin_coord_grad(const T* img, int64_t n, const TapsAt& taps_at, Acc* gy, Acc* gx) {
+template <typename Acc, typename T, typename Src>
+DCNKIT_HD void roi_bin_coord_grad(const T* img, Acc n, const Src& src, Acc* gy, Acc* gx) {
   *gy = Acc(0);
   *gx = Acc(0);
-  if (n <= 0) return;
-  Acc sy = Acc(0), sx = Acc(0);
-  for (int64_t s = 0; s < n; ++s) {
-    const auto& t = taps_at(s);
-    if (!t.inside) continue;
-    Acc dy, dx;
-    taps_coord_grad(img, t, dy, dx);
-    sy += dy;
-    sx += dx;
-  }
-  *gy = sy / static_cast<Acc>(n);
-  *gx = sx / static_cast<Acc>(n);
+  if (!(n > Acc(0))) return;
+  RoIBinCoordSum<Acc, T> v{img, Acc(0), Acc(0)};
+  src.visit(v);
+  *gy = v.sy / n;
+  *gx = v.sx / n;
 }
 
 // The same three, sampling on the fly (one bin with corner (y0, x0)).
 template <typename Acc, typename T>
 DCNKIT_HD Acc roi_align_bin_forward(const T* img, int64_t H, int64_t W, const RoIAlignBox<Acc>& b,
                                     Acc y0, Acc x0, bool max_mode) {
-  return roi_bin_reduce<Acc>(img, roi_bin_samples(b), RoIBinTaps<Acc>{&b, y0, x0, H, W}, max_mode);
+  return roi_bin_reduce<Acc>(img, roi_bin_count(b), RoIBinTaps<Acc>{&b, y0, x0, H, W}, max_mode);
 }
 template <typename Acc, typename T, typename Add>
 DCNKIT_HD void roi_align_bin_backward(const T* img, int64_t H, int64_t W, const RoIAlignBox<Acc>& b,
                                       Acc y0, Acc x0, bool max_mode, Acc g, Add& add) {
-  roi_bin_scatter<Acc>(img, roi_bin_samples(b), RoIBinTaps<Acc>{&b, y0, x0, H, W}, max_mode, g, add);
+  roi_bin_scatter<Acc>(img, roi_bin_count(b), RoIBinTaps<Acc>{&b, y0, x0, H, W}, max_mode, g, add);
 }
 template <typename Acc, typename T>
 DCNKIT_HD void roi_align_bin_coord_grad(const T* img, int64_t H, int64_t W, const RoIAlignBox<Acc>& b,
                                         Acc y0, Acc x0, Acc* gy, Acc* gx) {
-  roi_bin_coord_grad<Acc>(img, roi_bin_samples(b), RoIBinTaps<Acc>{&b, y0, x0, H, W}, gy, gx);
+  roi_bin_coord_grad<Acc>(img, roi_bin_count(b), RoIBinTaps<Acc>{&b, y0, x0, H, W}, gy, gx);
 }
 
 // DeformRoIPool: the box of an aligned RoIAlign, bins shifted by the offsets of RoI k (null: none).
@@ -275,21 +445,66 @@ DCNKIT_HD void deform_roi_pool_origin(const DeformRoIPoolParams& p, const RoIAli
 }
 
 // ---------------------------------------------------------------------------------------------
-// CPU drivers of RoIAlign and DeformRoIPool (host only). Per RoI, the taps of a chunk of bins are
-// computed once and reused for every channel; the arithmetic is the bin functions above.
+// CPU drivers of RoIAlign and DeformRoIPool (host only). Per RoI, the samples of a chunk of bins are
+// collected once and reused for every channel; a bin with more samples inside than the buffer holds
+// is sampled on the fly. The arithmetic is the bin functions above.
 //   box_of(roi) -> RoIAlignBox<T>;  origin_of(k, box, ph, pw, &y0, &x0): corner of bin (ph, pw).
 
 constexpr int64_t kRoITapsBuffer = 256;
 
+template <typename T>
+struct RoISampleCollect {
+  RoISample<T>* buf;
+  int64_t cap, n;
+  bool full;
+  bool operator()(const Taps<T>& t, T m) {
+    if (n >= cap) {
+      full = true;
+      return false;
+    }
+    buf[n++] = RoISample<T>{t, m};
+    return true;
+  }
+};
+
+// Collects the samples of bins bin0, bin0 + 1, ... of RoI k into buf (kRoITapsBuffer entries) while they
+// fit; bin bin0 + j's are buf[start[j] .. start[j + 1]). Returns the number of bins collected (0: bin0
+// alone does not fit).
 template <typename T, typename OriginOf>
-inline void roi_fill_taps(const RoIAlignBox<T>& box, int64_t k, int64_t bin0, int64_t nb, int64_t ow,
-                          int64_t H, int64_t W, int64_t n, const OriginOf& origin_of, Taps<T>* buf) {
-  for (int64_t j = 0; j < nb; ++j) {
-    const int64_t bin = bin0 + j;
+inline int64_t roi_collect_bins(const RoIAlignBox<T>& box, int64_t k, int64_t bin0, int64_t bins,
+                                int64_t ow, int64_t H, int64_t W, const OriginOf& origin_of,
+                                RoISample<T>* buf, int64_t* start) {
+  int64_t nb = 0;
+  start[0] = 0;
+  while (bin0 + nb < bins && nb < kRoITapsBuffer) {
     T y0, x0;
-    origin_of(k, box, bin / ow, bin % ow, &y0, &x0);
-    const RoIBinTaps<T> src{&box, y0, x0, H, W};
-    for (int64_t i = 0; i < n; ++i) buf[j * n + i] = src(i);
+    origin_of(k, box, (bin0 + nb) / ow, (bin0 + nb) % ow, &y0, &x0);
+    RoISampleCollect<T> c{buf + start[nb], kRoITapsBuffer - start[nb], 0, false};
+    roi_bin_visit(box, y0, x0, H, W, c);
+    if (c.full) break;
+    start[nb + 1] = start[nb] + c.n;
+    ++nb;
+  }
+  return nb;
+}
+
+// Calls chunk(bin0, nb, buf, start) for runs of bins whose samples fit the buffer, and
+// single(bin, y0, x0) for a bin that alone does not fit, in bin order.
+template <typename T, typename OriginOf, typename Chunk, typename Single>
+inline void roi_for_each_chunk(const RoIAlignBox<T>& box, int64_t k, int64_t bins, int64_t ow,
+                               int64_t H, int64_t W, const OriginOf& origin_of, RoISample<T>* buf,
+                               int64_t* start, const Chunk& chunk, const Single& single) {
+  for (int64_t bin0 = 0; bin0 < bins;) {
+    const int64_t nb = roi_collect_bins(box, k, bin0, bins, ow, H, W, origin_of, buf, start);
+    if (nb == 0) {
+      T y0, x0;
+      origin_of(k, box, bin0 / ow, bin0 % ow, &y0, &x0);
+      single(bin0, y0, x0);
+      ++bin0;
+    } else {
+      chunk(bin0, nb);
+      bin0 += nb;
+    }
   }
 }
 
@@ -300,37 +515,33 @@ void roi_pool_forward_cpu(const CpuContext& ctx, int64_t K, int64_t N, int64_t C
                           const T* rois, T* output, const BoxOf& box_of, const OriginOf& origin_of) {
   const int64_t bins = oh * ow;
   parallel_for(ctx, K, [&](int64_t kb, int64_t ke) {
-    Taps<T> buf[kRoITapsBuffer];
+    RoISample<T> buf[kRoITapsBuffer];
+    int64_t start[kRoITapsBuffer + 1];
     for (int64_t k = kb; k < ke; ++k) {
       const T* roi = rois + k * 5;
       int64_t b = 0;
       roi_batch_index<T>(roi, N, &b);
       const RoIAlignBox<T> box = box_of(roi);
-      const int64_t n = roi_bin_samples(box);
+      const T n = roi_bin_count(box);
       const T* img_b = input + b * C * H * W;
       T* out_k = output + k * C * bins;
-      if (n > kRoITapsBuffer) {  // very large bins: sample on the fly
-        for (int64_t bin = 0; bin < bins; ++bin) {
-          T y0, x0;
-          origin_of(k, box, bin / ow, bin % ow, &y0, &x0);
-          for (int64_t c = 0; c < C; ++c) {
-            out_k[c * bins + bin] = roi_align_bin_forward(img_b + c * H * W, H, W, box, y0, x0, max_mode);
-          }
-        }
-        continue;
-      }
-      const int64_t chunk = n > 0 ? kRoITapsBuffer / n : bins;
-      for (int64_t bin0 = 0; bin0 < bins; bin0 += chunk) {
-        const int64_t nb = chunk < bins - bin0 ? chunk : bins - bin0;
-        roi_fill_taps(box, k, bin0, nb, ow, H, W, n, origin_of, buf);
-        for (int64_t c = 0; c < C; ++c) {
-          const T* img = img_b + c * H * W;
-          T* out = out_k + c * bins + bin0;
-          for (int64_t j = 0; j < nb; ++j) {
-            out[j] = roi_bin_reduce<T>(img, n, TapsArray<T>{buf + j * n}, max_mode);
-          }
-        }
-      }
+      roi_for_each_chunk(
+          box, k, bins, ow, H, W, origin_of, buf, start,
+          [&](int64_t bin0, int64_t nb) {
+            for (int64_t c = 0; c < C; ++c) {
+              const T* img = img_b + c * H * W;
+              T* out = out_k + c * bins + bin0;
+              for (int64_t j = 0; j < nb; ++j) {
+                out[j] = roi_bin_reduce<T>(img, n, TapsArray<T>{buf + start[j], start[j + 1] - start[j]},
+                                           max_mode);
+              }
+            }
+          },
+          [&](int64_t bin, T y0, T x0) {
+            for (int64_t c = 0; c < C; ++c) {
+              out_k[c * bins + bin] = roi_align_bin_forward(img_b + c * H * W, H, W, box, y0, x0, max_mode);
+            }
+          });
     }
   });
 }
@@ -350,7 +561,8 @@ void roi_pool_backward_cpu(const CpuContext& ctx, int64_t K, int64_t N, int64_t 
                            const OriginOf& origin_of) {
   const int64_t bins = oh * ow;
   parallel_for(ctx, C, [&](int64_t cb, int64_t ce) {
-    Taps<T> buf[kRoITapsBuffer];
+    RoISample<T> buf[kRoITapsBuffer];
+    int64_t start[kRoITapsBuffer + 1];
     for (int64_t n = 0; n < N; ++n) {
       T* g = grad_input + (n * C + cb) * H * W;
       for (int64_t i = 0; i < (ce - cb) * H * W; ++i) g[i] = T(0);
@@ -360,32 +572,31 @@ void roi_pool_backward_cpu(const CpuContext& ctx, int64_t K, int64_t N, int64_t 
       int64_t b = 0;
       roi_batch_index<T>(roi, N, &b);
       const RoIAlignBox<T> box = box_of(roi);
-      const int64_t n = roi_bin_samples(box);
-      if (n == 0) continue;
-      const int64_t chunk = n <= kRoITapsBuffer ? kRoITapsBuffer / n : 0;
-      for (int64_t bin0 = 0; bin0 < bins; bin0 += (chunk > 0 ? chunk : 1)) {
-        const int64_t nb = chunk == 0 ? 1 : (chunk < bins - bin0 ? chunk : bins - bin0);
-        T y0 = T(0), x0 = T(0);
-        if (chunk > 0) {
-          roi_fill_taps(box, k, bin0, nb, ow, H, W, n, origin_of, buf);
-        } else {
-          origin_of(k, box, bin0 / ow, bin0 % ow, &y0, &x0);
-        }
-        for (int64_t c = cb; c < ce; ++c) {
-          const T* img = max_mode ? input + (b * C + c) * H * W : nullptr;
-          CpuAddTo<T> add{grad_input + (b * C + c) * H * W};
-          const T* go = grad_output + (k * C + c) * bins + bin0;
-          for (int64_t j = 0; j < nb; ++j) {
-            const T g = go[j];
-            if (g == T(0)) continue;
-            if (chunk > 0) {
-              roi_bin_scatter<T>(img, n, TapsArray<T>{buf + j * n}, max_mode, g, add);
-            } else {
+      const T n = roi_bin_count(box);
+      if (!(n > T(0))) continue;
+      roi_for_each_chunk(
+          box, k, bins, ow, H, W, origin_of, buf, start,
+          [&](int64_t bin0, int64_t nb) {
+            for (int64_t c = cb; c < ce; ++c) {
+              const T* img = max_mode ? input + (b * C + c) * H * W : nullptr;
+              CpuAddTo<T> add{grad_input + (b * C + c) * H * W};
+              const T* go = grad_output + (k * C + c) * bins + bin0;
+              for (int64_t j = 0; j < nb; ++j) {
+                if (go[j] == T(0)) continue;
+                roi_bin_scatter<T>(img, n, TapsArray<T>{buf + start[j], start[j + 1] - start[j]}, max_mode,
+                                   go[j], add);
+              }
+            }
+          },
+          [&](int64_t bin, T y0, T x0) {
+            for (int64_t c = cb; c < ce; ++c) {
+              const T g = grad_output[(k * C + c) * bins + bin];
+              if (g == T(0)) continue;
+              const T* img = max_mode ? input + (b * C + c) * H * W : nullptr;
+              CpuAddTo<T> add{grad_input + (b * C + c) * H * W};
               roi_align_bin_backward(img, H, W, box, y0, x0, max_mode, g, add);
             }
-          }
-        }
-      }
+          });
     }
   });
 }
@@ -443,10 +654,30 @@ DCNKIT_HD PSRoIBin<Acc> psroi_bin(const DeformPSRoIPoolParams& p, const T* roi, 
   return r;
 }
 
+// Coordinate of sample i along one axis of a DeformPSRoIPool bin: origin + i * step.
+template <typename Acc>
+struct PSRoIAxis {
+  Acc origin, step;
+  DCNKIT_HD Acc operator()(int64_t i) const { return origin + static_cast<Acc>(i) * step; }
+};
+
 template <typename Acc>
 DCNKIT_HD Taps<Acc> psroi_bin_sample(const PSRoIBin<Acc>& r, int64_t ih, int64_t iw, int64_t H,
                                      int64_t W) {
-  return psroi_taps(r.h0 + static_cast<Acc>(ih) * r.sub_h, r.w0 + static_cast<Acc>(iw) * r.sub_w, H, W);
+  return psroi_taps(PSRoIAxis<Acc>{r.h0, r.sub_h}(ih), PSRoIAxis<Acc>{r.w0, r.sub_w}(iw), H, W);
+}
+
+// The samples of an spp x spp grid that are taken (psroi_taps: -0.5 <= h <= H - 0.5, the same for w),
+// as index ranges (see "Bounded sampling grids"): loops over them visit exactly the samples taken.
+template <typename Acc>
+DCNKIT_HD void psroi_bin_ranges(const PSRoIBin<Acc>& r, int64_t spp, int64_t H, int64_t W,
+                                SampleRange* rh, SampleRange* rw) {
+  *rh = SampleRange{0, 0};
+  *rw = SampleRange{0, 0};
+  if (H <= 0 || W <= 0) return;
+  *rh = sample_range(spp, !(r.sub_h < Acc(0)), Acc(-0.5), Acc(H) - Acc(0.5), PSRoIAxis<Acc>{r.h0, r.sub_h});
+  if (rh->lo >= rh->hi) return;
+  *rw = sample_range(spp, !(r.sub_w < Acc(0)), Acc(-0.5), Acc(W) - Acc(0.5), PSRoIAxis<Acc>{r.w0, r.sub_w});
 }
 
 // Forward of one output: mean of the samples taken (0 when none); *count receives their number.
@@ -455,8 +686,10 @@ DCNKIT_HD Acc psroi_bin_forward(const T* img, int64_t H, int64_t W, const PSRoIB
                                 int64_t spp, Acc* count) {
   Acc sum = Acc(0);
   int64_t n = 0;
-  for (int64_t ih = 0; ih < spp; ++ih) {
-    for (int64_t iw = 0; iw < spp; ++iw) {
+  SampleRange rh, rw;
+  psroi_bin_ranges(r, spp, H, W, &rh, &rw);
+  for (int64_t ih = rh.lo; ih < rh.hi; ++ih) {
+    for (int64_t iw = rw.lo; iw < rw.hi; ++iw) {
       const Taps<Acc> t = psroi_bin_sample(r, ih, iw, H, W);
       if (!t.inside) continue;
       sum += taps_value(img, t);
@@ -473,8 +706,10 @@ DCNKIT_HD void psroi_bin_backward(int64_t H, int64_t W, const PSRoIBin<Acc>& r, 
                                   Acc count, Acc g, Add& add) {
   if (!(count > Acc(0))) return;
   const Acc d = g / count;
-  for (int64_t ih = 0; ih < spp; ++ih) {
-    for (int64_t iw = 0; iw < spp; ++iw) {
+  SampleRange rh, rw;
+  psroi_bin_ranges(r, spp, H, W, &rh, &rw);
+  for (int64_t ih = rh.lo; ih < rh.hi; ++ih) {
+    for (int64_t iw = rw.lo; iw < rw.hi; ++iw) {
       const Taps<Acc> t = psroi_bin_sample(r, ih, iw, H, W);
       if (!t.inside) continue;
       for (int i = 0; i < 4; ++i) add(t.idx[i], d * t.w[i]);
@@ -493,8 +728,10 @@ DCNKIT_HD void psroi_bin_trans_grad(const T* img, int64_t H, int64_t W, const PS
   *gty = Acc(0);
   if (!(count > Acc(0))) return;
   Acc sy = Acc(0), sx = Acc(0);
-  for (int64_t ih = 0; ih < spp; ++ih) {
-    for (int64_t iw = 0; iw < spp; ++iw) {
+  SampleRange rh, rw;
+  psroi_bin_ranges(r, spp, H, W, &rh, &rw);
+  for (int64_t ih = rh.lo; ih < rh.hi; ++ih) {
+    for (int64_t iw = rw.lo; iw < rw.hi; ++iw) {
       const Taps<Acc> t = psroi_bin_sample(r, ih, iw, H, W);
       if (!t.inside) continue;
       Acc dy, dx;
