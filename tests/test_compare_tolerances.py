@@ -20,7 +20,7 @@ def call(capsys, *args):
 @pytest.fixture(scope="module")
 def two_outputs(tmp_path_factory):
     """``y``: ONNX RoiAlign in max mode, where ONNX Runtime's built-in kernel differs from the reference runner
-    (OPS.md's max) by far more than 1e-3; ``z``: Relu(x), identical on both. So a tolerance for ``y`` alone
+    (the kit's documented max) by far more than 1e-3; ``z``: Relu(x), identical on both. So a tolerance for ``y`` alone
     decides the verdict."""
     nodes = [
         helper.make_node("RoiAlign", ["x", "rois", "batch_indices"], ["y"], output_height=3, output_width=3,
