@@ -455,6 +455,7 @@ def cmd_run(args) -> int:
 # compare
 # ------------------------------------------------------------------------------------------------
 FAST_BACKENDS = ("ort-cpu", "ort-cuda", "tensorrt")
+_DEFAULT_TOL = 1e-4
 
 
 def choose_compare_backends(requested: list[str] | None, available: dict) -> tuple[list[str], list[str]]:
@@ -484,6 +485,49 @@ def format_stats(rows) -> list[str]:
     return lines
 
 
+def parse_tolerances(values, arg: str, default: float) -> dict[str, float]:
+    """``--atol`` / ``--rtol`` values as Polygraphy takes them: each ``VALUE`` (every output) or
+    ``OUTPUT:VALUE`` (that output), repeatable and comma-separated; later entries win. Returns a dict with
+    the key ``""`` for the default (Polygraphy's convention)."""
+    tol = {"": float(default)}
+    for text in values or []:
+        for item in str(text).split(","):
+            item = item.strip()
+            if not item:
+                raise CliError(arg, f"expected VALUE or OUTPUT:VALUE (comma-separated), got {text!r}")
+            name, sep, value = item.rpartition(":")
+            if sep and not name:
+                raise CliError(arg, f"expected an output name before ':' in {item!r}")
+            try:
+                v = float(value)
+            except ValueError:
+                raise CliError(arg, f"expected a number in {item!r} (VALUE or OUTPUT:VALUE), got {value!r}") from None
+            if not v >= 0 or v == float("inf"):
+                raise CliError(arg, f"expected a finite tolerance >= 0 in {item!r}, got {v:g}")
+            tol[name] = v
+    return tol
+
+
+def check_tolerance_names(tol: dict[str, float], outputs: list[str], arg: str) -> None:
+    """Every named output of a per-output tolerance is an output of the model."""
+    unknown = [n for n in tol if n and n not in outputs]
+    if unknown:
+        raise CliError(arg, f"expected output names among {outputs}, got {unknown}")
+
+
+def format_tolerances(atol: dict[str, float], rtol: dict[str, float]) -> str:
+    parts = [f"atol={atol['']:g}, rtol={rtol['']:g}"]
+    for name in sorted({n for n in list(atol) + list(rtol) if n}):
+        parts.append(f"{name}: atol={atol.get(name, atol['']):g}, rtol={rtol.get(name, rtol['']):g}")
+    return "; ".join(parts)
+
+
+def _model_output_names(path: str) -> list[str]:
+    import onnx
+
+    return [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
+
+
 def cmd_compare(args) -> int:
     from dcnkit.polygraphy_ext import compare_backends
     from dcnkit.runtime.runners import available_backends, make_runner
@@ -494,6 +538,12 @@ def cmd_compare(args) -> int:
 
     if is_engine_file(args.model):
         raise CliError("model", f"expected the ONNX file (every backend runs it; tensorrt builds it), got {args.model!r}")
+    atol = parse_tolerances(args.atol, "--atol", _DEFAULT_TOL)
+    rtol = parse_tolerances(args.rtol, "--rtol", _DEFAULT_TOL)
+    if len(atol) > 1 or len(rtol) > 1:
+        outputs = _model_output_names(args.model)
+        check_tolerance_names(atol, outputs, "--atol")
+        check_tolerance_names(rtol, outputs, "--rtol")
     avail = available_backends()
     _require_backends(requested, avail)
     chosen, skipped = choose_compare_backends(requested, avail)
@@ -512,8 +562,8 @@ def cmd_compare(args) -> int:
             specs = {s.name: s for s in (parse_input_spec(t, "--shape") for t in args.shape or [])}
             rng_feeds.append(make_feeds(infos, specs, np.random.default_rng(args_seed), batch=args.batch))
     print(f"comparing {', '.join(chosen)} on {args.model} ({len(rng_feeds)} input set(s); "
-          f"atol={args.atol:g}, rtol={args.rtol:g})")
-    passed, stats, _ = compare_backends(args.model, chosen, rng_feeds, atol=args.atol, rtol=args.rtol,
+          f"{format_tolerances(atol, rtol)})")
+    passed, stats, _ = compare_backends(args.model, chosen, rng_feeds, atol=atol, rtol=rtol,
                                         quiet=not args.verbose)
     for line in format_stats(stats):
         print(line)
@@ -651,8 +701,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="ONNX file")
     p.add_argument("--backends", help="comma-separated, first is the reference of the comparison (default: every "
                    "available fast backend; the NumPy reference joins when only one is present)")
-    p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default 1e-4)")
-    p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance (default 1e-4)")
+    p.add_argument("--atol", action="append", metavar="[OUTPUT:]VALUE",
+                   help="absolute tolerance (default 1e-4): a bare VALUE for every output, OUTPUT:VALUE for one "
+                   "output (as Polygraphy), repeatable or comma-separated, e.g. --atol 1e-4 --atol boxes:0.05")
+    p.add_argument("--rtol", action="append", metavar="[OUTPUT:]VALUE",
+                   help="relative tolerance (default 1e-4), same forms as --atol, e.g. --rtol scores:1e-3")
     p.add_argument("--iterations", type=int, default=1, help="random input sets (default 1)")
     p.add_argument("-v", "--verbose", action="store_true", help="show Polygraphy's own log")
     _add_input_args(p)

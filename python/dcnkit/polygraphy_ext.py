@@ -259,9 +259,11 @@ def error_stats(results, reference_index: int = 0) -> list[dict]:
     return rows
 
 
-def compare_backends(model, backends, feeds, atol: float = 1e-5, rtol: float = 1e-5, quiet: bool = True):
+def compare_backends(model, backends, feeds, atol=1e-5, rtol=1e-5, quiet: bool = True):
     """Runs ``model`` on ``backends`` (names) with ``feeds`` (a list of feed dicts) through Polygraphy's
     ``Comparator.run`` and checks every backend against the first with ``CompareFunc.simple(atol, rtol)``.
+    ``atol`` / ``rtol`` are a float for every output or, as in Polygraphy, a dict of per-output values with
+    the key ``""`` for the default (e.g. ``{"": 1e-4, "boxes": 0.05}``).
 
     Returns ``(passed, stats, results)``: ``passed`` is Polygraphy's verdict (bool), ``stats`` the rows of
     :func:`error_stats`, ``results`` Polygraphy's ``RunResults``.

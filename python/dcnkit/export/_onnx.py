@@ -55,17 +55,45 @@ def _check_names(arg: str, names: Any, count: int | None) -> list[str]:
     return names
 
 
-def _count_outputs(model: Any, args: tuple, kwargs: dict) -> int:
+def _flatten_outputs(out: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
+    """(path, tensor) for every tensor of a model's output, in the exporters' order: tuples and lists by
+    index, dicts in insertion order (torchvision detectors return ``[{"boxes", "labels", "scores"}]``)."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [(path, out)]
+    if isinstance(out, (tuple, list)):
+        return [leaf for i, o in enumerate(out) for leaf in _flatten_outputs(o, path + (i,))]
+    if isinstance(out, dict):
+        return [leaf for k, o in out.items() for leaf in _flatten_outputs(o, path + (str(k),))]
+    _fail("model", "a model returning tensors (a tensor, or tuples / lists / dicts of them)", _type_name(out),
+          TypeError)
+    return []
+
+
+def _output_structure(model: Any, args: tuple, kwargs: dict) -> tuple[int, list[str]]:
+    """(number of outputs, default names): ``output`` for one plain tensor, ``output_<i>`` for a tuple;
+    outputs in dicts are named by their keys (``boxes``, ``labels``, ``scores`` for a torchvision detector on
+    one image), with the list / tuple indices added where keys alone repeat (``boxes_0``, ``boxes_1``)."""
     import torch
 
     with torch.no_grad():
         out = model(*args, **kwargs)
-    if isinstance(out, torch.Tensor):
-        return 1
-    if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
-        return len(out)
-    _fail("model", "a model returning a tensor or a tuple/list of tensors", _type_name(out), TypeError)
-    return 0
+    leaves = _flatten_outputs(out)
+    if not leaves:
+        _fail("model", "a model returning at least one tensor", "no tensors", TypeError)
+    if not any(isinstance(p, str) for path, _ in leaves for p in path):
+        if len(leaves) == 1:
+            return 1, ["output"]
+        return len(leaves), [f"output_{i}" for i in range(len(leaves))]
+    keys_only = ["_".join(p for p in path if isinstance(p, str)) for path, _ in leaves]
+    if all(keys_only) and len(set(keys_only)) == len(keys_only):
+        return len(leaves), keys_only
+    names = []
+    for i, (path, _) in enumerate(leaves):
+        keys = [p for p in path if isinstance(p, str)] + [str(p) for p in path if not isinstance(p, str)]
+        names.append("_".join(keys) or f"output_{i}")
+    return len(leaves), names
 
 
 def _param_bytes(model: Any) -> int:
@@ -83,6 +111,7 @@ def to_onnx(
     roi_inputs: Sequence[str] | None = None,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
+    output_axes: dict[str, dict[int, str]] | None = None,
     opset_version: int | None = None,
     opset: int | None = None,
     dynamo: bool = True,
@@ -105,7 +134,11 @@ def to_onnx(
         roi_inputs: names of the inputs whose dim 0 is the RoI count (``rois (K, 5)``, also
             per-RoI offsets); default: the inputs whose name contains ``roi``.
         input_names: default: the names of ``model.forward``'s parameters.
-        output_names: default: ``output`` for one output, else ``output_0``, ``output_1``, ...
+        output_names: default: ``output`` for one output, else ``output_0``, ``output_1``, ...; outputs
+            in dicts (torchvision detectors: ``[{"boxes": ..., "labels": ..., "scores": ...}]``) are named
+            by their keys (``boxes``, ``labels``, ``scores``; ``boxes_0``, ``boxes_1``, ... for several images).
+        output_axes: names of output dims whose size depends on the data, e.g.
+            ``{"boxes": {0: "num_detections"}}``, written into the graph's output shapes.
         opset / opset_version: default 20 (give one of the two names); >= 19 is needed for ``DeformConv`` (below that, deform_conv2d
             is exported as ``dcnkit::DeformConv2d``); the TorchScript exporter supports up to 20.
         dynamo: True for torch.export-based export (torch's default), False for the TorchScript one.
@@ -176,11 +209,12 @@ def to_onnx(
         if input_names is None
         else _check_names("input_names", input_names, len(args))
     )
-    n_out = _count_outputs(model, args, kwargs)
+    n_out, default_out_names = _output_structure(model, args, kwargs)
     if output_names is None:
-        out_names = ["output"] if n_out == 1 else [f"output_{i}" for i in range(n_out)]
+        out_names = default_out_names
     else:
         out_names = _check_names("output_names", output_names, n_out)
+    out_axes = _check_output_axes(output_axes, out_names)
     if roi_inputs is None:
         rois = [n for n in in_names if "roi" in n.lower()]
     else:
@@ -224,9 +258,48 @@ def to_onnx(
 
     if not dynamo:
         _relabel_outputs(path)
+    if out_axes:
+        _name_output_dims(path, out_axes)
     if check:
         check_model(path)
     return str(path)
+
+
+def _check_output_axes(output_axes: Any, out_names: list[str]) -> dict[str, dict[int, str]]:
+    if output_axes is None:
+        return {}
+    if not isinstance(output_axes, dict):
+        _fail("output_axes", "a dict {output name: {dim: name}} or None", _type_name(output_axes), TypeError)
+    for name, dims in output_axes.items():
+        if name not in out_names:
+            _fail("output_axes", f"output names among {out_names}", repr(name))
+        if not isinstance(dims, dict) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 0 and isinstance(n, str) and n
+                for d, n in dims.items()):
+            _fail(f"output_axes[{name!r}]", "a dict {dim (int >= 0): name (non-empty str)}", repr(dims), TypeError)
+    return {k: dict(v) for k, v in output_axes.items()}
+
+
+def _name_output_dims(path: Path, out_axes: dict[str, dict[int, str]]) -> None:
+    """Writes ``out_axes`` into the graph outputs' shapes."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    for out in model.graph.output:
+        dims = out_axes.get(out.name)
+        if not dims:
+            continue
+        tt = out.type.tensor_type
+        if not tt.HasField("shape"):
+            _fail(f"output_axes[{out.name!r}]", "an output whose rank the export knows", "an unknown rank")
+        shape = tt.shape
+        rank = len(shape.dim)
+        if max(dims) >= rank:
+            _fail(f"output_axes[{out.name!r}]", f"dims below the output's rank {rank}", sorted(dims))
+        for d, name in dims.items():
+            shape.dim[d].Clear()
+            shape.dim[d].dim_param = name
+    onnx.save(model, str(path))
 
 
 def _relabel_outputs(path: Path) -> None:

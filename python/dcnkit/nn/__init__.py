@@ -1,10 +1,14 @@
-"""dcnkit modules, with mmcv's constructor arguments and parameter names (checkpoints load)."""
+"""dcnkit modules, with mmcv's constructor arguments and parameter names (checkpoints load); FPN RoI poolers
+(torchvision's ``MultiScaleRoIAlign`` drop-in, mmdet's extractor as ``MultiLevelRoIAlign``) and
+``deformable_resnet`` (mmdet's ``stage_with_dcn`` for torchvision ResNets)."""
 from dcnkit.nn.deform_conv import (
     DeformConv2d,
     DeformConv2dPack,
     ModulatedDeformConv2d,
     ModulatedDeformConv2dPack,
 )
+from dcnkit.nn.multi_level_roi_align import MultiLevelRoIAlign, MultiScaleRoIAlign
+from dcnkit.nn.resnet import deformable_resnet
 from dcnkit.nn.roi_ops import (
     DeformPSRoIPool,
     DeformRoIPool,
@@ -23,4 +27,7 @@ __all__ = [
     "DeformRoIPoolPack",
     "ModulatedDeformRoIPoolPack",
     "DeformPSRoIPool",
+    "MultiScaleRoIAlign",
+    "MultiLevelRoIAlign",
+    "deformable_resnet",
 ]

@@ -1,0 +1,118 @@
+"""The deformable Faster R-CNN example end to end: DCNv2 in layer3-4, dcnkit's fused pooler, the whole detector
+exported (legacy exporter, named outputs) with one MultiLevelRoIAlign node and no ScatterElements, and its
+detections in ONNX Runtime (in process, ``dcnkit run`` and ``dcnkit serve``) equal to eager PyTorch's."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+import faster_rcnn_dcn as ex  # noqa: E402
+
+SIZE = 256  # the example's default; 1x3x256x256 keeps the test short
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    model = ex.build(SIZE, seed=0)
+    image = ex.make_image(SIZE, seed=ex.IMAGE_SEED)
+    want = ex.eager_detections(model, image)
+    path = ex.export(model, image, tmp_path_factory.mktemp("frcnn") / "frcnn.onnx")
+    return model, image, want, path
+
+
+def test_model_is_deformable_and_fused(exported):
+    import dcnkit.nn
+
+    model = exported[0]
+    dcn = [n for n, m in model.named_modules() if isinstance(m, dcnkit.nn.ModulatedDeformConv2dPack)]
+    assert len(dcn) == 9 and all(n.startswith(("backbone.body.layer3.", "backbone.body.layer4.")) for n in dcn)
+    assert isinstance(model.roi_heads.box_roi_pool, dcnkit.nn.MultiScaleRoIAlign)
+    # The offsets are not zero: the deformable sampling is exercised.
+    assert model.backbone.body.layer3[0].conv2.conv_offset.weight.abs().sum() > 0
+
+
+def test_exported_graph_has_one_fused_pooler_and_named_outputs(exported):
+    import onnx
+
+    *_, path = exported
+    s = ex.graph_summary(path)
+    assert s["outputs"] == ["boxes", "labels", "scores"]
+    assert s["counts"].get("dcnkit::MultiLevelRoIAlign", 0) == 1  # the box head's one pooler
+    assert s["counts"].get("ai.onnx::ScatterElements", 0) == 0
+    assert s["counts"].get("ai.onnx::RoiAlign", 0) == 0
+    n_dcn = s["counts"].get("ai.onnx::DeformConv", 0) + s["counts"].get("dcnkit::DeformConv2d", 0)
+    assert n_dcn == 9
+    m = onnx.load(str(path), load_external_data=False)
+    for out in m.graph.output:
+        assert out.type.tensor_type.shape.dim[0].dim_param == "num_detections"
+    node = next(n for n in m.graph.node if n.op_type == "MultiLevelRoIAlign")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert list(attrs["featmap_strides"]) == [4.0, 8.0, 16.0, 32.0]
+    assert attrs["finest_scale"] == 56 and attrs["aligned"] == 0 and list(attrs["output_size"]) == [7, 7]
+    assert len(node.input) == 5  # rois, feat_0..feat_3
+
+
+def test_ort_detections_equal_eager(exported):
+    from dcnkit.runtime import ort_session
+
+    model, image, want, path = exported
+    assert len(want["scores"]) >= 20  # a meaningful comparison: many detections of several labels
+    assert len(np.unique(want["labels"])) >= 2
+    sess = ort_session(str(path), providers=["CPUExecutionProvider"])
+    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"images": image})))
+    diff = ex.check_detections(got, want, box_atol=0.05, score_atol=5e-4)
+    assert diff["detections"] == len(want["scores"])
+    # A different image gives different detections (the comparison is not vacuous), equal again.
+    other = ex.make_image(SIZE, seed=6)  # another image without borderline detections
+    want2 = ex.eager_detections(model, other)
+    got2 = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"images": other})))
+    ex.check_detections(got2, want2, box_atol=0.05, score_atol=5e-4)
+    assert len(want2["scores"]) != len(want["scores"]) or not np.allclose(want2["boxes"], want["boxes"])
+
+
+def test_check_detections_fails_on_a_difference(exported):
+    want = exported[2]
+    moved = dict(want, boxes=want["boxes"] + np.float32(0.1))
+    with pytest.raises(AssertionError, match="boxes differ by"):
+        ex.check_detections(moved, want, 0.05, 1e-4)
+    with pytest.raises(AssertionError, match="detections: ORT found"):
+        ex.check_detections({k: v[1:] for k, v in want.items()}, want, 0.05, 1e-4)
+    relabeled = dict(want, labels=np.where(want["labels"] == want["labels"][0], 99, want["labels"]))
+    with pytest.raises(AssertionError, match="has no partner"):
+        ex.check_detections(relabeled, want, 0.05, 1e-4)
+    # Two detections swapped (scores a hair apart in another backend) still match.
+    swapped = {k: v[[1, 0] + list(range(2, len(v)))] for k, v in want.items()}
+    assert ex.check_detections(swapped, want, 0.0, 0.0)["reordered"] == 2
+
+
+def test_fused_detector_equals_torchvision_pooler_detector(exported):
+    """Swapping the pooler changes nothing in eager PyTorch: same detections."""
+    model, image, want, _ = exported
+    tv = ex.build(SIZE, fused=False)
+    assert type(tv.roi_heads.box_roi_pool).__module__.startswith("torchvision")
+    ex.check_detections(ex.eager_detections(tv, image), want, box_atol=1e-3, score_atol=1e-5)
+
+
+def test_dcnkit_run_compare_and_serve(exported, tmp_path, capsys):
+    """``dcnkit run``, ``dcnkit compare`` (ORT vs the NumPy reference backend, per-output tolerances) and
+    ``dcnkit serve`` (a subprocess, queried over HTTP): detections equal to eager."""
+    _, image, want, path = exported
+    report = ex.cli_checks(path, image, want, tmp_path, compare_reference=True)
+    out = capsys.readouterr().out
+    assert "boxes: atol=0.05, rtol=0.0001; scores: atol=0.0001, rtol=0.001" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:2] in (
+        ["boxes", "reference"], ["scores", "reference"], ["labels", "reference"])}
+    assert float(rows["boxes"][3]) < 0.05 and float(rows["scores"][3]) < 1e-3 and float(rows["labels"][3]) == 0
+    assert report["compare"] == "PASSED"
+    for key in ("cli_run", "serve"):
+        assert report[key]["detections"] == len(want["scores"])
+        assert report[key]["max_box_diff"] <= 0.05 and report[key]["max_score_diff"] <= 5e-4
+    with np.load(tmp_path / "detections.npz") as d:
+        assert sorted(d.files) == ["boxes", "labels", "scores"]
