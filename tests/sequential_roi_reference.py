@@ -1,7 +1,7 @@
 """Sample-by-sample references of RoIAlign and DeformRoIPool for the bounded-work tests.
 
-Written independently of the kernels from OPS.md, in the data's own precision (NumPy float32 or float64
-scalars, one rounding per operation, in the order OPS.md writes the formulas), summing the samples one by
+Written independently of the kernels from docs/operators.md, in the data's own precision (NumPy float32 or float64
+scalars, one rounding per operation, in the order docs/operators.md writes the formulas), summing the samples one by
 one in loop order (iy outer, ix inner): results are bit-for-bit those of the full sampling loop.
 
 ``window=None`` visits every sample of the grid (feasible for small grids only). ``window=m`` visits, per
@@ -58,7 +58,7 @@ def _taps(y, x, H, W, f):
         x1 = x0 + 1
     ly, lx = y - f(y0), x - f(x0)
     hy, hx = f(1) - ly, f(1) - lx
-    # (row, column, weight, d weight / dy, d weight / dx): the bilinear form of the cell (OPS.md)
+    # (row, column, weight, d weight / dy, d weight / dx): the bilinear form of the cell (docs/operators.md)
     return [(y0, x0, hy * hx, -hx, -hy), (y0, x1, hy * lx, -lx, hy), (y1, x0, ly * hx, hx, -ly),
             (y1, x1, ly * lx, lx, ly)]
 

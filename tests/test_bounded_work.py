@@ -1,4 +1,4 @@
-"""Bounded work (OPS.md, bad input): no input makes a RoI operator run for more than seconds.
+"""Bounded work (docs/operators.md, bad input): no input makes a RoI operator run for more than seconds.
 
 Adaptive grids visit only the samples that can land on the map (results bit-for-bit those of the full
 loop: checked against the sample-by-sample references of sequential_roi_reference.py), and an explicit
