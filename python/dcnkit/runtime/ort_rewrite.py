@@ -1,7 +1,7 @@
 """Standard ``DeformConv`` nodes onto the kit's ``dcnkit::DeformConv2d`` kernel, in memory.
 
 ``torch.onnx.export`` writes deformable convolution as the standard ONNX ``DeformConv`` (opset 19), which ONNX
-Runtime runs on its built-in kernel. The kit's ``DeformConv2d`` computes the same function (OPS.md: same offset
+Runtime runs on its built-in kernel. The kit's ``DeformConv2d`` computes the same function (docs/operators.md: same offset
 layout, same corner sampling, same mask placement) faster, so :func:`dcnkit.runtime.ort_session` rewrites such
 nodes before it builds the session; the model file is not touched.
 
