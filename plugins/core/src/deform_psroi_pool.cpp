@@ -1,8 +1,8 @@
-// DeformPSRoIPool: params, checks and CPU launchers. The math is in roi_kernels.h.
+// DeformPSRoIPool: params, checks and CPU launchers. The math is in psroi_kernels.h.
 #include <cmath>
 
 #include "dcnkit/deform_psroi_pool.h"
-#include "dcnkit/roi_kernels.h"
+#include "dcnkit/psroi_kernels.h"
 
 namespace dcnkit {
 

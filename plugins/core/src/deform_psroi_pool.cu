@@ -1,9 +1,9 @@
-// DeformPSRoIPool CUDA launchers: grid-stride kernels over the per-element functions of roi_kernels.h.
+// DeformPSRoIPool CUDA launchers: grid-stride kernels over the per-element functions of psroi_kernels.h.
 // float32, float64, float16, bfloat16, forward and backward (the accumulation type follows the data; 16-bit
 // grad_input and grad_trans accumulate in float32 workspace buffers). A RoI whose batch index is outside
 // [0, N) gives zeros.
 #include "dcnkit/cuda_utils.cuh"
-#include "dcnkit/roi_kernels.h"
+#include "dcnkit/psroi_kernels.h"
 
 namespace dcnkit {
 namespace {

@@ -2,7 +2,7 @@
 #include <cmath>
 
 #include "dcnkit/deform_roi_pool.h"
-#include "dcnkit/roi_kernels.h"
+#include "dcnkit/roi_cpu_drivers.h"
 
 namespace dcnkit {
 

@@ -6,6 +6,7 @@
 
 #include "dcnkit/multi_level_roi_align.h"
 #include "dcnkit/multi_level_roi_align_kernels.h"
+#include "dcnkit/roi_cpu_drivers.h"
 
 namespace dcnkit {
 

@@ -1,0 +1,152 @@
+// Per-element math of DeformPSRoIPool (R-FCN), written once as DCNKIT_HD templates for the CPU loops and the
+// CUDA kernels, on the bounded sampling ranges and taps of roi_kernels.h. See docs/operators.md.
+#pragma once
+
+#include "dcnkit/deform_psroi_pool.h"
+#include "dcnkit/roi_kernels.h"
+
+namespace dcnkit {
+// DeformPSRoIPool (R-FCN)
+
+template <typename Acc>
+struct PSRoIBin {
+  int64_t channel;           // input channel (ctop * group_size + gh) * group_size + gw
+  int64_t trans_x, trans_y;  // flat indices into trans of tx and ty; -1 without trans
+  Acc h0, w0;                // first sample
+  Acc sub_h, sub_w;          // sample spacing
+  Acc roi_h, roi_w;
+};
+
+// Geometry of output (k, ctop, ph, pw). `roi` is row k of rois; `trans` the whole trans tensor or null.
+template <typename Acc, typename T>
+DCNKIT_HD PSRoIBin<Acc> psroi_bin(const DeformPSRoIPoolParams& p, const T* roi, const T* trans,
+                                  int64_t k, int64_t ctop, int64_t ph, int64_t pw) {
+  const int64_t P = p.attrs.output_size, G = p.attrs.group_size, ps = p.attrs.part_size;
+  const int64_t spp = p.attrs.sample_per_part;
+  const Acc s = static_cast<Acc>(p.attrs.spatial_scale);
+  PSRoIBin<Acc> r;
+  const Acc x_start = std::round(to_acc<Acc>(roi[1])) * s - Acc(0.5);
+  const Acc y_start = std::round(to_acc<Acc>(roi[2])) * s - Acc(0.5);
+  const Acc x_end = (std::round(to_acc<Acc>(roi[3])) + Acc(1)) * s - Acc(0.5);
+  const Acc y_end = (std::round(to_acc<Acc>(roi[4])) + Acc(1)) * s - Acc(0.5);
+  r.roi_w = x_end - x_start;
+  r.roi_h = y_end - y_start;
+  if (r.roi_w < Acc(0.1)) r.roi_w = Acc(0.1);
+  if (r.roi_h < Acc(0.1)) r.roi_h = Acc(0.1);
+  const Acc bin_w = r.roi_w / static_cast<Acc>(P), bin_h = r.roi_h / static_cast<Acc>(P);
+  r.sub_w = bin_w / static_cast<Acc>(spp);
+  r.sub_h = bin_h / static_cast<Acc>(spp);
+  // floor(ph / P * part_size), in integers.
+  const int64_t part_h = ph * ps / P, part_w = pw * ps / P;
+  Acc tx = Acc(0), ty = Acc(0);
+  r.trans_x = r.trans_y = -1;
+  if (trans != nullptr) {
+    const int64_t nc = p.num_classes;
+    const int64_t class_id = ctop / (p.attrs.output_dim / nc);
+    r.trans_x = ((k * 2 * nc + 2 * class_id) * ps + part_h) * ps + part_w;
+    r.trans_y = r.trans_x + ps * ps;
+    const Acc std_ = static_cast<Acc>(p.attrs.trans_std);
+    tx = to_acc<Acc>(trans[r.trans_x]) * std_;
+    ty = to_acc<Acc>(trans[r.trans_y]) * std_;
+  }
+  r.w0 = static_cast<Acc>(pw) * bin_w + x_start + tx * r.roi_w;
+  r.h0 = static_cast<Acc>(ph) * bin_h + y_start + ty * r.roi_h;
+  int64_t gw = pw * G / P, gh = ph * G / P;
+  gw = gw < 0 ? 0 : (gw > G - 1 ? G - 1 : gw);
+  gh = gh < 0 ? 0 : (gh > G - 1 ? G - 1 : gh);
+  r.channel = (ctop * G + gh) * G + gw;
+  return r;
+}
+
+// Coordinate of sample i along one axis of a DeformPSRoIPool bin: origin + i * step.
+template <typename Acc>
+struct PSRoIAxis {
+  Acc origin, step;
+  DCNKIT_HD Acc operator()(int64_t i) const { return origin + static_cast<Acc>(i) * step; }
+};
+
+template <typename Acc>
+DCNKIT_HD Taps<Acc> psroi_bin_sample(const PSRoIBin<Acc>& r, int64_t ih, int64_t iw, int64_t H,
+                                     int64_t W) {
+  return psroi_taps(PSRoIAxis<Acc>{r.h0, r.sub_h}(ih), PSRoIAxis<Acc>{r.w0, r.sub_w}(iw), H, W);
+}
+
+// The samples of an spp x spp grid that are taken (psroi_taps: -0.5 <= h <= H - 0.5, the same for w),
+// as index ranges (see "Bounded sampling grids"): loops over them visit exactly the samples taken.
+template <typename Acc>
+DCNKIT_HD void psroi_bin_ranges(const PSRoIBin<Acc>& r, int64_t spp, int64_t H, int64_t W,
+                                SampleRange* rh, SampleRange* rw) {
+  *rh = SampleRange{0, 0};
+  *rw = SampleRange{0, 0};
+  if (H <= 0 || W <= 0) return;
+  *rh = sample_range(spp, !(r.sub_h < Acc(0)), Acc(-0.5), Acc(H) - Acc(0.5), PSRoIAxis<Acc>{r.h0, r.sub_h});
+  if (rh->lo >= rh->hi) return;
+  *rw = sample_range(spp, !(r.sub_w < Acc(0)), Acc(-0.5), Acc(W) - Acc(0.5), PSRoIAxis<Acc>{r.w0, r.sub_w});
+}
+
+// Forward of one output: mean of the samples taken (0 when none); *count receives their number.
+template <typename Acc, typename T>
+DCNKIT_HD Acc psroi_bin_forward(const T* img, int64_t H, int64_t W, const PSRoIBin<Acc>& r,
+                                int64_t spp, Acc* count) {
+  Acc sum = Acc(0);
+  int64_t n = 0;
+  SampleRange rh, rw;
+  psroi_bin_ranges(r, spp, H, W, &rh, &rw);
+  for (int64_t ih = rh.lo; ih < rh.hi; ++ih) {
+    for (int64_t iw = rw.lo; iw < rw.hi; ++iw) {
+      const Taps<Acc> t = psroi_bin_sample(r, ih, iw, H, W);
+      if (!t.inside) continue;
+      sum += taps_value(img, t);
+      ++n;
+    }
+  }
+  *count = static_cast<Acc>(n);
+  return n > 0 ? sum / static_cast<Acc>(n) : Acc(0);
+}
+
+// Backward of one output into the input map: g / count to every sample taken (count from the forward).
+template <typename Acc, typename Add>
+DCNKIT_HD void psroi_bin_backward(int64_t H, int64_t W, const PSRoIBin<Acc>& r, int64_t spp,
+                                  Acc count, Acc g, Add& add) {
+  if (!(count > Acc(0))) return;
+  const Acc d = g / count;
+  SampleRange rh, rw;
+  psroi_bin_ranges(r, spp, H, W, &rh, &rw);
+  for (int64_t ih = rh.lo; ih < rh.hi; ++ih) {
+    for (int64_t iw = rw.lo; iw < rw.hi; ++iw) {
+      const Taps<Acc> t = psroi_bin_sample(r, ih, iw, H, W);
+      if (!t.inside) continue;
+      for (int i = 0; i < 4; ++i) add(t.idx[i], d * t.w[i]);
+    }
+  }
+}
+
+// Gradient of one output with respect to its trans entries: *gtx (for trans_x) and *gty (trans_y),
+// the sums over samples taken of dS/dw and dS/dh times g / count, times trans_std * roi_w and
+// trans_std * roi_h.
+template <typename Acc, typename T>
+DCNKIT_HD void psroi_bin_trans_grad(const T* img, int64_t H, int64_t W, const PSRoIBin<Acc>& r,
+                                    int64_t spp, Acc trans_std, Acc count, Acc g, Acc* gtx,
+                                    Acc* gty) {
+  *gtx = Acc(0);
+  *gty = Acc(0);
+  if (!(count > Acc(0))) return;
+  Acc sy = Acc(0), sx = Acc(0);
+  SampleRange rh, rw;
+  psroi_bin_ranges(r, spp, H, W, &rh, &rw);
+  for (int64_t ih = rh.lo; ih < rh.hi; ++ih) {
+    for (int64_t iw = rw.lo; iw < rw.hi; ++iw) {
+      const Taps<Acc> t = psroi_bin_sample(r, ih, iw, H, W);
+      if (!t.inside) continue;
+      Acc dy, dx;
+      taps_coord_grad(img, t, dy, dx);
+      sy += dy;
+      sx += dx;
+    }
+  }
+  const Acc d = g / count;
+  *gtx = sx * d * trans_std * r.roi_w;
+  *gty = sy * d * trans_std * r.roi_h;
+}
+
+}  // namespace dcnkit
