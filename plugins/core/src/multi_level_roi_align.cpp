@@ -121,57 +121,21 @@ Status multi_level_roi_align_backward_cpu(const MultiLevelRoIAlignParams& p, con
   const char* op = "_multi_level_roi_align_backward";
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices(op, rois, p.num_rois, p.batch));
   const MultiLevelRoIAlignAttrs& a = p.attrs;
-  const int64_t N = p.batch, C = p.channels, L = a.num_levels, oh = a.pooled_h, ow = a.pooled_w, bins = oh * ow;
   const bool max_mode = a.mode == PoolMode::kMax;
-  // Parallel over channels: a task owns grad_features[l][:, c] of every level for all RoIs (race-free,
-  // deterministic). One pass over the RoIs; the taps of a bin are computed once for all of the task's
-  // channels (RoIAlign's bin functions on the RoI's level).
-  parallel_for(ctx, C, [&](int64_t cb, int64_t ce) {
-    for (int64_t l = 0; l < L; ++l) {
-      const int64_t hw = p.heights[l] * p.widths[l];
-      for (int64_t n = 0; n < N; ++n) {
-        T* g = grad_features[l] + (n * C + cb) * hw;
-        for (int64_t i = 0; i < (ce - cb) * hw; ++i) g[i] = T(0);
-      }
-    }
-    RoISample<T> buf[kRoITapsBuffer];
-    int64_t start[kRoITapsBuffer + 1];
-    const auto origin_of = [](int64_t, const RoIAlignBox<T>& b, int64_t ph, int64_t pw, T* y0, T* x0) {
-      roi_bin_origin<T, T>(b, ph, pw, nullptr, nullptr, T(0), y0, x0);
-    };
-    for (int64_t k = 0; k < p.num_rois; ++k) {
+  const auto origin_of = [](int64_t, const RoIAlignBox<T>& b, int64_t ph, int64_t pw, T* y0, T* x0) {
+    roi_bin_origin<T, T>(b, ph, pw, nullptr, nullptr, T(0), y0, x0);
+  };
+  // RoIAlign's backward driver once per level (it writes the whole level gradient): a RoI of another level
+  // has an empty grid there, so each RoI scatters into its own level only, in RoI order.
+  for (int64_t l = 0; l < a.num_levels; ++l) {
+    const auto box_of = [&](const T* roi) {
       T box[5];
-      const int64_t l = multi_level_roi_box<T>(a, rois + k * 5, box);
-      int64_t b = 0;
-      roi_batch_index<T>(box, N, &b);
-      const int64_t H = p.heights[l], W = p.widths[l];
-      const RoIAlignBox<T> rb = multi_level_roi_align_box<T>(p, box, l);
-      const T n = roi_bin_count(rb);
-      if (!(n > T(0))) continue;
-      const auto img_of = [&](int64_t c) { return max_mode ? features[l] + (b * C + c) * H * W : nullptr; };
-      roi_for_each_chunk(
-          rb, k, bins, ow, H, W, origin_of, buf, start,
-          [&](int64_t bin0, int64_t nb) {
-            for (int64_t c = cb; c < ce; ++c) {
-              CpuAddTo<T> add{grad_features[l] + (b * C + c) * H * W};
-              const T* go = grad_output + (k * C + c) * bins + bin0;
-              for (int64_t j = 0; j < nb; ++j) {
-                if (go[j] == T(0)) continue;
-                roi_bin_scatter<T>(img_of(c), n, TapsArray<T>{buf + start[j], start[j + 1] - start[j]}, max_mode,
-                                   go[j], add);
-              }
-            }
-          },
-          [&](int64_t bin, T y0, T x0) {
-            for (int64_t c = cb; c < ce; ++c) {
-              const T g = grad_output[(k * C + c) * bins + bin];
-              if (g == T(0)) continue;
-              CpuAddTo<T> add{grad_features[l] + (b * C + c) * H * W};
-              roi_align_bin_backward(img_of(c), H, W, rb, y0, x0, max_mode, g, add);
-            }
-          });
-    }
-  });
+      if (multi_level_roi_box<T>(a, roi, box) != l) return RoIAlignBox<T>{};  // gh = gw = 0
+      return multi_level_roi_align_box<T>(p, box, l);
+    };
+    roi_pool_backward_cpu(ctx, p.num_rois, p.batch, p.channels, p.heights[l], p.widths[l], a.pooled_h, a.pooled_w,
+                          max_mode, grad_output, features[l], rois, grad_features[l], box_of, origin_of);
+  }
   return Status::Ok();
 }
 
