@@ -9,8 +9,10 @@ import :mod:`dcnkit.runtime.base`, never this module.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from dcnkit.runtime.base import Backend, Runner
+if TYPE_CHECKING:  # annotations only: the registry imports no backend code until a backend is asked for
+    from dcnkit.runtime.base import Backend, Runner
 
 _MODULES = {
     "ort-cpu": "dcnkit.runtime.ort_runner",

@@ -35,7 +35,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dcnkit.runtime.triton_config import Signature, model_config, v2_datatype, v2_shape
-from dcnkit.server import DEFAULTS
+from dcnkit.server.defaults import DEFAULTS
 from dcnkit.server.batcher import Batcher
 from dcnkit.server.protocol import HEADER_LENGTH, ProtocolError, build_infer_response, parse_infer_request
 

@@ -27,7 +27,7 @@ _nonneg_float = _bounded(float, 0, "a number")
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     from dcnkit.runtime.registry import BACKENDS
-    from dcnkit.server import DEFAULTS
+    from dcnkit.server.defaults import DEFAULTS
 
     p.add_argument("model", help="ONNX model file (or, with --backend tensorrt, a serialized engine .engine/.plan)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
