@@ -478,4 +478,3 @@ __all__ = [
     "require_tensorrt",
     "strongly_typed_only",
 ]
-
