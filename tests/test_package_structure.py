@@ -183,13 +183,6 @@ def test_nothing_in_dcnkit_imports_the_compatibility_modules():
         assert users == [], f"{old} is imported by {users}"
 
 
-def test_every_backend_of_the_registry_is_declared_by_its_module():
-    from dcnkit.runtime import registry
-
-    for name in registry.BACKENDS:
-        assert registry.backend_declaration(name).name == name
-
-
 def test_no_source_file_is_longer_than_500_lines():
     long = {}
     for path in sorted(PACKAGE_DIR.rglob("*.py")):
