@@ -179,6 +179,8 @@ def load_npz(path: str, arg: str = "--inputs") -> dict:
 
 
 def feeds_for(args, infos) -> dict:
+    """The feeds a command runs: ``--inputs`` (an .npz with every input) or random ones (``--shape``, ``--batch``,
+    ``--seed``)."""
     if getattr(args, "inputs", None):
         feeds = load_npz(args.inputs)
         names = [i.name for i in infos]
@@ -195,6 +197,7 @@ def feeds_for(args, infos) -> dict:
 
 
 def add_input_args(p, with_batch=True):
+    """``--inputs``, ``--shape``, ``--batch`` and ``--seed`` (run, compare, bench)."""
     p.add_argument("--inputs", metavar="NPZ", help="input arrays (.npz, one array per model input)")
     p.add_argument("--shape", action="append", metavar="SPEC",
                    help="shape (and dtype) of a random input, needed for symbolic dims; " + SPEC_HELP)
