@@ -2,13 +2,12 @@
 // serialization, workspace checks, the context's cuBLAS handle, the timing-cache ID. No kernel math here.
 #include "trt_plugin.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <algorithm>
 #include <exception>
 #include <memory>
 
-#include "dcnkit/cublas_gemm.h"
 #include "trt_blas.h"
 
 using namespace nvinfer1;
@@ -79,12 +78,6 @@ Status canonical_inputs(const OpVariant& v, const Dims* dims, void const* const*
 }
 
 bool rois_type_fits(DataType rois, DataType features) { return rois == features || rois == DataType::kFLOAT; }
-
-int64_t dims_product(const Shape& s, size_t begin, size_t end) {
-  int64_t n = 1;
-  for (size_t i = begin; i < end && i < s.size(); ++i) n *= s[i] > 0 ? s[i] : 0;
-  return n;
-}
 
 bool core_dtype(DataType t, DType* out) {
   switch (t) {

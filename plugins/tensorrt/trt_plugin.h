@@ -95,8 +95,6 @@ struct TensorTypes {
 // Whether RoIs of type `rois` go with features of type `features` (the same type, or float32).
 bool rois_type_fits(nvinfer1::DataType rois, nvinfer1::DataType features);
 
-// The product of dims [begin, end) of `s` (1 for none; 0 when a dim is <= 0).
-int64_t dims_product(const Shape& s, size_t begin = 0, size_t end = 8);
 // ---------------------------------------------------------------------------------------------
 // The plugin
 
