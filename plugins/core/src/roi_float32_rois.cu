@@ -159,7 +159,7 @@ Status deform_psroi_pool_forward_cuda_f32_rois(const DeformPSRoIPoolParams& p, D
                                                const float* rois, const void* trans, void* output, void* count,
                                                void* workspace, const CudaContext& ctx) {
   const int64_t n = p.num_rois * p.attrs.output_dim * p.attrs.output_size * p.attrs.output_size;
-  const int64_t nt = trans_elements(p);
+  const int64_t nt = trans != nullptr ? trans_elements(p) : 0;  // no trans tensor: no transformation
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_16bit(dtype, "deform_psroi_pool_forward_cuda_f32_rois", [&](auto tag) {
     using T = decltype(tag);
