@@ -10,46 +10,70 @@
 namespace dcnkit {
 namespace {
 
-template <typename T, typename R, typename Acc>
-__global__ void roi_align_mixed_kernel(RoIAlignParams p, const T* input, const R* rois, T* output) {
-  const int64_t C = p.channels, H = p.height, W = p.width;
-  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
-  DCNKIT_CUDA_KERNEL_LOOP(i, p.num_rois * C * oh * ow) {
+// One thread per output element (k, c, ph, pw) of a (K, C, oh, ow) output: 0 for a RoI whose batch index is
+// outside [0, N) or NaN, else bin(e, roi, b), the bin's value in the accumulation type.
+template <typename T, typename R, typename Acc, typename Bin>
+__global__ void roi_forward_kernel(int64_t K, int64_t C, int64_t oh, int64_t ow, int64_t batch, const R* rois,
+                                   Bin bin, T* output) {
+  DCNKIT_CUDA_KERNEL_LOOP(i, K * C * oh * ow) {
     const RoIElement e = roi_element(i, C, oh, ow);
     const R* roi = rois + e.k * 5;
     int64_t b = 0;
-    Acc v = Acc(0);
-    if (roi_batch_index<Acc>(roi, p.batch, &b)) {
-      const RoIAlignBox<Acc> box = roi_align_box<Acc>(roi, static_cast<Acc>(p.attrs.spatial_scale),
-                                                      p.attrs.aligned, oh, ow, p.attrs.sampling_ratio);
-      Acc y0, x0;
-      roi_bin_origin<Acc, T>(box, e.ph, e.pw, nullptr, nullptr, Acc(0), &y0, &x0);
-      v = roi_align_bin_forward<Acc>(input + (b * C + e.c) * H * W, H, W, box, y0, x0,
-                                     p.attrs.mode == PoolMode::kMax);
-    }
-    output[i] = from_acc<T>(v);
+    output[i] = from_acc<T>(roi_batch_index<Acc>(roi, batch, &b) ? bin(e, roi, b) : Acc(0));
   }
 }
 
-template <typename T, typename R, typename Acc>
-__global__ void deform_roi_pool_mixed_kernel(DeformRoIPoolParams p, const T* input, const R* rois, const T* offset,
-                                             T* output) {
-  const int64_t C = p.channels, H = p.height, W = p.width;
-  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
-  DCNKIT_CUDA_KERNEL_LOOP(i, p.num_rois * C * oh * ow) {
-    const RoIElement e = roi_element(i, C, oh, ow);
-    const R* roi = rois + e.k * 5;
-    int64_t b = 0;
-    Acc v = Acc(0);
-    if (roi_batch_index<Acc>(roi, p.batch, &b)) {
-      const RoIAlignBox<Acc> box = deform_roi_pool_box<Acc>(p, roi);
-      Acc y0, x0;
-      deform_roi_pool_origin<Acc, T>(p, box, offset, e.k, e.ph, e.pw, &y0, &x0);
-      v = roi_align_bin_forward<Acc>(input + (b * C + e.c) * H * W, H, W, box, y0, x0, false);
-    }
-    output[i] = from_acc<T>(v);
+template <typename T, typename Acc>
+struct RoIAlignBin {
+  RoIAlignParams p;
+  const T* input;
+  template <typename R>
+  __device__ Acc operator()(const RoIElement& e, const R* roi, int64_t b) const {
+    const RoIAlignBox<Acc> box = roi_align_box<Acc>(roi, static_cast<Acc>(p.attrs.spatial_scale), p.attrs.aligned,
+                                                    p.attrs.pooled_h, p.attrs.pooled_w, p.attrs.sampling_ratio);
+    Acc y0, x0;
+    roi_bin_origin<Acc, T>(box, e.ph, e.pw, nullptr, nullptr, Acc(0), &y0, &x0);
+    return roi_align_bin_forward<Acc>(input + (b * p.channels + e.c) * p.height * p.width, p.height, p.width, box,
+                                      y0, x0, p.attrs.mode == PoolMode::kMax);
   }
-}
+};
+
+template <typename T, typename Acc>
+struct DeformRoIPoolBin {
+  DeformRoIPoolParams p;
+  const T* input;
+  const T* offset;
+  template <typename R>
+  __device__ Acc operator()(const RoIElement& e, const R* roi, int64_t b) const {
+    const RoIAlignBox<Acc> box = deform_roi_pool_box<Acc>(p, roi);
+    Acc y0, x0;
+    deform_roi_pool_origin<Acc, T>(p, box, offset, e.k, e.ph, e.pw, &y0, &x0);
+    return roi_align_bin_forward<Acc>(input + (b * p.channels + e.c) * p.height * p.width, p.height, p.width, box,
+                                      y0, x0, false);
+  }
+};
+
+template <typename P>
+struct Levels {
+  P ptr[kMaxFeatureLevels];
+};
+
+template <typename T, typename Acc>
+struct MultiLevelBin {
+  MultiLevelRoIAlignParams p;
+  Levels<const T*> features;
+  template <typename R>
+  __device__ Acc operator()(const RoIElement& e, const R* roi, int64_t b) const {
+    Acc box[5];
+    const int64_t l = multi_level_roi_box<Acc>(p.attrs, roi, box);
+    const int64_t H = p.heights[l], W = p.widths[l];
+    const RoIAlignBox<Acc> rb = multi_level_roi_align_box<Acc>(p, box, l);
+    Acc y0, x0;
+    roi_bin_origin<Acc, T>(rb, e.ph, e.pw, nullptr, nullptr, Acc(0), &y0, &x0);
+    return roi_align_bin_forward<Acc>(features.ptr[l] + (b * p.channels + e.c) * H * W, H, W, rb, y0, x0,
+                                      p.attrs.mode == PoolMode::kMax);
+  }
+};
 
 // `trans` is the float32 copy of the 16-bit trans (psroi_bin reads RoIs and trans in one type).
 template <typename T, typename R, typename Acc>
@@ -68,34 +92,6 @@ __global__ void deform_psroi_pool_mixed_kernel(DeformPSRoIPoolParams p, const T*
     }
     output[i] = from_acc<T>(v);
     if (count != nullptr) count[i] = from_acc<T>(cnt);
-  }
-}
-
-template <typename P>
-struct Levels {
-  P ptr[kMaxFeatureLevels];
-};
-
-template <typename T, typename R, typename Acc>
-__global__ void multi_level_roi_align_mixed_kernel(MultiLevelRoIAlignParams p, Levels<const T*> features,
-                                                   const R* rois, T* output) {
-  const int64_t C = p.channels, oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
-  DCNKIT_CUDA_KERNEL_LOOP(i, p.num_rois * C * oh * ow) {
-    const RoIElement e = roi_element(i, C, oh, ow);
-    const R* roi = rois + e.k * 5;
-    int64_t b = 0;
-    Acc v = Acc(0);
-    if (roi_batch_index<Acc>(roi, p.batch, &b)) {
-      Acc box[5];
-      const int64_t l = multi_level_roi_box<Acc>(p.attrs, roi, box);
-      const int64_t H = p.heights[l], W = p.widths[l];
-      const RoIAlignBox<Acc> rb = multi_level_roi_align_box<Acc>(p, box, l);
-      Acc y0, x0;
-      roi_bin_origin<Acc, T>(rb, e.ph, e.pw, nullptr, nullptr, Acc(0), &y0, &x0);
-      v = roi_align_bin_forward<Acc>(features.ptr[l] + (b * C + e.c) * H * W, H, W, rb, y0, x0,
-                                     p.attrs.mode == PoolMode::kMax);
-    }
-    output[i] = from_acc<T>(v);
   }
 }
 
@@ -134,8 +130,9 @@ Status roi_align_forward_cuda_f32_rois(const RoIAlignParams& p, DType dtype, con
   return dispatch_16bit(dtype, "roi_align_forward_cuda_f32_rois", [&](auto tag) {
     using T = decltype(tag);
     if (n == 0) return Status::Ok();
-    roi_align_mixed_kernel<T, float, float><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
-        p, static_cast<const T*>(input), rois, static_cast<T*>(output));
+    const RoIAlignBin<T, float> bin{p, static_cast<const T*>(input)};
+    roi_forward_kernel<T, float, float><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
+        p.num_rois, p.channels, p.attrs.pooled_h, p.attrs.pooled_w, p.batch, rois, bin, static_cast<T*>(output));
     return cuda_launch_status("roi_align_forward_cuda_f32_rois");
   });
 }
@@ -148,9 +145,10 @@ Status deform_roi_pool_forward_cuda_f32_rois(const DeformRoIPoolParams& p, DType
   return dispatch_16bit(dtype, "deform_roi_pool_forward_cuda_f32_rois", [&](auto tag) {
     using T = decltype(tag);
     if (n == 0) return Status::Ok();
-    deform_roi_pool_mixed_kernel<T, float, float><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
-        p, static_cast<const T*>(input), rois, p.has_offset ? static_cast<const T*>(offset) : nullptr,
-        static_cast<T*>(output));
+    const DeformRoIPoolBin<T, float> bin{p, static_cast<const T*>(input),
+                                         p.has_offset ? static_cast<const T*>(offset) : nullptr};
+    roi_forward_kernel<T, float, float><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
+        p.num_rois, p.channels, p.attrs.pooled_h, p.attrs.pooled_w, p.batch, rois, bin, static_cast<T*>(output));
     return cuda_launch_status("deform_roi_pool_forward_cuda_f32_rois");
   });
 }
@@ -188,10 +186,10 @@ Status multi_level_roi_align_forward_cuda_f32_rois(const MultiLevelRoIAlignParam
   return dispatch_16bit(dtype, "multi_level_roi_align_forward_cuda_f32_rois", [&](auto tag) {
     using T = decltype(tag);
     if (n == 0) return Status::Ok();
-    Levels<const T*> f{};
-    for (int64_t l = 0; l < p.attrs.num_levels; ++l) f.ptr[l] = static_cast<const T*>(features[l]);
-    multi_level_roi_align_mixed_kernel<T, float, float><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
-        p, f, rois, static_cast<T*>(output));
+    MultiLevelBin<T, float> bin{p, {}};
+    for (int64_t l = 0; l < p.attrs.num_levels; ++l) bin.features.ptr[l] = static_cast<const T*>(features[l]);
+    roi_forward_kernel<T, float, float><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
+        p.num_rois, p.channels, p.attrs.pooled_h, p.attrs.pooled_w, p.batch, rois, bin, static_cast<T*>(output));
     return cuda_launch_status("multi_level_roi_align_forward_cuda_f32_rois");
   });
 }
