@@ -251,3 +251,76 @@ print("loaded")
 """)
     assert r.returncode == 0 and r.stdout.strip() == "loaded", r.stdout + r.stderr
     assert f"libnvinfer.so.{_major()} is not loaded in this process" in r.stderr, r.stderr
+
+
+class _Registry:
+    """A stand-in for TensorRT's Python plugin registry: load_library answers ``handle``; get_creator finds
+    DeformConv2d when ``registered``."""
+
+    def __init__(self, handle, registered=False):
+        self.handle, self.registered, self.loaded = handle, registered, []
+
+    def load_library(self, path):
+        self.loaded.append(path)
+        return self.handle
+
+    def get_creator(self, name, version, namespace):
+        return object() if self.registered and (name, version, namespace) == ("DeformConv2d", "1", "dcnkit") else None
+
+
+def _load_plugins_with(monkeypatch, registry, dlopened):
+    """dcnkit.runtime.tensorrt.load_plugins against a stand-in ``tensorrt`` module and Polygraphy's LoadPlugins
+    recording what it would dlopen."""
+    import sys
+    import types
+
+    from polygraphy.backend import trt as poly_trt
+    from polygraphy.backend.trt import util as poly_util
+
+    from dcnkit.runtime import tensorrt as dk_trt
+
+    fake = types.ModuleType("tensorrt")
+    fake.init_libnvinfer_plugins = lambda logger, ns: True
+    fake.get_plugin_registry = lambda: registry
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    monkeypatch.setattr(dk_trt, "require_tensorrt", lambda: None)
+    monkeypatch.setattr(dk_trt, "_LOADED", {})
+    monkeypatch.setattr(poly_util, "get_trt_logger", lambda: None)
+
+    class LoadPlugins:
+        def __init__(self, plugins):
+            self.plugins = plugins
+
+        def __call__(self):
+            dlopened.extend(self.plugins)
+            registry.registered = True  # what libdcnkit_trt_autoreg.so does in a process with TensorRT
+
+    monkeypatch.setattr(poly_trt, "LoadPlugins", LoadPlugins)
+    lines = []
+    dk_trt.load_plugins(log=lines.append)
+    return lines
+
+
+@needs_headers
+@needs_nvcc
+def test_the_kits_tools_load_the_library_with_load_library_first(monkeypatch):
+    lib = _library()
+    if lib is None:
+        pytest.skip("no library")
+    registry, dlopened = _Registry(handle=object()), []
+    lines = _load_plugins_with(monkeypatch, registry, dlopened)
+    assert registry.loaded == [str(lib.resolve())] and dlopened == []
+    assert lines == [f"plugins: {lib.resolve()} (IPluginRegistry.load_library)"]
+
+
+@needs_headers
+@needs_nvcc
+def test_the_kits_tools_fall_back_to_the_autoreg_library(monkeypatch):
+    lib = _library()
+    if lib is None:
+        pytest.skip("no library")
+    registry, dlopened = _Registry(handle=None), []
+    lines = _load_plugins_with(monkeypatch, registry, dlopened)
+    assert registry.loaded == [str(lib.resolve())]
+    assert dlopened == [str(lib.with_name("libdcnkit_trt_autoreg.so"))]
+    assert "libdcnkit_trt_autoreg.so (IPluginRegistry.load_library failed)" in lines[0]
