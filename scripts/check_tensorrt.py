@@ -3,6 +3,11 @@
     python scripts/check_tensorrt.py                 # TensorRT engines, float32 and float16 (.ci/gpu runs this)
     python scripts/check_tensorrt.py --backend ort-cpu --precisions fp32   # the same models and checks on ONNX Runtime
 
+On TensorRT it first runs the checks of scripts/tensorrt_tool_checks.py (trtexec --dynamicPlugins and
+--useCudaGraph, serialize/deserialize of every creator with a dynamic profile, min and max dims under
+compute-sanitizer, an fp16 FPN detector's RoI level with float32 RoIs, two execution contexts' memory), one line
+each (``--only-tools`` / ``--skip-tools``).
+
 Small models, one node each, in the `dcnkit` domain (DeformConv2d, RoIAlign avg/max, DeformRoIPool,
 DeformPSRoIPool, MultiLevelRoIAlign) and under mmdeploy's names (MMCVModulatedDeformConv2d, MMCVRoiAlign,
 MMCVMultiLevelRoiAlign), with dynamic dims and an optimization profile, are built with ``dcnkit.runtime.tensorrt`` (``--fp16`` as ``dcnkit build --fp16``: converted
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from onnx import TensorProto as T
@@ -153,6 +159,11 @@ def main(argv=None) -> int:
     p.add_argument("--backend", default="tensorrt", choices=("tensorrt", "ort-cpu", "ort-cuda"))
     p.add_argument("--precisions", default="fp32,fp16", help="comma-separated: fp32, fp16 (tensorrt only)")
     p.add_argument("--iterations", type=int, default=20, help="timed runs per case (default 20)")
+    tools = p.add_mutually_exclusive_group()
+    tools.add_argument("--only-tools", action="store_true", help="only the TensorRT tool checks (tensorrt_tool_checks.py)")
+    tools.add_argument("--skip-tools", action="store_true", help="skip the TensorRT tool checks")
+    tools.add_argument("--min-max-dims", action="store_true",
+                       help="run every case at its profile's min and max dims and exit (compute-sanitizer's child)")
     args = p.parse_args(argv)
     from dcnkit.runtime.runners import available_backends
 
@@ -160,11 +171,21 @@ def main(argv=None) -> int:
     if reason:
         print(f"{args.backend}: skipped: {reason}")
         return 0
+    failures = 0
+    if args.backend == "tensorrt" and (args.min_max_dims or not args.skip_tools):
+        import tensorrt_tool_checks as tools_
+
+        all_cases = cases(np.random.default_rng(0), bad_roi=True)
+        if args.min_max_dims:
+            return tools_.run_min_max_dims(all_cases)
+        failures += tools_.run_all(all_cases, Path(__file__).resolve(), np.random.default_rng(1))
+        if args.only_tools:
+            print("PASSED" if failures == 0 else f"FAILED: {failures} check(s)")
+            return 1 if failures else 0
     precisions = [s.strip() for s in args.precisions.split(",") if s.strip()]
     bad = [s for s in precisions if s not in TOL or (s != "fp32" and args.backend != "tensorrt")]
     if bad:
         p.error(f"--precisions: expected fp32 (and fp16 for tensorrt), got {bad}")
-    failures = 0
     print(f"{'case':<28} {'precision':<9} {'max err':>10} {'allowed':>10} {'median ms':>10}  result")
     for name, model, feeds, want, shapes in cases(np.random.default_rng(0), bad_roi=args.backend != "ort-cpu"):
         for prec in precisions:

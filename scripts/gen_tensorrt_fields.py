@@ -94,7 +94,8 @@ def render(defs: dict) -> str:
     out = [BEGIN, "", "The kit's plugins (from `dcnkit.op_defs()`, i.e. `op_defs.h`). The exporter writes "
            f"`plugin_namespace=\"{ns}\"` on every `{ns}` node, which is how TensorRT's ONNX parser finds them:", ""]
     out += kit_table(defs)
-    out += ["", "mmdeploy's names, so mmdeploy-exported ONNX files build unchanged:", ""]
+    out += ["", "mmdeploy's names (mmdeploy's own library also has `TRTBatchedNMS`, which the kit does not provide: "
+            "see \"mmdeploy compatibility\" below):", ""]
     out += mmdeploy_table()
     out += ["", END]
     return "\n".join(out) + "\n"

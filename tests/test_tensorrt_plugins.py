@@ -63,11 +63,17 @@ def test_library_exports_only_the_plugin_entry_points_and_needs_no_tensorrt():
         pytest.skip("no library or no nm")
     defined = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True)
     text_symbols = sorted(line.split()[-1] for line in defined.stdout.splitlines() if " T " in line)
-    assert text_symbols == ["dcnkit_op_defs_json", "getCreators", "setLoggerFinder"]
-    undefined = subprocess.run(["nm", "-D", "--undefined-only", str(lib)], capture_output=True, text=True, check=True)
-    assert "nvinfer" not in undefined.stdout.lower()
-    needed = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout
-    assert "libnvinfer" not in needed
+    assert text_symbols == ["dcnkit_op_defs_json", "dcnkit_trt_register_creators", "getCreators", "setLoggerFinder"]
+    for path in (lib, lib.with_name("libdcnkit_trt_autoreg.so")):
+        assert path.is_file(), f"{path.name} is installed beside libdcnkit_trt.so"
+        undefined = subprocess.run(["nm", "-D", "--undefined-only", str(path)], capture_output=True, text=True,
+                                   check=True)
+        assert "nvinfer" not in undefined.stdout.lower()
+        needed = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True).stdout
+        assert "libnvinfer" not in needed
+    autoreg = subprocess.run(["nm", "-D", "--defined-only", str(lib.with_name("libdcnkit_trt_autoreg.so"))],
+                             capture_output=True, text=True, check=True)
+    assert not [line for line in autoreg.stdout.splitlines() if " T " in line]  # loading it is its interface
 
 
 @needs_headers
@@ -84,26 +90,46 @@ def test_op_table_is_the_one_of_the_other_libraries():
     assert json.loads(handle.dcnkit_op_defs_json()) == dcnkit.op_defs()
 
 
+def _major():
+    import re
+
+    header = (_trt_include() / "NvInferVersion.h").read_text()
+    return int(re.search(r"#define (?:TRT_MAJOR_ENTERPRISE|NV_TENSORRT_MAJOR) (\d+)", header).group(1))
+
+
 @pytest.fixture(scope="module")
 def lifecycle(tmp_path_factory):
-    """The lifecycle test program, compiled against the TensorRT headers alone, and the library."""
+    """The lifecycle test program, compiled against the TensorRT headers alone, the library, and a stand-in
+    libnvinfer (tests/cpp/fake_nvinfer.cpp, with the real one's soname)."""
     lib = _library()
     cuda_inc = _cuda_include()
     cxx = shutil.which("g++") or shutil.which("c++")
     if _trt_include() is None or _nvcc() is None or lib is None or cuda_inc is None or cxx is None:
         pytest.skip("needs TensorRT headers, the library, CUDA headers and a C++ compiler")
-    exe = tmp_path_factory.mktemp("trt") / "tensorrt_lifecycle_test"
+    tmp = tmp_path_factory.mktemp("trt")
+    exe = tmp / "tensorrt_lifecycle_test"
     build = subprocess.run(
         [cxx, "-std=c++17", "-O1", "-Wall", "-Wno-deprecated-declarations", "-isystem", str(_trt_include()),
-         "-isystem", str(cuda_inc), str(LIFECYCLE_SRC), "-ldl", "-o", str(exe)],
+         "-isystem", str(cuda_inc), "-rdynamic", str(LIFECYCLE_SRC), "-ldl", "-o", str(exe)],
         capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
-    return exe, lib
+    major = _major()
+    fake = tmp / f"libnvinfer.so.{major}"
+    build = subprocess.run(
+        [cxx, "-std=c++17", "-shared", "-fPIC", "-O1", "-Wno-deprecated-declarations", "-isystem", str(_trt_include()),
+         "-isystem", str(cuda_inc), f"-Wl,-soname,libnvinfer.so.{major}", str(LIFECYCLE_SRC.parent / "fake_nvinfer.cpp"),
+         "-ldl", "-o", str(fake)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    return exe, lib, fake
 
 
 def test_every_creator_through_the_plugin_lifecycle(lifecycle):
-    exe, lib = lifecycle
-    run = subprocess.run([str(exe), str(lib)], capture_output=True, text=True, timeout=120)
+    """Per creator: fields, shapes, formats, serialization, clone, bad input; then loadLibrary-style loading through
+    a registry that fails on re-entry, workspace bounds from inconsistent profile maxima and enqueue's workspace
+    checks, float32 RoIs with 16-bit features in every RoI plugin, one cuBLAS handle per execution context, and
+    timing-cache IDs (tests/cpp/tensorrt_runtime_checks.h)."""
+    exe, lib, fake = lifecycle
+    run = subprocess.run([str(exe), str(lib), "--nvinfer", str(fake)], capture_output=True, text=True, timeout=120)
     last = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
     assert run.returncode == 0 and last.endswith(" 0 failed"), run.stdout + run.stderr
     passed = int(last.split()[0])
@@ -114,7 +140,7 @@ def test_every_creator_through_the_plugin_lifecycle(lifecycle):
 _FIELD_KINDS = {1: {"FLOAT", "FLOATS"}, 5: {"INT", "INTS"}, 6: {"STRING"}}
 
 
-def _creators(exe, lib):
+def _creators(exe, lib, _fake=None):
     out = subprocess.run([str(exe), str(lib), "--list"], capture_output=True, text=True, check=True).stdout
     creators = {}
     for line in out.strip().splitlines():
@@ -162,54 +188,139 @@ def test_exported_custom_nodes_address_a_creator_with_their_fields(lifecycle, tm
     assert seen == {d["onnx_type"] for d in dcnkit.op_defs()["ops"]}
 
 
-def test_a_plain_dlopen_into_a_process_with_tensorrt_registers_the_creators(lifecycle, tmp_path):
-    """Triton's plugins= option, LD_PRELOAD and Polygraphy's --plugins only dlopen the library: with TensorRT's
-    libnvinfer (here a stand-in with its soname and a recording registry) already loaded, the library registers
-    its creators itself, and getCreators (IPluginRegistry::loadLibrary) takes them back for TensorRT to register."""
-    _, lib = lifecycle
-    cxx = shutil.which("g++") or shutil.which("c++")
-    import re
+def _python(code):
+    import sys
 
-    header = (_trt_include() / "NvInferVersion.h").read_text()
-    major = int(re.search(r"#define (?:TRT_MAJOR_ENTERPRISE|NV_TENSORRT_MAJOR) (\d+)", header).group(1))
-    fake = tmp_path / f"libnvinfer.so.{major}"
-    build = subprocess.run(
-        [cxx, "-std=c++17", "-shared", "-fPIC", "-O1", "-Wno-deprecated-declarations", "-isystem", str(_trt_include()),
-         "-isystem", str(_cuda_include()), f"-Wl,-soname,libnvinfer.so.{major}", str(LIFECYCLE_SRC.parent / "fake_nvinfer.cpp"),
-         "-o", str(fake)], capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    script = f"""
-import ctypes, os
-lib = {str(lib)!r}
-# Without TensorRT in the process nothing is registered (and nothing fails).
-plain = ctypes.CDLL(lib, mode=os.RTLD_NOW | os.RTLD_LOCAL)
-fake = ctypes.CDLL({str(fake)!r}, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+_KEYS = """
 fake.fake_registered_keys.restype = ctypes.c_char_p
-assert fake.fake_registered_keys() == b"", fake.fake_registered_keys()
+def keys():
+    return sorted(k for k in fake.fake_registered_keys().decode().split(";") if k)
 """
-    # The library's static initialiser runs once per process: a second process loads it after the stand-in.
-    script2 = f"""
+
+
+def test_loading_the_plugin_library_registers_nothing_by_itself(lifecycle):
+    """libdcnkit_trt.so dlopen'ed into a process that has TensorRT (here the stand-in) calls no registry: neither
+    its loading nor getCreators (IPluginRegistry::loadLibrary registers what getCreators returns)."""
+    _, lib, fake = lifecycle
+    r = _python(f"""
 import ctypes, os
 fake = ctypes.CDLL({str(fake)!r}, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
-fake.fake_registered_keys.restype = ctypes.c_char_p
+{_KEYS}
 lib = ctypes.CDLL({str(lib)!r}, mode=os.RTLD_NOW | os.RTLD_LOCAL)
-keys = sorted(k for k in fake.fake_registered_keys().decode().split(";") if k)
-print(";".join(keys))
 n = ctypes.c_int32(0)
 lib.getCreators.restype = ctypes.c_void_p
 lib.getCreators(ctypes.byref(n))
-print(n.value, fake.fake_registered_keys().decode() == "")
-"""
-    import sys
+print(n.value, keys(), fake.fake_registry_calls())
+""")
+    assert r.returncode == 0, r.stdout + r.stderr
+    count, rest = r.stdout.strip().split(" ", 1)
+    assert int(count) >= 10 and rest == "[] 0", r.stdout
 
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+
+def test_the_autoreg_library_registers_the_creators_for_dlopen_only_loaders(lifecycle):
+    """Triton's plugins=, Polygraphy's --plugins and LD_PRELOAD only dlopen: libdcnkit_trt_autoreg.so, loaded after
+    TensorRT, registers every creator of libdcnkit_trt.so (beside it) through dcnkit_trt_register_creators, and
+    says so through libnvinfer's logger."""
+    _, lib, fake = lifecycle
+    autoreg = lib.with_name("libdcnkit_trt_autoreg.so")
+    r = _python(f"""
+import ctypes, os
+fake = ctypes.CDLL({str(fake)!r}, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+{_KEYS}
+ctypes.CDLL({str(autoreg)!r}, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+print(";".join(keys()))
+""")
     assert r.returncode == 0, r.stdout + r.stderr
-    r = subprocess.run([sys.executable, "-c", script2], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stdout + r.stderr
-    keys_line, after = r.stdout.strip().splitlines()[-2:]
-    keys = keys_line.split(";")
+    keys = set(r.stdout.strip().splitlines()[-1].split(";"))
     ops = [d["onnx_type"] for d in dcnkit.op_defs()["ops"]]
-    assert {f"dcnkit::{t}" for t in ops} <= set(keys)
-    assert {"::MMCVModulatedDeformConv2d", "::MMCVDeformConv2d", "::MMCVRoiAlign", "::MMCVMultiLevelRoiAlign"} <= set(keys)
-    count, emptied = after.split()
-    assert int(count) == len(keys) and emptied == "True"  # getCreators took them back
+    assert {f"dcnkit::{t}" for t in ops} <= keys
+    assert {"::MMCVModulatedDeformConv2d", "::MMCVDeformConv2d", "::MMCVRoiAlign", "::MMCVMultiLevelRoiAlign",
+            "::MMCVDeformRoIPool"} <= keys
+    assert f"[fake nvinfer] dcnkit: registered {len(keys)} of {len(keys)} plugin creators" in r.stderr, r.stderr
+
+
+def test_the_autoreg_library_without_tensorrt_registers_nothing_and_says_why(lifecycle):
+    _, lib, _ = lifecycle
+    r = _python(f"""
+import ctypes, os
+ctypes.CDLL({str(lib.with_name("libdcnkit_trt_autoreg.so"))!r}, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+print("loaded")
+""")
+    assert r.returncode == 0 and r.stdout.strip() == "loaded", r.stdout + r.stderr
+    assert f"libnvinfer.so.{_major()} is not loaded in this process" in r.stderr, r.stderr
+
+
+class _Registry:
+    """A stand-in for TensorRT's Python plugin registry: load_library answers ``handle``; get_creator finds
+    DeformConv2d when ``registered``."""
+
+    def __init__(self, handle, registered=False):
+        self.handle, self.registered, self.loaded = handle, registered, []
+
+    def load_library(self, path):
+        self.loaded.append(path)
+        return self.handle
+
+    def get_creator(self, name, version, namespace):
+        return object() if self.registered and (name, version, namespace) == ("DeformConv2d", "1", "dcnkit") else None
+
+
+def _load_plugins_with(monkeypatch, registry, dlopened):
+    """dcnkit.runtime.tensorrt.load_plugins against a stand-in ``tensorrt`` module and Polygraphy's LoadPlugins
+    recording what it would dlopen."""
+    import sys
+    import types
+
+    from polygraphy.backend import trt as poly_trt
+    from polygraphy.backend.trt import util as poly_util
+
+    from dcnkit.runtime import tensorrt as dk_trt
+
+    fake = types.ModuleType("tensorrt")
+    fake.init_libnvinfer_plugins = lambda logger, ns: True
+    fake.get_plugin_registry = lambda: registry
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    monkeypatch.setattr(dk_trt, "require_tensorrt", lambda: None)
+    monkeypatch.setattr(dk_trt, "_LOADED", {})
+    monkeypatch.setattr(poly_util, "get_trt_logger", lambda: None)
+
+    class LoadPlugins:
+        def __init__(self, plugins):
+            self.plugins = plugins
+
+        def __call__(self):
+            dlopened.extend(self.plugins)
+            registry.registered = True  # what libdcnkit_trt_autoreg.so does in a process with TensorRT
+
+    monkeypatch.setattr(poly_trt, "LoadPlugins", LoadPlugins)
+    lines = []
+    dk_trt.load_plugins(log=lines.append)
+    return lines
+
+
+@needs_headers
+@needs_nvcc
+def test_the_kits_tools_load_the_library_with_load_library_first(monkeypatch):
+    lib = _library()
+    if lib is None:
+        pytest.skip("no library")
+    registry, dlopened = _Registry(handle=object()), []
+    lines = _load_plugins_with(monkeypatch, registry, dlopened)
+    assert registry.loaded == [str(lib.resolve())] and dlopened == []
+    assert lines == [f"plugins: {lib.resolve()} (IPluginRegistry.load_library)"]
+
+
+@needs_headers
+@needs_nvcc
+def test_the_kits_tools_fall_back_to_the_autoreg_library(monkeypatch):
+    lib = _library()
+    if lib is None:
+        pytest.skip("no library")
+    registry, dlopened = _Registry(handle=None), []
+    lines = _load_plugins_with(monkeypatch, registry, dlopened)
+    assert registry.loaded == [str(lib.resolve())]
+    assert dlopened == [str(lib.with_name("libdcnkit_trt_autoreg.so"))]
+    assert "libdcnkit_trt_autoreg.so (IPluginRegistry.load_library failed)" in lines[0]

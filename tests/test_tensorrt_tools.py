@@ -442,28 +442,6 @@ def test_triton_tensorrt_rejects_cpu_instances(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# The GPU check script: its cases checked on ONNX Runtime here; TensorRT skipped with the reason
-# ------------------------------------------------------------------------------------------------
-def test_gpu_check_script_cases_are_right_on_the_cpu():
-    script = ROOT / "scripts" / "check_tensorrt.py"
-    p = subprocess.run([sys.executable, str(script), "--backend", "ort-cpu", "--precisions", "fp32",
-                        "--iterations", "1"], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
-    rows = [line for line in p.stdout.splitlines() if line.endswith("  ok")]
-    names = [r.split("  ")[0].strip() for r in rows]
-    assert names == ["DeformConv2d", "MMCVModulatedDeformConv2d", "RoIAlign avg", "RoIAlign max", "MMCVRoiAlign max",
-                     "DeformRoIPool", "DeformPSRoIPool", "MultiLevelRoIAlign", "MMCVMultiLevelRoiAlign"], p.stdout
-    assert p.stdout.strip().endswith("PASSED")
-
-
-@no_tensorrt
-def test_gpu_check_script_skips_without_tensorrt():
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_tensorrt.py")], capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0 and p.stdout.startswith("tensorrt: skipped: ") and len(p.stdout.splitlines()) == 1
-
-
-# ------------------------------------------------------------------------------------------------
 # Docs
 # ------------------------------------------------------------------------------------------------
 def test_docs_field_table_is_generated_from_op_defs():

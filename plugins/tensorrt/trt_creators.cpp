@@ -1,13 +1,17 @@
-// The plugin creators and the library's two entry points (getCreators, setLoggerFinder): one creator per
-// operator variant of dcnkit/op_attrs.h -- the kit's ops (namespace "dcnkit") and the names mmdeploy /
-// mmcv export (namespace ""), version "1" -- so models from either exporter build unchanged. Loaded by a
-// plain dlopen into a process that has TensorRT, the library registers them itself (SelfRegistration).
-#include <dlfcn.h>
-
+// The plugin creators and the library's entry points: one creator per operator variant of
+// dcnkit/op_attrs.h -- the kit's ops (namespace "dcnkit") and the names mmdeploy / mmcv export (namespace ""),
+// version "1" -- so models from either exporter build unchanged.
+//
+// getCreators and setLoggerFinder are what IPluginRegistry::loadLibrary calls (trtexec --dynamicPlugins,
+// trt.get_plugin_registry().load_library): they only hand over a static list and a pointer, and never call
+// into a registry (the loader registers the list itself, in whichever registry it serves). Loading the
+// library does nothing either. Loaders that only dlopen a library take libdcnkit_trt_autoreg.so
+// (trt_autoreg.cpp), which calls dcnkit_trt_register_creators below.
 #include <cstring>
 #include <exception>
 #include <memory>
 
+#include "trt_entry_points.h"
 #include "trt_plugin.h"
 
 using namespace nvinfer1;
@@ -73,62 +77,43 @@ Creators& creators() {
   return c;
 }
 
-// Loaders that only dlopen a plugin library (Triton's `plugins=` option, LD_PRELOAD, Polygraphy's
-// --plugins) never call getCreators. When the library is loaded into a process that already has
-// TensorRT's libnvinfer of the major version of the headers we were built with (the registry's vtable is
-// that version's), it registers its creators with that process's registry itself; getCreators
-// (IPluginRegistry::loadLibrary, trtexec --dynamicPlugins) takes them back first, so TensorRT registers
-// them the usual way. Everything is looked up with dlsym: the library still links nothing from TensorRT.
-struct SelfRegistration {
-  IPluginRegistry* registry = nullptr;
-  std::vector<IPluginCreatorInterface*> registered;
-
-  SelfRegistration() {
-    const std::string soname = "libnvinfer.so." + std::to_string(NV_TENSORRT_MAJOR);
-    void* lib = dlopen(soname.c_str(), RTLD_NOW | RTLD_NOLOAD);
-    if (lib == nullptr) return;  // no TensorRT in the process yet: getCreators will be called
-    using Version = int32_t (*)();
-    using Registry = IPluginRegistry* (*)();
-    auto version = reinterpret_cast<Version>(dlsym(lib, "getInferLibVersion"));
-    auto get_registry = reinterpret_cast<Registry>(dlsym(lib, "getPluginRegistry"));
-    if (version != nullptr && get_registry != nullptr && version() / 10000 == NV_TENSORRT_MAJOR) {
-      registry = get_registry();
-      for (IPluginCreatorInterface* c : creators().list) {
-        auto* v3 = static_cast<IPluginCreatorV3One*>(c);
-        if (registry != nullptr && registry->registerCreator(*c, v3->getPluginNamespace())) registered.push_back(c);
-      }
-      log(ILogger::Severity::kINFO, "registered " + std::to_string(registered.size()) + " plugin creators with " +
-                                        soname + " (loaded without getCreators)");
-    }
-    dlclose(lib);  // balances the RTLD_NOLOAD reference; libnvinfer stays loaded
-  }
-
-  // Takes the creators back before TensorRT registers them through getCreators.
-  void release() {
-    for (IPluginCreatorInterface* c : registered) registry->deregisterCreator(*c);
-    registered.clear();
-  }
-};
-
-SelfRegistration& self_registration() {
-  static SelfRegistration r;
-  return r;
-}
-
-// At load time (a static object's constructor runs when the library is dlopen'ed).
-const bool g_self_registered = (self_registration(), true);
-
 }  // namespace
 }  // namespace dcnkit::trt
 
-extern "C" __attribute__((visibility("default"))) void setLoggerFinder(nvinfer1::ILoggerFinder* finder) {
+extern "C" __attribute__((visibility("default"))) void setLoggerFinder(ILoggerFinder* finder) {
   dcnkit::trt::g_logger_finder = finder;
 }
 
-extern "C" __attribute__((visibility("default"))) nvinfer1::IPluginCreatorInterface* const* getCreators(
-    int32_t& nbCreators) {
-  dcnkit::trt::self_registration().release();
+extern "C" __attribute__((visibility("default"))) IPluginCreatorInterface* const* getCreators(int32_t& nbCreators) {
   auto& c = dcnkit::trt::creators();
   nbCreators = static_cast<int32_t>(c.list.size());
   return c.list.data();
+}
+
+extern "C" __attribute__((visibility("default"))) int32_t dcnkit_trt_register_creators(IPluginRegistry* registry,
+                                                                                      int32_t infer_lib_version) {
+  using dcnkit::trt::log;
+  using dcnkit::trt::log_error;
+  const int32_t major = infer_lib_version / 10000;
+  if (registry == nullptr || major != NV_TENSORRT_MAJOR) {
+    log_error("dcnkit_trt_register_creators: expected the plugin registry of TensorRT " +
+              std::to_string(NV_TENSORRT_MAJOR) + ".x (the headers this library was built with), got " +
+              (registry == nullptr ? std::string("no registry") : "TensorRT " + std::to_string(infer_lib_version)));
+    return -1;
+  }
+  int32_t registered = 0;
+  for (IPluginCreatorInterface* c : dcnkit::trt::creators().list) {
+    auto* v3 = static_cast<IPluginCreatorV3One*>(c);
+    if (registry->registerCreator(*c, v3->getPluginNamespace())) {
+      ++registered;
+    } else {
+      log_error(std::string("the registry refused the creator ") + v3->getPluginNamespace() + "::" +
+                v3->getPluginName() + " version " + v3->getPluginVersion() +
+                " (already registered: is libdcnkit_trt.so loaded twice, or another library with this name?)");
+    }
+  }
+  log(ILogger::Severity::kINFO, "registered " + std::to_string(registered) + " of " +
+                                    std::to_string(dcnkit::trt::creators().list.size()) +
+                                    " plugin creators through dcnkit_trt_register_creators");
+  return registered;
 }

@@ -1,8 +1,11 @@
 // One plugin per operator: output shapes (the core's rules over TensorRT's dimension expressions),
-// workspace (the core's sizing) and enqueue (the core's forward launcher). A few lines each.
+// workspace (the core's sizing, bounded per dimension for a profile) and enqueue (the core's forward
+// launcher; the float32-RoI launchers of dcnkit/roi_float32_rois.h for float32 RoIs with 16-bit features).
+#include <algorithm>
 #include <string>
 
 #include "dcnkit/cublas_gemm.h"
+#include "dcnkit/roi_float32_rois.h"
 #include "trt_plugin.h"
 
 using namespace nvinfer1;
@@ -56,6 +59,25 @@ CudaContext cuda_context(cudaStream_t stream) {
   return ctx;
 }
 
+// Dim d of a canonical input's (max) shape; 0 when absent or of a lower rank.
+int64_t dim(const CanonicalInputs& in, int c, size_t d) {
+  const Shape* s = in.shapes[c];
+  return s != nullptr && d < s->size() && (*s)[d] > 0 ? (*s)[d] : 0;
+}
+
+// The fields every single-map RoI params struct has, from per-dimension maxima (input (N, C, H, W),
+// rois (K, 5)): the core's workspace functions grow with each of them.
+template <typename Params>
+void roi_params_bound(const CanonicalInputs& max_in, int input, int rois, Params* p) {
+  p->batch = dim(max_in, input, 0);
+  p->channels = dim(max_in, input, 1);
+  p->height = dim(max_in, input, 2);
+  p->width = dim(max_in, input, 3);
+  p->num_rois = dim(max_in, rois, 0);
+}
+
+const float* f32(const void* p) { return static_cast<const float*>(p); }
+
 // ---------------------------------------------------------------------------------------------
 
 class DeformConv2dPlugin final : public PluginBase {
@@ -88,22 +110,34 @@ class DeformConv2dPlugin final : public PluginBase {
     return params_of(*variant_, attrs_, in, &p);
   }
 
-  size_t workspace(const CanonicalInputs& max_in, DType dt) const override {
+  // The columns take (images) x Cin x kh x kw x Ho x Wo elements; a checked call has the offset's spatial dims
+  // as (Ho, Wo), so the offset's maxima bound them whatever the input's maxima say.
+  size_t workspace_bound(const CanonicalInputs& max_in, const TensorTypes& t) const override {
     DeformConv2dParams p;
-    return params_of(*variant_, attrs_, max_in, &p).ok() ? deform_conv2d_forward_workspace_cuda_bound(p, dt) : 0;
+    p.attrs = attrs_.dcn;
+    p.batch = dim(max_in, kDcInput, 0);
+    p.in_channels = dim(max_in, kDcInput, 1);
+    p.kernel_h = dim(max_in, kDcWeight, 2);
+    p.kernel_w = dim(max_in, kDcWeight, 3);
+    p.out_h = dim(max_in, kDcOffset, 2);
+    p.out_w = dim(max_in, kDcOffset, 3);
+    return deform_conv2d_forward_workspace_cuda_bound(p, t.features);
   }
 
-  Status run(const CanonicalInputs& in, DType dt, void* const* outputs, void* ws, cudaStream_t stream) override {
+  size_t workspace_needed(const CanonicalInputs& in, const TensorTypes& t) const override {
+    DeformConv2dParams p;
+    return params_of(*variant_, attrs_, in, &p).ok() ? deform_conv2d_forward_workspace_cuda(p, t.features) : 0;
+  }
+
+  Status run(const CanonicalInputs& in, const TensorTypes& t, void* const* outputs, void* ws,
+             cudaStream_t stream) override {
     DeformConv2dParams p;
     DCNKIT_RETURN_IF_ERROR(params_of(*variant_, attrs_, in, &p));
-    Status s;
-    auto* gemm = static_cast<CublasGemm*>(blas_gemm(&s));
-    if (gemm == nullptr) return s;
-    gemm->stream = stream;
+    gemm_->stream = stream;  // enqueue checked that the instance is attached
     CudaContext ctx = cuda_context(stream);
     ctx.gemm = &cublas_gemm;
-    ctx.gemm_self = gemm;
-    return deform_conv2d_forward_cuda(p, dt, in.data[kDcInput], in.data[kDcOffset], in.data[kDcWeight],
+    ctx.gemm_self = gemm_;
+    return deform_conv2d_forward_cuda(p, t.features, in.data[kDcInput], in.data[kDcOffset], in.data[kDcWeight],
                                       in.data[kDcBias], in.data[kDcMask], outputs[0], ws, ctx);
   }
 };
@@ -126,15 +160,28 @@ class RoIAlignPlugin final : public PluginBase {
     return params_of(*variant_, attrs_, in, &p);
   }
 
-  size_t workspace(const CanonicalInputs& max_in, DType) const override {
+  size_t workspace_bound(const CanonicalInputs& max_in, const TensorTypes&) const override {
     RoIAlignParams p;
-    return params_of(*variant_, attrs_, max_in, &p).ok() ? roi_align_workspace_cuda(p) : 0;
+    p.attrs = attrs_.roi;
+    roi_params_bound(max_in, kRaInput, kRaRois, &p);
+    return roi_align_workspace_cuda(p);
   }
 
-  Status run(const CanonicalInputs& in, DType dt, void* const* outputs, void* ws, cudaStream_t stream) override {
+  size_t workspace_needed(const CanonicalInputs& in, const TensorTypes&) const override {
+    RoIAlignParams p;
+    return params_of(*variant_, attrs_, in, &p).ok() ? roi_align_workspace_cuda(p) : 0;
+  }
+
+  Status run(const CanonicalInputs& in, const TensorTypes& t, void* const* outputs, void* ws,
+             cudaStream_t stream) override {
     RoIAlignParams p;
     DCNKIT_RETURN_IF_ERROR(params_of(*variant_, attrs_, in, &p));
-    return roi_align_forward_cuda(p, dt, in.data[kRaInput], in.data[kRaRois], outputs[0], ws, cuda_context(stream));
+    const void* x = in.data[kRaInput];
+    if (t.float32_rois()) {
+      return roi_align_forward_cuda_f32_rois(p, t.features, x, f32(in.data[kRaRois]), outputs[0], ws,
+                                             cuda_context(stream));
+    }
+    return roi_align_forward_cuda(p, t.features, x, in.data[kRaRois], outputs[0], ws, cuda_context(stream));
   }
 };
 
@@ -156,16 +203,30 @@ class DeformRoIPoolPlugin final : public PluginBase {
     return params_of(*variant_, attrs_, in, &p);
   }
 
-  size_t workspace(const CanonicalInputs& max_in, DType) const override {
+  size_t workspace_bound(const CanonicalInputs& max_in, const TensorTypes&) const override {
     DeformRoIPoolParams p;
-    return params_of(*variant_, attrs_, max_in, &p).ok() ? deform_roi_pool_workspace_cuda(p) : 0;
+    p.attrs = attrs_.droi;
+    roi_params_bound(max_in, kDrInput, kDrRois, &p);
+    p.has_offset = max_in.shapes[kDrOffset] != nullptr;
+    return deform_roi_pool_workspace_cuda(p);
   }
 
-  Status run(const CanonicalInputs& in, DType dt, void* const* outputs, void* ws, cudaStream_t stream) override {
+  size_t workspace_needed(const CanonicalInputs& in, const TensorTypes&) const override {
+    DeformRoIPoolParams p;
+    return params_of(*variant_, attrs_, in, &p).ok() ? deform_roi_pool_workspace_cuda(p) : 0;
+  }
+
+  Status run(const CanonicalInputs& in, const TensorTypes& t, void* const* outputs, void* ws,
+             cudaStream_t stream) override {
     DeformRoIPoolParams p;
     DCNKIT_RETURN_IF_ERROR(params_of(*variant_, attrs_, in, &p));
-    return deform_roi_pool_forward_cuda(p, dt, in.data[kDrInput], in.data[kDrRois], in.data[kDrOffset], outputs[0],
-                                        ws, cuda_context(stream));
+    const void* x = in.data[kDrInput];
+    if (t.float32_rois()) {
+      return deform_roi_pool_forward_cuda_f32_rois(p, t.features, x, f32(in.data[kDrRois]), in.data[kDrOffset],
+                                                   outputs[0], ws, cuda_context(stream));
+    }
+    return deform_roi_pool_forward_cuda(p, t.features, x, in.data[kDrRois], in.data[kDrOffset], outputs[0], ws,
+                                        cuda_context(stream));
   }
 };
 
@@ -191,15 +252,38 @@ class DeformPSRoIPoolPlugin final : public PluginBase {
     return params_of(*variant_, attrs_, in, &p);
   }
 
-  size_t workspace(const CanonicalInputs& max_in, DType) const override {
+  // With float32 RoIs the launcher reads a float32 copy of trans (K, 2 * classes, part, part): the product of
+  // the trans maxima bounds it.
+  size_t workspace_bound(const CanonicalInputs& max_in, const TensorTypes& t) const override {
     DeformPSRoIPoolParams p;
-    return params_of(*variant_, attrs_, max_in, &p).ok() ? deform_psroi_pool_workspace_cuda(p) : 0;
+    p.attrs = attrs_.psroi;
+    roi_params_bound(max_in, kPsInput, kPsRois, &p);
+    const Shape* trans = max_in.shapes[kPsTrans];
+    p.attrs.no_trans = p.attrs.no_trans || trans == nullptr;
+    if (!p.attrs.no_trans) {  // trans elements = num_rois * 2 * num_classes * part_size^2
+      p.num_rois = std::max(p.num_rois, dim(max_in, kPsTrans, 0));
+      p.num_classes = (dim(max_in, kPsTrans, 1) + 1) / 2;
+      p.attrs.part_size = std::max(dim(max_in, kPsTrans, 2), dim(max_in, kPsTrans, 3));
+    }
+    return deform_psroi_pool_workspace_cuda(p) + (t.float32_rois() ? deform_psroi_pool_workspace_cuda_f32_rois(p) : 0);
   }
 
-  Status run(const CanonicalInputs& in, DType dt, void* const* outputs, void* ws, cudaStream_t stream) override {
+  size_t workspace_needed(const CanonicalInputs& in, const TensorTypes& t) const override {
+    DeformPSRoIPoolParams p;
+    if (!params_of(*variant_, attrs_, in, &p).ok()) return 0;
+    return deform_psroi_pool_workspace_cuda(p) + (t.float32_rois() ? deform_psroi_pool_workspace_cuda_f32_rois(p) : 0);
+  }
+
+  Status run(const CanonicalInputs& in, const TensorTypes& t, void* const* outputs, void* ws,
+             cudaStream_t stream) override {
     DeformPSRoIPoolParams p;
     DCNKIT_RETURN_IF_ERROR(params_of(*variant_, attrs_, in, &p));
-    return deform_psroi_pool_forward_cuda(p, dt, in.data[kPsInput], in.data[kPsRois], in.data[kPsTrans], outputs[0],
+    const void* x = in.data[kPsInput];
+    if (t.float32_rois()) {
+      return deform_psroi_pool_forward_cuda_f32_rois(p, t.features, x, f32(in.data[kPsRois]), in.data[kPsTrans],
+                                                     outputs[0], outputs[1], ws, cuda_context(stream));
+    }
+    return deform_psroi_pool_forward_cuda(p, t.features, x, in.data[kPsRois], in.data[kPsTrans], outputs[0],
                                           outputs[1], ws, cuda_context(stream));
   }
 };
@@ -227,15 +311,38 @@ class MultiLevelRoIAlignPlugin final : public PluginBase {
     return params(in, &p);
   }
 
-  size_t workspace(const CanonicalInputs& max_in, DType) const override {
+  size_t workspace_bound(const CanonicalInputs& max_in, const TensorTypes&) const override {
     MultiLevelRoIAlignParams p;
-    return params(max_in, &p).ok() ? multi_level_roi_align_workspace_cuda(p) : 0;
+    p.attrs = attrs_.mlroi;
+    p.num_rois = dim(max_in, kMlRois, 0);
+    const size_t levels = std::min(max_in.variadic_shape.size(), static_cast<size_t>(kMaxFeatureLevels));
+    p.attrs.num_levels = static_cast<int64_t>(levels);
+    for (size_t l = 0; l < levels; ++l) {
+      const Shape& f = max_in.variadic_shape[l];
+      if (f.size() != 4) continue;
+      p.batch = std::max(p.batch, f[0]);
+      p.channels = std::max(p.channels, f[1]);
+      p.heights[l] = f[2];
+      p.widths[l] = f[3];
+    }
+    return multi_level_roi_align_workspace_cuda(p);
   }
 
-  Status run(const CanonicalInputs& in, DType dt, void* const* outputs, void* ws, cudaStream_t stream) override {
+  size_t workspace_needed(const CanonicalInputs& in, const TensorTypes&) const override {
+    MultiLevelRoIAlignParams p;
+    return params(in, &p).ok() ? multi_level_roi_align_workspace_cuda(p) : 0;
+  }
+
+  Status run(const CanonicalInputs& in, const TensorTypes& t, void* const* outputs, void* ws,
+             cudaStream_t stream) override {
     MultiLevelRoIAlignParams p;
     DCNKIT_RETURN_IF_ERROR(params(in, &p));  // at most kMaxFeatureLevels maps
-    return multi_level_roi_align_forward_cuda(p, dt, in.variadic_data.data(), in.data[kMlRois], outputs[0], ws,
+    const void* const* maps = in.variadic_data.data();
+    if (t.float32_rois()) {
+      return multi_level_roi_align_forward_cuda_f32_rois(p, t.features, maps, f32(in.data[kMlRois]), outputs[0], ws,
+                                                         cuda_context(stream));
+    }
+    return multi_level_roi_align_forward_cuda(p, t.features, maps, in.data[kMlRois], outputs[0], ws,
                                               cuda_context(stream));
   }
 };

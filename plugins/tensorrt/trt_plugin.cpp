@@ -1,13 +1,14 @@
-// The IPluginV3 lifecycle shared by every operator: fields, names, types, formats, validation, cloning,
-// serialization, the per-instance cuBLAS handle. No kernel math here.
+// The IPluginV3 lifecycle shared by every operator: names, types, formats, validation, cloning,
+// serialization, workspace checks, the context's cuBLAS handle, the timing-cache ID. No kernel math here.
 #include "trt_plugin.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <memory>
 
-#include "dcnkit/cublas_gemm.h"
+#include "trt_blas.h"
 
 using namespace nvinfer1;
 
@@ -31,174 +32,6 @@ void log(ILogger::Severity severity, const std::string& message) {
 void log_error(const std::string& message) { log(ILogger::Severity::kERROR, message); }
 
 const char* plugin_namespace(const OpVariant& v) { return std::strcmp(v.domain, kOnnxDomain) == 0 ? kOnnxDomain : ""; }
-
-// ---------------------------------------------------------------------------------------------
-// Fields
-
-void FieldStore::add(const char* name, PluginFieldType type, const void* data, int32_t length, size_t bytes) {
-  names_.emplace_back(name);
-  data_.emplace_back(static_cast<const char*>(data), static_cast<const char*>(data) + (data ? bytes : 0));
-  fields_.emplace_back(names_.back().c_str(), data ? data_.back().data() : nullptr, type, length);
-}
-
-const PluginFieldCollection* FieldStore::collection() {
-  fc_.nbFields = static_cast<int32_t>(fields_.size());
-  fc_.fields = fields_.data();
-  return &fc_;
-}
-
-void FieldStore::clear() {
-  names_.clear();
-  data_.clear();
-  fields_.clear();
-}
-
-namespace {
-
-// ONNX INT / INTS -> kINT32 (the parser's mapping), FLOAT -> kFLOAT32, STRING -> kCHAR.
-PluginFieldType field_type(AttrKind k) {
-  switch (k) {
-    case AttrKind::kInt:
-    case AttrKind::kInts: return PluginFieldType::kINT32;
-    case AttrKind::kFloat:
-    case AttrKind::kFloats: return PluginFieldType::kFLOAT32;
-    case AttrKind::kString: return PluginFieldType::kCHAR;
-  }
-  return PluginFieldType::kUNKNOWN;
-}
-
-const char* field_type_name(PluginFieldType t) {
-  switch (t) {
-    case PluginFieldType::kFLOAT16: return "float16";
-    case PluginFieldType::kFLOAT32: return "float32";
-    case PluginFieldType::kFLOAT64: return "float64";
-    case PluginFieldType::kINT8: return "int8";
-    case PluginFieldType::kINT16: return "int16";
-    case PluginFieldType::kINT32: return "int32";
-    case PluginFieldType::kINT64: return "int64";
-    case PluginFieldType::kCHAR: return "char";
-    case PluginFieldType::kDIMS: return "dims";
-    case PluginFieldType::kBF16: return "bfloat16";
-    default: return "unknown";
-  }
-}
-
-// A PluginField as the raw attribute the core's attribute reader takes.
-RawAttr raw_from_field(const PluginField& f) {
-  RawAttr r;
-  const int32_t n = f.length;
-  if (n < 0 || (n > 0 && f.data == nullptr)) {
-    r.type = RawAttr::kOther;
-    r.other = "a " + std::string(field_type_name(f.type)) + " field of length " + std::to_string(n) + " without data";
-    return r;
-  }
-  switch (f.type) {
-    case PluginFieldType::kINT32:
-    case PluginFieldType::kINT64: {
-      std::vector<int64_t> v(static_cast<size_t>(n));
-      for (int32_t i = 0; i < n; ++i) {
-        v[i] = f.type == PluginFieldType::kINT32 ? static_cast<const int32_t*>(f.data)[i]
-                                                 : static_cast<const int64_t*>(f.data)[i];
-      }
-      if (n == 1) {
-        r.type = RawAttr::kInt;
-        r.i = v[0];
-      } else {
-        r.type = RawAttr::kInts;
-        r.ints = std::move(v);
-      }
-      return r;
-    }
-    case PluginFieldType::kFLOAT32:
-    case PluginFieldType::kFLOAT64: {
-      std::vector<float> v(static_cast<size_t>(n));
-      for (int32_t i = 0; i < n; ++i) {
-        v[i] = f.type == PluginFieldType::kFLOAT32 ? static_cast<const float*>(f.data)[i]
-                                                   : static_cast<float>(static_cast<const double*>(f.data)[i]);
-      }
-      if (n == 1) {
-        r.type = RawAttr::kFloat;
-        r.f = f.type == PluginFieldType::kFLOAT32 ? static_cast<const float*>(f.data)[0]
-                                                  : static_cast<const double*>(f.data)[0];
-      } else {
-        r.type = RawAttr::kFloats;
-        r.floats = std::move(v);
-      }
-      return r;
-    }
-    case PluginFieldType::kCHAR: {
-      std::string s(static_cast<const char*>(f.data), static_cast<size_t>(n));
-      s.resize(std::strlen(s.c_str()));  // the parser may count a terminating NUL
-      r.type = RawAttr::kString;
-      r.s = s;
-      return r;
-    }
-    default:
-      r.type = RawAttr::kOther;
-      r.other = std::to_string(n) + " " + field_type_name(f.type) + " values";
-      return r;
-  }
-}
-
-}  // namespace
-
-void declare_fields(const OpVariant& v, FieldStore* out) {
-  out->clear();
-  for (const VariantField& f : variant_fields(v)) out->add(f.name, field_type(f.kind), nullptr, f.count, 0);
-}
-
-void serialize_fields(const OpVariant& v, const OpAttrs& attrs, FieldStore* out) {
-  out->clear();
-  const std::vector<AttrValue> values = op_attr_values(attrs);
-  for (const VariantField& f : variant_fields(v)) {
-    const AttrValue& a = values[f.canonical];
-    switch (f.kind) {
-      case AttrKind::kInt:
-      case AttrKind::kInts: {
-      std::vector<int32_t> ints;
-        if (f.enum_values != nullptr) {  // an int naming a canonical string (mmdeploy pool_mode)
-          ints.push_back(static_cast<int32_t>(enum_index(f.enum_values, a.s)));
-        } else if (f.element >= 0) {
-          ints.push_back(static_cast<int32_t>(a.ints[f.element]));
-        } else {
-          for (int64_t x : a.ints) ints.push_back(static_cast<int32_t>(x));
-        }
-        out->add(f.name, PluginFieldType::kINT32, ints.data(), static_cast<int32_t>(ints.size()),
-                 ints.size() * sizeof(int32_t));
-        break;
-      }
-      case AttrKind::kFloat: {
-        const float x = static_cast<float>(a.f);
-        out->add(f.name, PluginFieldType::kFLOAT32, &x, 1, sizeof(float));
-        break;
-      }
-      case AttrKind::kString:
-        out->add(f.name, PluginFieldType::kCHAR, a.s.data(), static_cast<int32_t>(a.s.size()), a.s.size());
-        break;
-      case AttrKind::kFloats: {
-        std::vector<float> xs(a.floats.begin(), a.floats.end());
-        out->add(f.name, PluginFieldType::kFLOAT32, xs.data(), static_cast<int32_t>(xs.size()),
-                 xs.size() * sizeof(float));
-        break;
-      }
-    }
-  }
-}
-
-Status attrs_from_fields(const OpVariant& v, const PluginFieldCollection* fc, OpAttrs* out) {
-  auto lookup = [fc](const char* name) {
-    RawAttr r;
-    if (fc == nullptr) return r;
-    for (int32_t i = 0; i < fc->nbFields; ++i) {
-      const PluginField& f = fc->fields[i];
-      if (f.name != nullptr && std::strcmp(f.name, name) == 0) return raw_from_field(f);
-    }
-    return r;  // absent: the op's default
-  };
-  std::vector<AttrValue> values;
-  DCNKIT_RETURN_IF_ERROR(read_attrs(v, lookup, &values));
-  return make_op_attrs(v, values, out);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Inputs and types
@@ -244,6 +77,8 @@ Status canonical_inputs(const OpVariant& v, const Dims* dims, void const* const*
   return Status::Ok();
 }
 
+bool rois_type_fits(DataType rois, DataType features) { return rois == features || rois == DataType::kFLOAT; }
+
 bool core_dtype(DataType t, DType* out) {
   switch (t) {
     case DataType::kFLOAT: *out = DType::kFloat32; return true;
@@ -276,10 +111,6 @@ bool fully_known(const DynamicPluginTensorDesc* in, int32_t nb) {
 // ---------------------------------------------------------------------------------------------
 // PluginBase
 
-struct PluginBase::Blas {
-  CublasGemm gemm;
-};
-
 PluginBase::PluginBase(const OpVariant* variant, const OpAttrs& attrs, std::string name)
     : variant_(variant), attrs_(attrs), name_(std::move(name)) {}
 
@@ -291,23 +122,11 @@ PluginBase::PluginBase(const PluginBase& o)
       variant_(o.variant_),
       attrs_(o.attrs_),
       name_(o.name_),
-      nb_inputs_(o.nb_inputs_) {}
+      nb_inputs_(o.nb_inputs_),
+      workspace_bound_(o.workspace_bound_) {}
 
 PluginBase::~PluginBase() {
-  if (blas_ != nullptr) {
-    if (blas_->gemm.handle != nullptr) cublasDestroy(blas_->gemm.handle);
-    delete blas_;
-  }
-}
-
-void* PluginBase::blas_gemm(Status* s) {
-  if (blas_ == nullptr) {
-    auto b = std::make_unique<Blas>();
-    *s = cublas_status(cublasCreate(&b->gemm.handle), "cublasCreate");
-    if (!s->ok()) return nullptr;
-    blas_ = b.release();
-  }
-  return &blas_->gemm;
+  if (gemm_key_ != nullptr) release_context_gemm(gemm_key_);
 }
 
 std::string PluginBase::where() const { return std::string(variant_->op_type) + " node '" + name_ + "': "; }
@@ -320,6 +139,46 @@ int32_t PluginBase::min_inputs() const {
 }
 
 int32_t PluginBase::max_inputs() const { return max_node_inputs(*variant_); }
+
+namespace {
+
+// The canonical input of the (first) feature map and of the RoIs (-1: none) of an op.
+int features_canonical(OpKind kind) { return kind == OpKind::kMultiLevelRoIAlign ? kMlFeatures : 0; }
+int rois_canonical(OpKind kind) {
+  switch (kind) {
+    case OpKind::kDeformConv2d: return -1;
+    case OpKind::kRoIAlign: return kRaRois;
+    case OpKind::kDeformRoIPool: return kDrRois;
+    case OpKind::kDeformPSRoIPool: return kPsRois;
+    case OpKind::kMultiLevelRoIAlign: return kMlRois;
+  }
+  return -1;
+}
+
+// The first node input (of nb) that carries canonical input c; -1 if none.
+int32_t node_position(const OpVariant& v, int c, int32_t nb) {
+  for (int32_t i = 0; c >= 0 && i < nb; ++i)
+    if (input_slot(v, i).canonical == c) return i;
+  return -1;
+}
+
+}  // namespace
+
+int32_t PluginBase::features_position(int32_t nb) const {
+  return node_position(*variant_, features_canonical(variant_->kind), nb);
+}
+
+int32_t PluginBase::rois_position(int32_t nb) const {
+  return node_position(*variant_, rois_canonical(variant_->kind), nb);
+}
+
+bool PluginBase::tensor_types(const DataType* input_types, int32_t nb, TensorTypes* out) const {
+  const int32_t f = features_position(nb), r = rois_position(nb);
+  if (f < 0 || !core_dtype(input_types[f], &out->features)) return false;
+  out->rois = out->features;
+  if (r < 0) return true;
+  return rois_type_fits(input_types[r], input_types[f]) && core_dtype(input_types[r], &out->rois);
+}
 
 IPluginCapability* PluginBase::getCapabilityInterface(PluginCapabilityType type) noexcept {
   switch (type) {
@@ -347,8 +206,9 @@ int32_t PluginBase::getNbOutputs() const noexcept { return static_cast<int32_t>(
 
 int32_t PluginBase::getOutputDataTypes(DataType* output_types, int32_t nb_outputs, const DataType* input_types,
                                        int32_t nb_inputs) const noexcept {
-  if (nb_inputs < 1 || nb_outputs != getNbOutputs()) return -1;
-  for (int32_t i = 0; i < nb_outputs; ++i) output_types[i] = input_types[0];  // outputs follow the features
+  const int32_t f = features_position(nb_inputs);
+  if (f < 0 || nb_outputs != getNbOutputs()) return -1;
+  for (int32_t i = 0; i < nb_outputs; ++i) output_types[i] = input_types[f];  // outputs follow the features
   return 0;
 }
 
@@ -378,14 +238,21 @@ int32_t PluginBase::getOutputShapes(const DimsExprs* inputs, int32_t nb_inputs, 
   }
 }
 
+// TensorRT asks position by position and has fixed in_out[0 .. pos-1] when it asks about pos, so each answer
+// looks back only: features (their first map) in a float type the launchers take, RoIs in the features' type
+// or float32 (MultiLevelRoIAlign takes its RoIs first: any float type, checked against the maps at the first
+// map), everything else in the features' type; linear (dense NCHW) only.
 bool PluginBase::supportsFormatCombination(int32_t pos, const DynamicPluginTensorDesc* in_out, int32_t nb_inputs,
                                            int32_t nb_outputs) noexcept {
   if (pos < 0 || pos >= nb_inputs + nb_outputs) return false;
   const PluginTensorDesc& d = in_out[pos].desc;
-  if (d.format != TensorFormat::kLINEAR) return false;  // the launchers take dense NCHW
+  if (d.format != TensorFormat::kLINEAR) return false;
+  const int32_t f = features_position(nb_inputs), r = rois_position(nb_inputs);
   DType dt;
-  if (pos == 0) return core_dtype(d.type, &dt);
-  return d.type == in_out[0].desc.type;  // every tensor in the type of the features
+  if (f < 0) return false;
+  if (pos == r) return r < f ? core_dtype(d.type, &dt) : rois_type_fits(d.type, in_out[f].desc.type);
+  if (pos == f) return core_dtype(d.type, &dt) && (r < 0 || r > f || rois_type_fits(in_out[r].desc.type, d.type));
+  return pos > f && d.type == in_out[f].desc.type;
 }
 
 int32_t PluginBase::configurePlugin(const DynamicPluginTensorDesc* in, int32_t nb_inputs,
@@ -414,12 +281,23 @@ int32_t PluginBase::configurePlugin(const DynamicPluginTensorDesc* in, int32_t n
 size_t PluginBase::getWorkspaceSize(const DynamicPluginTensorDesc* inputs, int32_t nb_inputs,
                                     const DynamicPluginTensorDesc*, int32_t) const noexcept {
   try {
+    std::vector<DataType> types(static_cast<size_t>(nb_inputs > 0 ? nb_inputs : 0));
+    for (int32_t i = 0; i < nb_inputs; ++i) types[i] = inputs[i].desc.type;
+    TensorTypes t;
     CanonicalInputs ci;
-    DType dt;
-    if (nb_inputs < 1 || !core_dtype(inputs[0].desc.type, &dt)) return 0;
-    if (!inputs_from(*variant_, inputs, nb_inputs, true, &ci).ok()) return 0;
-    return workspace(ci, dt);
-  } catch (const std::exception&) {
+    Status s = tensor_types(types.data(), nb_inputs, &t)
+                   ? inputs_from(*variant_, inputs, nb_inputs, true, &ci)
+                   : Status::Invalid("unsupported input types");
+    if (!s.ok()) {
+      // Without a size TensorRT provides no workspace; enqueue then refuses any call that needs one.
+      log_error(where() + "getWorkspaceSize: " + s.message());
+      return 0;
+    }
+    const size_t bytes = workspace_bound(ci, t);
+    workspace_bound_ = std::max<int64_t>(workspace_bound_, static_cast<int64_t>(bytes));
+    return bytes;
+  } catch (const std::exception& e) {
+    log_error(where() + "getWorkspaceSize: " + e.what());
     return 0;
   }
 }
@@ -454,13 +332,29 @@ int32_t PluginBase::enqueue(const PluginTensorDesc* input_desc, const PluginTens
       return -1;
     }
     std::vector<Dims> dims(static_cast<size_t>(present));
-    for (int32_t i = 0; i < present; ++i) dims[i] = input_desc[i].dims;
+    std::vector<DataType> types(static_cast<size_t>(present));
+    for (int32_t i = 0; i < present; ++i) {
+      dims[i] = input_desc[i].dims;
+      types[i] = input_desc[i].type;
+    }
     CanonicalInputs ci;
-    DType dt;
-    Status s = core_dtype(input_desc[0].type, &dt) ? canonical_inputs(*variant_, dims.data(), inputs, present, &ci)
-                                                   : Status::Invalid("unsupported input type");
+    TensorTypes t;
+    Status s = tensor_types(types.data(), present, &t) ? canonical_inputs(*variant_, dims.data(), inputs, present, &ci)
+                                                       : Status::Invalid("unsupported input types");
     if (s.ok()) s = check(ci);
-    if (s.ok()) s = run(ci, dt, outputs, workspace, stream);
+    if (s.ok()) {
+      const auto need = static_cast<int64_t>(workspace_needed(ci, t));
+      if (need > 0 && workspace == nullptr) {
+        s = Status::Invalid("enqueue: workspace: expected " + std::to_string(need) +
+                            " bytes, got none (getWorkspaceSize returned 0 for this profile?)");
+      } else if (workspace_bound_ >= 0 && need > workspace_bound_) {
+        s = Status::Invalid("enqueue: workspace: expected " + std::to_string(need) + " bytes, got " +
+                            std::to_string(workspace_bound_) + " (getWorkspaceSize of dims below these)");
+      } else if (needs_blas() && gemm_ == nullptr) {
+        s = Status::Invalid("enqueue: no cuBLAS handle: the plugin was not attached to an execution context");
+      }
+    }
+    if (s.ok()) s = run(ci, t, outputs, workspace, stream);
     if (!s.ok()) {
       log_error(where() + s.message());
       return -1;
@@ -472,15 +366,19 @@ int32_t PluginBase::enqueue(const PluginTensorDesc* input_desc, const PluginTens
   }
 }
 
-IPluginV3* PluginBase::attachToContext(IPluginResourceContext*) noexcept {
+IPluginV3* PluginBase::attachToContext(IPluginResourceContext* context) noexcept {
   PluginBase* copy = nullptr;
   try {
     copy = make_copy();
-    Status s;
-    if (needs_blas() && copy->blas_gemm(&s) == nullptr) {
-      log_error(where() + s.message());
-      delete copy;
-      return nullptr;
+    if (needs_blas()) {
+      Status s = context != nullptr ? Status::Ok() : Status::Invalid("attachToContext: no resource context");
+      if (s.ok()) copy->gemm_ = acquire_context_gemm(context, &s);
+      if (!s.ok()) {
+        log_error(where() + s.message());
+        delete copy;
+        return nullptr;
+      }
+      copy->gemm_key_ = context;
     }
     return copy;
   } catch (const std::exception& e) {
@@ -497,6 +395,52 @@ const PluginFieldCollection* PluginBase::getFieldsToSerialize() noexcept {
   } catch (const std::exception& e) {
     log_error(where() + e.what());
     return nullptr;
+  }
+}
+
+namespace {
+
+void append_value(const AttrDef& def, const AttrValue& v, std::string* out) {
+  char buf[64];
+  switch (def.kind) {
+    case AttrKind::kInt:
+    case AttrKind::kInts:
+      for (int64_t x : v.ints) *out += std::to_string(x) + ",";
+      return;
+    case AttrKind::kFloat:
+      std::snprintf(buf, sizeof(buf), "%a", v.f);  // exact: 0.25 and 0.2500001 are different kernels' work
+      *out += buf;
+      return;
+    case AttrKind::kFloats:
+      for (double x : v.floats) {
+        std::snprintf(buf, sizeof(buf), "%a,", x);
+        *out += buf;
+      }
+      return;
+    case AttrKind::kString: *out += v.s; return;
+  }
+}
+
+}  // namespace
+
+// The op (not the variant: mmdeploy's MMCVRoiAlign and RoIAlign with the same attributes run the same kernel)
+// and every canonical attribute value, defaults applied (an absent field and its default, mmdeploy's
+// pool_mode 1 and "avg", a float-written sampling_ratio 2.0 and 2 are the same). TensorRT prefixes the I/O
+// shapes, types and formats, so the RoIs' type (the float32-RoI launchers) is already told apart.
+const char* PluginBase::getTimingCacheID() noexcept {
+  try {
+    const OpDef& def = op_def(variant_->kind);
+    const std::vector<AttrValue> values = op_attr_values(attrs_);
+    std::string id = std::string("dcnkit.") + def.onnx_type;
+    for (size_t i = 0; i < def.num_attrs && i < values.size(); ++i) {
+      id += std::string(";") + def.attrs[i].name + "=";
+      append_value(def.attrs[i], values[i], &id);
+    }
+    timing_cache_id_ = std::move(id);
+    return timing_cache_id_.c_str();
+  } catch (const std::exception& e) {
+    log_error(where() + "getTimingCacheID: " + e.what());
+    return nullptr;  // no timing caching for this layer
   }
 }
 

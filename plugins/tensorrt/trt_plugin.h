@@ -7,6 +7,9 @@
 //
 // Per operator one final class (DeformConv2dPlugin, ...) supplies the op's output shapes, workspace and
 // enqueue; PluginBase does the rest of the IPluginV3 lifecycle for all of them.
+//
+// Types: every tensor is in the features' type (float32, float16 or bfloat16), except the RoIs of the RoI
+// operators, which may also be float32 with 16-bit features (dcnkit/roi_float32_rois.h).
 #pragma once
 
 #include <NvInferRuntime.h>
@@ -17,6 +20,10 @@
 
 #include "dcnkit/common.h"
 #include "dcnkit/op_attrs.h"
+
+namespace dcnkit {
+struct CublasGemm;
+}
 
 namespace dcnkit::trt {
 
@@ -78,6 +85,16 @@ Status canonical_inputs(const OpVariant& v, const nvinfer1::Dims* dims, void con
 // DataType <-> the core's DType (float32, float16, bfloat16: the types the launchers take).
 bool core_dtype(nvinfer1::DataType t, DType* out);
 
+// The types of one call: the features' (and every other tensor's) and the RoIs' (= features, or float32
+// with 16-bit features).
+struct TensorTypes {
+  DType features = DType::kFloat32;
+  DType rois = DType::kFloat32;
+  bool float32_rois() const { return rois != features; }
+};
+// Whether RoIs of type `rois` go with features of type `features` (the same type, or float32).
+bool rois_type_fits(nvinfer1::DataType rois, nvinfer1::DataType features);
+
 // ---------------------------------------------------------------------------------------------
 // The plugin
 
@@ -87,7 +104,7 @@ class PluginBase : public nvinfer1::IPluginV3,
                    public nvinfer1::IPluginV3OneRuntime {
  public:
   PluginBase(const OpVariant* variant, const OpAttrs& attrs, std::string name);
-  // A copy has the same op, attrs and name, and no cuBLAS handle (attachToContext makes one).
+  // A copy has the same op, attrs, name and workspace bound, and no cuBLAS handle (attachToContext takes one).
   PluginBase(const PluginBase& other);
   PluginBase& operator=(const PluginBase&) = delete;
   ~PluginBase() override;
@@ -112,6 +129,8 @@ class PluginBase : public nvinfer1::IPluginV3,
   bool supportsFormatCombination(int32_t pos, const nvinfer1::DynamicPluginTensorDesc* in_out, int32_t nb_inputs,
                                  int32_t nb_outputs) noexcept override;
   int32_t getNbOutputs() const noexcept override;
+  // From the op and its canonical attribute values (see trt_plugin.cpp); TensorRT adds the I/O shapes and types.
+  const char* getTimingCacheID() noexcept override;
   size_t getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc* inputs, int32_t nb_inputs,
                           const nvinfer1::DynamicPluginTensorDesc* outputs, int32_t nb_outputs) const noexcept override;
 
@@ -132,12 +151,16 @@ class PluginBase : public nvinfer1::IPluginV3,
                                nvinfer1::DimsExprs* outputs) const = 0;
   // Validates the shapes of one call (the core's make_*_params).
   virtual Status check(const CanonicalInputs& in) const = 0;
-  // Workspace for every call whose dims are at most `max_in`.
-  virtual size_t workspace(const CanonicalInputs& max_in, DType dtype) const = 0;
+  // Workspace bytes of every call whose dims are at most `max_in` in each dimension. `max_in` is one
+  // optimisation profile's maxima per input, which need not form a consistent problem (TensorRT takes each
+  // input's range separately), so it is bounded dimension by dimension, never through the shape checks.
+  virtual size_t workspace_bound(const CanonicalInputs& max_in, const TensorTypes& t) const = 0;
+  // Workspace bytes of one checked call.
+  virtual size_t workspace_needed(const CanonicalInputs& in, const TensorTypes& t) const = 0;
   // Runs the forward launcher on `stream` (never synchronises).
-  virtual Status run(const CanonicalInputs& in, DType dtype, void* const* outputs, void* workspace,
+  virtual Status run(const CanonicalInputs& in, const TensorTypes& t, void* const* outputs, void* workspace,
                      cudaStream_t stream) = 0;
-  // Whether the op runs a GEMM (then each attached instance owns a cuBLAS handle).
+  // Whether the op runs a GEMM (then attached instances share their context's cuBLAS handle).
   virtual bool needs_blas() const { return false; }
 
   // The message prefix "<op_type> node '<name>': ".
@@ -145,21 +168,28 @@ class PluginBase : public nvinfer1::IPluginV3,
   // Number of node inputs the variant accepts: [min, max].
   int32_t min_inputs() const;
   int32_t max_inputs() const;
+  // Node input positions (of a layer with nb inputs) of the first feature map and of the RoIs (-1: none).
+  int32_t features_position(int32_t nb) const;
+  int32_t rois_position(int32_t nb) const;
+  // The types of a layer's inputs; false when they are not a supported combination.
+  bool tensor_types(const nvinfer1::DataType* input_types, int32_t nb, TensorTypes* out) const;
 
   const OpVariant* variant_;
   OpAttrs attrs_;
   std::string name_;
-  // The cuBLAS handle of an instance attached to an execution context (ops with a GEMM only): created in
-  // attachToContext, bound to the enqueue stream on every call, destroyed with the instance.
-  struct Blas;
-  Blas* blas_ = nullptr;
+  // The GEMM of the execution context this instance is attached to (ops with a GEMM only, see trt_blas.h):
+  // shared with the context's other instances, taken in attachToContext, released with the instance.
+  CublasGemm* gemm_ = nullptr;
+  const void* gemm_key_ = nullptr;
   int32_t nb_inputs_ = -1;  // the layer's input count, from onShapeChange (enqueue does not pass it)
-  // The CublasGemm of blas_ (the GemmFn's self), created on first use by an instance that was not attached
-  // (TensorRT may time a build-time instance); null with the error in *s when cuBLAS fails.
-  void* blas_gemm(Status* s);
+  // The largest workspace this instance (or the one it was cloned from) returned from getWorkspaceSize
+  // (-1: none): enqueue refuses a call that needs more. TensorRT does not tell a deserialized plugin the
+  // size it provides, so there only a missing workspace is caught.
+  mutable int64_t workspace_bound_ = -1;
 
  private:
   FieldStore serialized_;
+  std::string timing_cache_id_;
 };
 
 // The plugin of `variant`'s op kind, with checked attrs (creators call it).

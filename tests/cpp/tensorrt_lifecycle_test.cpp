@@ -1,8 +1,12 @@
 // Drives every creator of libdcnkit_trt.so through TensorRT's plugin lifecycle on the host, without
 // TensorRT's libraries or a GPU: the few interfaces a plugin calls back into (IExprBuilder through
-// apiv::VExprBuilder, ILoggerFinder) are implemented here. What it checks comes from its own table of the
-// expected creators, fields and output shapes (written from the operator contract, not read from the
-// library's sources). Usage: tensorrt_lifecycle_test /path/to/libdcnkit_trt.so
+// apiv::VExprBuilder, ILoggerFinder, IPluginResourceContext, and cuBLAS's handle calls) are implemented here.
+// What it checks comes from its own table of the expected creators, fields and output shapes
+// (tensorrt_lifecycle_cases.h, written from the operator contract, not read from the library's sources) and
+// tensorrt_runtime_checks.h. Build with -rdynamic (the cuBLAS seam).
+// Usage: tensorrt_lifecycle_test /path/to/libdcnkit_trt.so [--nvinfer /path/to/fake/libnvinfer.so.N | --list]
+// With --nvinfer the library is first loaded the way IPluginRegistry::loadLibrary loads it, through the fake
+// registry of tests/cpp/fake_nvinfer.cpp, which fails any registry call made from inside the library.
 // Prints one line per failure and "N passed, M failed" last; exits 1 on any failure.
 #include <NvInferRuntime.h>
 #include <dlfcn.h>
@@ -31,308 +35,8 @@ void check(bool ok, const std::string& what) {
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Logger
-
-struct TestLogger : ILogger {
-  std::vector<std::string> lines;  // warnings and errors
-  void log(Severity s, const char* msg) noexcept override {
-    if (s <= Severity::kWARNING) lines.emplace_back(msg);
-  }
-};
-
-struct TestFinder : ILoggerFinder {
-  ILogger* logger = nullptr;
-  ILogger* findLogger() override { return logger; }
-};
-
-TestLogger g_logger;
-
-// ---------------------------------------------------------------------------------------------
-// IExprBuilder that folds constants; a non-constant expression is an opaque symbol.
-
-struct ExprImpl : apiv::VDimensionExpr {
-  bool constant = false;
-  int64_t value = 0;
-  bool isConstant() const override { return constant; }
-  int64_t getConstantValue() const override { return constant ? value : INT64_MIN; }
-  bool isSizeTensor() const override { return false; }
-};
-
-class Expr : public IDimensionExpr {
- public:
-  explicit Expr(apiv::VDimensionExpr* impl) { mImpl = impl; }
-};
-
-int64_t floor_div(int64_t a, int64_t b) {
-  const int64_t q = a / b;
-  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-
-struct BuilderImpl : apiv::VExprBuilder {
-  std::vector<std::unique_ptr<ExprImpl>> impls;
-  std::vector<std::unique_ptr<Expr>> exprs;
-
-  const IDimensionExpr* make(bool c, int64_t v) {
-    impls.push_back(std::make_unique<ExprImpl>());
-    impls.back()->constant = c;
-    impls.back()->value = v;
-    exprs.push_back(std::make_unique<Expr>(impls.back().get()));
-    return exprs.back().get();
-  }
-  const IDimensionExpr* symbol() { return make(false, 0); }
-  const IDimensionExpr* constant(int64_t v) override { return make(true, v); }
-  const IDimensionExpr* operation(DimensionOperation op, const IDimensionExpr& a, const IDimensionExpr& b) override {
-    if (!a.isConstant() || !b.isConstant()) return symbol();
-    const int64_t x = a.getConstantValue(), y = b.getConstantValue();
-    switch (op) {
-      case DimensionOperation::kSUM: return constant(x + y);
-      case DimensionOperation::kPROD: return constant(x * y);
-      case DimensionOperation::kMAX: return constant(x > y ? x : y);
-      case DimensionOperation::kMIN: return constant(x < y ? x : y);
-      case DimensionOperation::kSUB: return constant(x - y);
-      case DimensionOperation::kEQUAL: return constant(x == y);
-      case DimensionOperation::kLESS: return constant(x < y);
-      case DimensionOperation::kFLOOR_DIV: return constant(floor_div(x, y));
-      case DimensionOperation::kCEIL_DIV: return constant(-floor_div(-x, y));
-    }
-    return nullptr;
-  }
-  const IDimensionExpr* declareSizeTensor(int32_t, const IDimensionExpr&, const IDimensionExpr&) override {
-    return nullptr;
-  }
-};
-
-class Builder : public IExprBuilder {
- public:
-  explicit Builder(apiv::VExprBuilder* impl) { mImpl = impl; }
-};
-
-// ---------------------------------------------------------------------------------------------
-// Fields as the ONNX parser passes them: INT/INTS -> kINT32, FLOAT(S) -> kFLOAT32, STRING -> kCHAR.
-
-struct Field {
-  std::string name;
-  PluginFieldType type;
-  std::vector<int32_t> ints;
-  std::vector<float> floats;
-  std::string s;
-};
-
-Field ints(const char* n, std::vector<int32_t> v) { return {n, PluginFieldType::kINT32, std::move(v), {}, ""}; }
-Field flt(const char* n, float v) { return {n, PluginFieldType::kFLOAT32, {}, {v}, ""}; }
-Field flts(const char* n, std::vector<float> v) { return {n, PluginFieldType::kFLOAT32, {}, std::move(v), ""}; }
-Field str(const char* n, const char* v) { return {n, PluginFieldType::kCHAR, {}, {}, v}; }
-
-struct Collection {
-  std::vector<PluginField> fields;
-  PluginFieldCollection fc{};
-  explicit Collection(const std::vector<Field>& src) {
-    for (const Field& f : src) {
-      const void* data = f.type == PluginFieldType::kINT32 ? static_cast<const void*>(f.ints.data())
-                         : f.type == PluginFieldType::kFLOAT32 ? static_cast<const void*>(f.floats.data())
-                                                               : static_cast<const void*>(f.s.data());
-      const int32_t len = static_cast<int32_t>(f.type == PluginFieldType::kINT32     ? f.ints.size()
-                                               : f.type == PluginFieldType::kFLOAT32 ? f.floats.size()
-                                                                                     : f.s.size());
-      fields.emplace_back(f.name.c_str(), data, f.type, len);
-    }
-    fc.nbFields = static_cast<int32_t>(fields.size());
-    fc.fields = fields.data();
-  }
-};
-
-// A field collection's contents as text, to compare two serializations.
-std::string fields_text(const PluginFieldCollection* fc) {
-  if (fc == nullptr) return "<null>";
-  std::string s;
-  for (int32_t i = 0; i < fc->nbFields; ++i) {
-    const PluginField& f = fc->fields[i];
-    s += std::string(f.name) + ":" + std::to_string(static_cast<int>(f.type)) + ":" + std::to_string(f.length) + "=";
-    for (int32_t j = 0; j < f.length; ++j) {
-      if (f.type == PluginFieldType::kINT32) s += std::to_string(static_cast<const int32_t*>(f.data)[j]) + ",";
-      if (f.type == PluginFieldType::kFLOAT32) s += std::to_string(static_cast<const float*>(f.data)[j]) + ",";
-      if (f.type == PluginFieldType::kCHAR) s += static_cast<const char*>(f.data)[j];
-    }
-    s += ";";
-  }
-  return s;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The expected table
-
-struct FieldDecl {
-  const char* name;
-  PluginFieldType type;
-  int32_t length;  // 0: any (strings)
-};
-
-struct BadFields {
-  std::vector<Field> fields;
-  const char* field;  // the field the error must name
-};
-
-struct Case {
-  const char* name;
-  const char* ns;
-  std::vector<FieldDecl> declared;
-  std::vector<Field> fields;
-  std::vector<std::vector<int64_t>> inputs;
-  std::vector<std::vector<int64_t>> outputs;
-  int batch_source;                                  // input whose dim 0 is the outputs' dim 0
-  std::vector<std::vector<int64_t>> bad_inputs;      // inputs the shape checks must reject
-  std::vector<BadFields> bad_fields;
-  size_t min_workspace;                              // bytes, float32
-  std::vector<Field> required = {};                  // fields without a default (the rest may be absent)
-};
-
-const PluginFieldType I32 = PluginFieldType::kINT32, F32 = PluginFieldType::kFLOAT32, CHR = PluginFieldType::kCHAR;
-
-// DCN output size: floor((H + 2p - (d(k-1)+1)) / s) + 1.
-int64_t conv_out(int64_t h, int64_t k, int64_t s, int64_t p, int64_t d) { return (h + 2 * p - (d * (k - 1) + 1)) / s + 1; }
-
-std::vector<Case> cases() {
-  std::vector<Case> c;
-  const std::vector<FieldDecl> dcn_decl = {{"stride", I32, 2}, {"padding", I32, 2}, {"dilation", I32, 2},
-                                           {"groups", I32, 1}, {"deformable_groups", I32, 1}};
-  {
-    const int64_t ho = conv_out(17, 3, 2, 1, 1), wo = conv_out(19, 3, 2, 1, 1);  // 9, 10
-    c.push_back({"DeformConv2d", "dcnkit", dcn_decl,
-                 {ints("stride", {2, 2}), ints("padding", {1, 1}), ints("dilation", {1, 1}), ints("groups", {1}),
-                  ints("deformable_groups", {2})},
-                 {{2, 8, 17, 19}, {2, 36, ho, wo}, {16, 8, 3, 3}, {16}, {2, 18, ho, wo}},
-                 {{2, 16, ho, wo}},
-                 0,
-                 {{2, 7, 17, 19}, {2, 36, ho, wo}, {16, 7, 3, 3}, {16}, {2, 18, ho, wo}},
-                 {{{ints("stride", {0, 1})}, "stride"},
-                  {{flt("stride", 2.f)}, "stride"},
-                  {{ints("deformable_groups", {0})}, "deformable_groups"},
-                  {{ints("padding", {1, 1, 1})}, "padding"}},
-                 size_t(8) * 9 * ho * wo * 4});
-  }
-  c.push_back({"RoIAlign", "dcnkit",
-               {{"output_size", I32, 2}, {"spatial_scale", F32, 1}, {"sampling_ratio", I32, 1}, {"aligned", I32, 1},
-                {"pool_mode", CHR, 0}},
-               {ints("output_size", {7, 7}), flt("spatial_scale", 0.25f), ints("sampling_ratio", {2}),
-                ints("aligned", {1}), str("pool_mode", "max")},
-               {{2, 16, 32, 32}, {5, 5}},
-               {{5, 16, 7, 7}},
-               1,
-               {{2, 16, 32, 32}, {5, 4}},
-               {{{str("pool_mode", "median")}, "pool_mode"},
-                {{flt("spatial_scale", 0.f)}, "spatial_scale"},
-                {{ints("output_size", {0, 7})}, "output_size"},
-                {{ints("sampling_ratio", {1, 2, 3})}, "sampling_ratio"},
-                // above kMaxSamplingRatio (1024): would make every bin sample 2^60 points
-                {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
-               0});
-  c.push_back({"DeformRoIPool", "dcnkit",
-               {{"output_size", I32, 2}, {"spatial_scale", F32, 1}, {"sampling_ratio", I32, 1}, {"gamma", F32, 1}},
-               {ints("output_size", {3, 3}), flt("spatial_scale", 0.5f), ints("sampling_ratio", {0}),
-                flt("gamma", 0.1f)},
-               {{1, 4, 10, 10}, {3, 5}, {3, 2, 3, 3}},
-               {{3, 4, 3, 3}},
-               1,
-               {{1, 4, 10, 10}, {3, 5}, {3, 2, 4, 4}},
-               {{{ints("gamma", {1})}, "gamma"}, {{ints("output_size", {3})}, "output_size"},
-                {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
-               0});
-  c.push_back({"DeformPSRoIPool", "dcnkit",
-               {{"spatial_scale", F32, 1}, {"output_size", I32, 1}, {"output_dim", I32, 1}, {"group_size", I32, 1},
-                {"part_size", I32, 1}, {"sample_per_part", I32, 1}, {"trans_std", F32, 1}, {"no_trans", I32, 1}},
-               {flt("spatial_scale", 0.0625f), ints("output_size", {3}), ints("output_dim", {2}),
-                ints("group_size", {3}), ints("part_size", {3}), ints("sample_per_part", {2}), flt("trans_std", 0.1f),
-                ints("no_trans", {0})},
-               {{1, 18, 12, 12}, {4, 5}, {4, 2, 3, 3}},
-               {{4, 2, 3, 3}, {4, 2, 3, 3}},
-               1,
-               {{1, 17, 12, 12}, {4, 5}, {4, 2, 3, 3}},
-               {{{ints("group_size", {0})}, "group_size"}, {{str("output_dim", "2")}, "output_dim"},
-                {{ints("sample_per_part", {1 << 30})}, "sample_per_part"}},
-               0});
-  const std::vector<FieldDecl> mm_dcn_decl = {{"stride", I32, 2}, {"padding", I32, 2}, {"dilation", I32, 2},
-                                              {"groups", I32, 1}, {"deform_groups", I32, 1}};
-  const std::vector<Field> mm_dcn_fields = {ints("stride", {1, 1}), ints("padding", {1, 1}), ints("dilation", {1, 1}),
-                                            ints("groups", {1}), ints("deform_groups", {1})};
-  // mmdeploy's input order: (input, offset, mask, weight[, bias]).
-  c.push_back({"MMCVModulatedDeformConv2d", "", mm_dcn_decl, mm_dcn_fields,
-               {{1, 4, 8, 8}, {1, 18, 8, 8}, {1, 9, 8, 8}, {6, 4, 3, 3}, {6}},
-               {{1, 6, 8, 8}},
-               0,
-               {{1, 4, 8, 8}, {1, 18, 8, 8}, {1, 9, 8, 8}, {6, 4, 3, 3}, {5}},
-               {{{ints("deform_groups", {-1})}, "deform_groups"}, {{str("stride", "1")}, "stride"}},
-               size_t(4) * 9 * 64 * 4});
-  c.push_back({"MMCVDeformConv2d", "", mm_dcn_decl, mm_dcn_fields,
-               {{1, 4, 8, 8}, {1, 18, 8, 8}, {6, 4, 3, 3}},
-               {{1, 6, 8, 8}},
-               0,
-               {{1, 4, 8, 8}, {1, 16, 8, 8}, {6, 4, 3, 3}},
-               {{{ints("groups", {0})}, "groups"}},
-               size_t(4) * 9 * 64 * 4});
-  c.push_back({"MMCVRoiAlign", "",
-               {{"output_height", I32, 1}, {"output_width", I32, 1}, {"spatial_scale", F32, 1},
-                {"sampling_ratio", I32, 1}, {"mode", CHR, 0}, {"aligned", I32, 1}},
-               {ints("output_height", {2}), ints("output_width", {3}), flt("spatial_scale", 1.f),
-                ints("sampling_ratio", {0}), str("mode", "avg"), ints("aligned", {0})},
-               {{1, 3, 8, 8}, {2, 5}},
-               {{2, 3, 2, 3}},
-               1,
-               {{1, 3, 8}, {2, 5}},
-               {{{str("mode", "sum")}, "mode"}, {{ints("output_width", {-3})}, "output_width"},
-                {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
-               0});
-  c.push_back({"MMCVDeformRoIPool", "",
-               {{"pooled_height", I32, 1}, {"pooled_width", I32, 1}, {"spatial_scale", F32, 1},
-                {"sampling_ratio", I32, 1}, {"gamma", F32, 1}},
-               // mmcv writes sampling_ratio as a float.
-               {ints("pooled_height", {2}), ints("pooled_width", {2}), flt("spatial_scale", 1.f),
-                flt("sampling_ratio", 2.f), flt("gamma", 0.1f)},
-               {{1, 3, 8, 8}, {2, 5}},
-               {{2, 3, 2, 2}},
-               1,
-               {{1, 3, 8, 8}, {2, 6}},
-               {{{flt("sampling_ratio", 2.5f)}, "sampling_ratio"}, {{flt("sampling_ratio", 1073741824.f)}, "sampling_ratio"}},
-               0});
-  // Multi-level RoIAlign: rois, then the L maps (variadic); level by box size, output (K, C, oh, ow).
-  const std::vector<std::vector<int64_t>> ml_inputs = {{6, 5}, {2, 8, 32, 32}, {2, 8, 16, 16}, {2, 8, 8, 8}};
-  const std::vector<std::vector<int64_t>> ml_bad = {{6, 5}, {2, 8, 32, 32}, {2, 7, 16, 16}, {2, 8, 8, 8}};
-  c.push_back({"MultiLevelRoIAlign", "dcnkit",
-               {{"output_size", I32, 2}, {"featmap_strides", F32, 0}, {"sampling_ratio", I32, 1},
-                {"finest_scale", I32, 1}, {"roi_scale_factor", F32, 1}, {"aligned", I32, 1}, {"pool_mode", CHR, 0}},
-               {ints("output_size", {7, 7}), flts("featmap_strides", {4.f, 8.f, 16.f}), ints("sampling_ratio", {2}),
-                ints("finest_scale", {56}), flt("roi_scale_factor", 1.f), ints("aligned", {1}), str("pool_mode", "avg")},
-               ml_inputs,
-               {{6, 8, 7, 7}},
-               0,
-               ml_bad,
-               {{{flts("featmap_strides", {4.f, 0.f, 16.f})}, "featmap_strides"},
-                {{str("pool_mode", "median")}, "pool_mode"},
-                {{ints("finest_scale", {0})}, "finest_scale"},
-                {{ints("output_size", {7, 0})}, "output_size"},
-                {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
-               0,
-               {flts("featmap_strides", {4.f, 8.f, 16.f})}});
-  // mmdeploy's node: output_height/output_width, pool_mode as an int (0 max, 1 avg).
-  c.push_back({"MMCVMultiLevelRoiAlign", "",
-               {{"output_height", I32, 1}, {"output_width", I32, 1}, {"featmap_strides", F32, 0},
-                {"sampling_ratio", I32, 1}, {"finest_scale", I32, 1}, {"roi_scale_factor", F32, 1},
-                {"aligned", I32, 1}, {"pool_mode", I32, 1}},
-               {ints("output_height", {3}), ints("output_width", {5}), flts("featmap_strides", {4.f, 8.f, 16.f}),
-                ints("sampling_ratio", {0}), ints("finest_scale", {56}), flt("roi_scale_factor", 2.f),
-                ints("aligned", {0}), ints("pool_mode", {0})},
-               ml_inputs,
-               {{6, 8, 3, 5}},
-               0,
-               ml_bad,
-               {{{ints("pool_mode", {2})}, "pool_mode"},
-                {{flts("featmap_strides", {-4.f, 8.f, 16.f})}, "featmap_strides"},
-                {{ints("output_height", {0})}, "output_height"},
-                {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
-               0,
-               {flts("featmap_strides", {4.f, 8.f, 16.f})}});
-  return c;
-}
+#include "tensorrt_test_support.h"
+#include "tensorrt_lifecycle_cases.h"
 
 // ---------------------------------------------------------------------------------------------
 
@@ -461,6 +165,8 @@ void run_case(IPluginCreatorV3One* creator, const Case& c) {
     const size_t n = c.inputs.size() + c.outputs.size();
     std::vector<std::vector<int64_t>> all = c.inputs;
     all.insert(all.end(), c.outputs.begin(), c.outputs.end());
+    size_t first_map = 0;
+    while (first_map < c.inputs.size() && c.inputs[first_map].size() != 4) ++first_map;
     for (size_t pos = 0; pos < n; ++pos) {
       for (DataType t : {DataType::kFLOAT, DataType::kHALF, DataType::kBF16, DataType::kINT32, DataType::kINT8}) {
         for (TensorFormat f : {TensorFormat::kLINEAR, TensorFormat::kCHW32, TensorFormat::kHWC8}) {
@@ -470,7 +176,9 @@ void run_case(IPluginCreatorV3One* creator, const Case& c) {
           const bool got = build->supportsFormatCombination(static_cast<int32_t>(pos), d.data(),
                                                             static_cast<int32_t>(c.inputs.size()), nout);
           const bool float_type = t == DataType::kFLOAT || t == DataType::kHALF || t == DataType::kBF16;
-          const bool want = f == TensorFormat::kLINEAR && (pos == 0 ? float_type : t == DataType::kFLOAT);
+          // Position 0 (the features, or MultiLevelRoIAlign's RoIs) and the first map take any float type;
+          // then everything else must be in the features' type (float32 here; RoIs: tensorrt_runtime_checks.h).
+          const bool want = f == TensorFormat::kLINEAR && (pos == 0 || pos == first_map ? float_type : t == DataType::kFLOAT);
           check(got == want, op + ": supportsFormatCombination pos " + std::to_string(pos) + " type " +
                                  std::to_string(static_cast<int>(t)) + " format " + std::to_string(static_cast<int>(f)));
         }
@@ -569,12 +277,66 @@ void run_case(IPluginCreatorV3One* creator, const Case& c) {
   }
 }
 
+std::vector<IPluginCreatorV3One*> g_creators;
+
+IPluginCreatorV3One* creator_named(const char* name) {
+  for (IPluginCreatorV3One* c : g_creators)
+    if (std::strcmp(c->getPluginName(), name) == 0) return c;
+  return nullptr;
+}
+
+#include "tensorrt_runtime_checks.h"
+
+// loadLibrary-style loading through the fake registry: nothing of the library may call the registry while
+// TensorRT's loader runs it (dlopen, setLoggerFinder, getCreators), and getCreators never touches a registry.
+void check_registry_loading(const char* lib_path, const char* nvinfer_path, int32_t expected) {
+  void* nvinfer = dlopen(nvinfer_path, RTLD_NOW | RTLD_GLOBAL);
+  check(nvinfer != nullptr, std::string("load the fake libnvinfer: ") + (nvinfer ? "" : dlerror()));
+  if (nvinfer == nullptr) return;
+  auto registry = reinterpret_cast<IPluginRegistry* (*)()>(dlsym(nvinfer, "getPluginRegistry"))();
+  auto reentries = reinterpret_cast<const char* (*)()>(dlsym(nvinfer, "fake_reentries"));
+  auto calls = reinterpret_cast<int (*)()>(dlsym(nvinfer, "fake_registry_calls"));
+  const IPluginRegistry::PluginLibraryHandle handle = registry->loadLibrary(lib_path);
+  check(handle != nullptr, "IPluginRegistry::loadLibrary-style loading succeeds");
+  check(std::string(reentries()).empty(),
+        std::string("no registry call from inside dlopen / setLoggerFinder / getCreators (got: ") + reentries() + ")");
+  int32_t n = 0;
+  registry->getAllCreators(&n);
+  check(n == expected, "the loader registered " + std::to_string(expected) + " creators (got " + std::to_string(n) + ")");
+  const int before = calls();
+  auto get_creators = reinterpret_cast<IPluginCreatorInterface* const* (*)(int32_t&)>(dlsym(handle, "getCreators"));
+  int32_t again = 0;
+  get_creators(again);
+  int32_t still = 0;
+  registry->getAllCreators(&still);
+  check(calls() == before && still == n && again == n, "getCreators touches no registry and takes nothing back");
+}
+
 }  // namespace
+
+// The cuBLAS seam (see tensorrt_runtime_checks.h): distinct fake handles, never dereferenced.
+extern "C" {
+struct cublasContext;
+__attribute__((visibility("default"))) int cublasCreate_v2(cublasContext** handle) {
+  static char handles[64];
+  *handle = reinterpret_cast<cublasContext*>(&handles[g_blas_created.size() % 64]);
+  g_blas_created.push_back(*handle);
+  return 0;
+}
+__attribute__((visibility("default"))) int cublasDestroy_v2(cublasContext* handle) {
+  g_blas_destroyed.push_back(handle);
+  return 0;
+}
+}
 
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s libdcnkit_trt.so\n", argv[0]);
     return 2;
+  }
+  const std::vector<Case> expected = cases();
+  if (argc > 3 && std::string(argv[2]) == "--nvinfer") {
+    check_registry_loading(argv[1], argv[3], static_cast<int32_t>(expected.size()));
   }
   void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
@@ -606,7 +368,6 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  const std::vector<Case> expected = cases();
   check(n == static_cast<int32_t>(expected.size()), "getCreators returns " + std::to_string(expected.size()) +
                                                          " creators (got " + std::to_string(n) + ")");
   for (const Case& c : expected) {
@@ -621,7 +382,17 @@ int main(int argc, char** argv) {
       }
     }
     check(found != nullptr, std::string("creator ") + c.name + " version 1 namespace '" + c.ns + "'");
-    if (found) run_case(found, c);
+    if (found) {
+      g_creators.push_back(found);
+      run_case(found, c);
+    }
+  }
+  if (g_creators.size() == expected.size()) {
+    for (const Case& c : expected) check_roi_types(creator_named(c.name), c);
+    check_workspace(creator_named("DeformConv2d"), creator_named("DeformPSRoIPool"), expected);
+    check_shared_blas(creator_named("DeformConv2d"), creator_named("MMCVModulatedDeformConv2d"),
+                      creator_named("RoIAlign"), expected);
+    check_timing_cache_ids(&creator_named, expected);
   }
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;

@@ -188,13 +188,22 @@ def load_plugins(extra: Sequence = (), log: Callable[[str], None] | None = None)
         if key in _LOADED:
             continue
         if _exports_creators(p):
-            if p == ours and _registered(registry, "DeformConv2d", "1", PLUGIN_NAMESPACE):
-                handle = None  # the library registered its creators itself when it was loaded
-            else:
-                handle = registry.load_library(key)
-                if handle is None:
-                    raise RuntimeError(f"tensorrt: IPluginRegistry.load_library refused {key} (see the TensorRT log)")
             how = "IPluginRegistry.load_library"
+            if p == ours and _registered(registry, "DeformConv2d", "1", PLUGIN_NAMESPACE):
+                handle, how = None, "already registered (libdcnkit_trt_autoreg.so was loaded)"
+            else:
+                # load_library first: TensorRT registers what getCreators returns, and the plugins log through
+                # TensorRT's logger. Our library's fallback is a dlopen of libdcnkit_trt_autoreg.so beside it.
+                load = getattr(registry, "load_library", None)
+                handle = load(key) if load is not None else None
+                if handle is None and p == ours and p.with_name("libdcnkit_trt_autoreg.so").is_file():
+                    LoadPlugins(plugins=[str(p.with_name("libdcnkit_trt_autoreg.so"))])()
+                    how = "dlopen of libdcnkit_trt_autoreg.so (IPluginRegistry.load_library failed)"
+                    if not _registered(registry, "DeformConv2d", "1", PLUGIN_NAMESPACE):
+                        raise RuntimeError(f"tensorrt: neither IPluginRegistry.load_library nor "
+                                           f"libdcnkit_trt_autoreg.so registered {key} (see the TensorRT log)")
+                elif handle is None:
+                    raise RuntimeError(f"tensorrt: IPluginRegistry.load_library refused {key} (see the TensorRT log)")
         else:
             LoadPlugins(plugins=[key])()  # a library that registers itself when loaded
             handle, how = None, "dlopen"

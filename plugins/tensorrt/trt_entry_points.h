@@ -1,0 +1,29 @@
+// The C entry points of libdcnkit_trt.so (exports.map lists them; nothing else is exported).
+//
+//   getCreators, setLoggerFinder   what IPluginRegistry::loadLibrary looks up (trtexec --dynamicPlugins,
+//                                  trt.get_plugin_registry().load_library): a static list and a logger
+//                                  pointer; neither calls into a registry
+//   dcnkit_trt_register_creators   explicit registration, for libdcnkit_trt_autoreg.so (trt_autoreg.cpp)
+//   dcnkit_op_defs_json            the op table (plugins/core), shared by every dcnkit library
+#pragma once
+
+#include <NvInferRuntime.h>
+
+#include <cstdint>
+
+extern "C" {
+void setLoggerFinder(nvinfer1::ILoggerFinder* finder);
+nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators);
+
+// Registers every creator with `registry`, the plugin registry of the libnvinfer whose getInferLibVersion() is
+// `infer_lib_version`. The registry is called through its vtable, so its major version must be that of the
+// headers this library was built with; otherwise nothing is registered and the result is -1. Returns the
+// number of creators registered (a creator the registry refuses is logged and skipped).
+int32_t dcnkit_trt_register_creators(nvinfer1::IPluginRegistry* registry, int32_t infer_lib_version);
+}
+
+namespace dcnkit::trt {
+// The names libdcnkit_trt_autoreg.so looks up (dlsym): in the plugin library, then in libnvinfer.
+constexpr const char* kRegisterCreatorsSymbol = "dcnkit_trt_register_creators";
+constexpr const char* kSetLoggerFinderSymbol = "setLoggerFinder";
+}  // namespace dcnkit::trt
