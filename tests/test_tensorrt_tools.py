@@ -424,7 +424,10 @@ def test_triton_tensorrt_repository_with_plugins(tmp_path, capsys):
     else:
         copied = tmp_path / "b" / "roi" / "libdcnkit_trt.so"
         assert rc == 0 and copied.read_bytes() == lib.read_bytes()
-        assert '--backend-config=tensorrt,plugins="/models/roi/libdcnkit_trt.so"' in copied.with_name(
+        # Triton's backend only dlopens plugins=: it names the autoreg library, copied beside the plugins.
+        autoreg = copied.with_name("libdcnkit_trt_autoreg.so")
+        assert autoreg.read_bytes() == lib.with_name("libdcnkit_trt_autoreg.so").read_bytes()
+        assert '--backend-config=tensorrt,plugins="/models/roi/libdcnkit_trt_autoreg.so"' in copied.with_name(
             "config.pbtxt").read_text()
 
 

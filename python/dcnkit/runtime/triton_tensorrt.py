@@ -9,12 +9,15 @@ writes::
       dcn/
         config.pbtxt          # platform "tensorrt_plan", inputs/outputs from the ONNX, max_batch_size, batching
         libdcnkit_trt.so      # the kit's TensorRT plugin library (when the model has custom-domain nodes)
+        libdcnkit_trt_autoreg.so  # registers its creators when Triton's TensorRT backend dlopens it
         1/model.plan          # the serialized engine: ``engine`` copied as it is, or built here from the ONNX
 
 Triton's model configuration has no field for TensorRT plugins: the TensorRT backend loads plugin libraries
-given on the server's command line, ``--backend-config=tensorrt,plugins="/models/dcn/libdcnkit_trt.so"``
-(several separated by ``;``): the backend ``dlopen``s it after loading TensorRT, and the library registers its
-creators itself (``LD_PRELOAD`` does not work: it loads the library before TensorRT; runtime/triton/README.md).
+given on the server's command line, ``--backend-config=tensorrt,plugins="/models/dcn/libdcnkit_trt_autoreg.so"``
+(several separated by ``;``): the backend only ``dlopen``s it after loading TensorRT, so it is the small
+``libdcnkit_trt_autoreg.so``, which registers the creators of ``libdcnkit_trt.so`` beside it with the process's
+registry (``libdcnkit_trt.so`` itself registers nothing when loaded: ``getCreators`` is for
+``IPluginRegistry::loadLibrary``; docs/tensorrt.md, runtime/triton/README.md).
 The config's header says so. A copied engine is not validated (it must come from the TensorRT version of the
 Triton image, for its GPU); the signature is read from the ONNX model.
 """
@@ -27,7 +30,8 @@ from typing import Sequence
 from dcnkit.runtime.triton_config import bundle_library, to_pbtxt
 
 PLAN_FILENAME = "model.plan"
-PLUGIN_FILENAME = "libdcnkit_trt.so"
+PLUGIN_FILENAME = "libdcnkit_trt_autoreg.so"  # what Triton's plugins= option loads
+LIBRARY_FILENAME = "libdcnkit_trt.so"  # the plugins themselves, opened by the autoreg library from its folder
 _STANDARD_DOMAINS = ("", "ai.onnx")
 
 
@@ -93,7 +97,11 @@ def write_tensorrt_repository(
     else:
         plan.write_bytes(data)
     if plugin_src is not None:
-        bundle_library(plugin_src, model_dir, PLUGIN_FILENAME)
+        bundle_library(plugin_src, model_dir, LIBRARY_FILENAME)
+        autoreg = plugin_src.with_name(PLUGIN_FILENAME)
+        if not autoreg.is_file():
+            raise FileNotFoundError(f"{PLUGIN_FILENAME} not found beside {plugin_src}: rebuild dcnkit (bash scripts/setup.sh)")
+        shutil.copy2(autoreg, model_dir / PLUGIN_FILENAME)
     header = "# Written by dcnkit triton-repo. Triton model configuration (protobuf text format).\n"
     header += "# 1/model.plan is a serialized TensorRT engine: it runs only with the TensorRT version and GPU it was\n"
     header += "# built for (build it with the Triton image's TensorRT).\n"
@@ -107,4 +115,5 @@ def write_tensorrt_repository(
     return model_dir
 
 
-__all__ = ["write_tensorrt_repository", "needs_plugins", "batch_profile", "PLAN_FILENAME", "PLUGIN_FILENAME"]
+__all__ = ["write_tensorrt_repository", "needs_plugins", "batch_profile", "PLAN_FILENAME", "PLUGIN_FILENAME",
+           "LIBRARY_FILENAME"]

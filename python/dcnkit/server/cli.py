@@ -60,7 +60,8 @@ def add_triton_repo_arguments(p: argparse.ArgumentParser) -> None:
                    help="Triton max_batch_size; default 8 when inputs and outputs share a batch dim, else 0")
     p.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "tensorrt"),
                    help="Triton backend: onnxruntime (model.onnx + libdcnkit_ort.so) or tensorrt (model.plan + "
-                        "libdcnkit_trt.so, loaded with tritonserver --backend-config=tensorrt,plugins=...)")
+                        "libdcnkit_trt.so with libdcnkit_trt_autoreg.so, loaded with tritonserver "
+                        "--backend-config=tensorrt,plugins=.../libdcnkit_trt_autoreg.so)")
     p.add_argument("--engine", metavar="FILE",
                    help="tensorrt: a serialized engine to copy as 1/model.plan (not validated); without it the "
                         "engine is built here (needs TensorRT)")
@@ -153,10 +154,13 @@ def run_triton_repo(args) -> int:
               file=sys.stderr)
         return 1
     if args.backend == "tensorrt":
-        lib = model_dir / "libdcnkit_trt.so"
-        plugin = args.library_path or (f"{args.container_repository.rstrip('/')}/{model_dir.name}/libdcnkit_trt.so"
+        from dcnkit.runtime.triton_tensorrt import LIBRARY_FILENAME, PLUGIN_FILENAME
+
+        lib = model_dir / PLUGIN_FILENAME
+        plugin = args.library_path or (f"{args.container_repository.rstrip('/')}/{model_dir.name}/{PLUGIN_FILENAME}"
                                        if lib.exists() else None)
-        print(f"wrote {model_dir} (config.pbtxt, 1/model.plan" + (", libdcnkit_trt.so" if lib.exists() else "") + ")")
+        print(f"wrote {model_dir} (config.pbtxt, 1/model.plan"
+              + (f", {LIBRARY_FILENAME}, {PLUGIN_FILENAME}" if lib.exists() else "") + ")")
         extra = f" --backend-config=tensorrt,plugins={plugin}" if plugin else ""
         print(f"run: docker run --rm --gpus=all -p8000:8000 -v {model_dir.parent.resolve()}:{args.container_repository} "
               f"nvcr.io/nvidia/tritonserver:<yy.mm>-py3 tritonserver --model-repository={args.container_repository}"
