@@ -55,6 +55,17 @@ DCNKIT_HD MsdaSite msda_site(const MsdaParams& p, int64_t n, int64_t q, int64_t 
   return s;
 }
 
+// f(c) for c in [0, count): a loop of constant length kChunk for a whole run (unrolled and vectorised), count
+// <= kChunk.
+template <int kChunk, typename F>
+DCNKIT_HD void for_channels(int count, F&& f) {
+  if (count == kChunk) {
+    for (int c = 0; c < kChunk; ++c) f(c);
+  } else {
+    for (int c = 0; c < count; ++c) f(c);
+  }
+}
+
 // Forward: output channels [d0, d0 + count) of (n, q, m), count <= kChunk.
 template <int kChunk, typename Acc, typename T>
 DCNKIT_HD void msda_forward_channels(const MsdaParams& p, const T* value, const int64_t* spatial_shapes,
@@ -75,11 +86,13 @@ DCNKIT_HD void msda_forward_channels(const MsdaParams& p, const T* value, const 
                                          to_acc<Acc>(sampling_locations[2 * i + 1]), lv);
       if (!t.inside) continue;
       const Acc a = to_acc<Acc>(attention_weights[i]);
-      for (int k = 0; k < 4; ++k) {
-        const Acc w = a * t.w[k];
-        const T* v = level + t.idx[k] * row;
-        for (int c = 0; c < count; ++c) acc[c] += w * to_acc<Acc>(v[c]);
-      }
+      const Acc w[4] = {a * t.w[0], a * t.w[1], a * t.w[2], a * t.w[3]};
+      const T* v[4] = {level + t.idx[0] * row, level + t.idx[1] * row, level + t.idx[2] * row,
+                       level + t.idx[3] * row};
+      for_channels<kChunk>(count, [&](int c) {
+        acc[c] += w[0] * to_acc<Acc>(v[0][c]) + w[1] * to_acc<Acc>(v[1][c]) + w[2] * to_acc<Acc>(v[2][c]) +
+                  w[3] * to_acc<Acc>(v[3][c]);
+      });
     }
   }
   T* out = output + s.out0 + d0;
@@ -110,17 +123,20 @@ DCNKIT_HD void msda_backward_channels(const MsdaParams& p, const T* grad_output,
                                          to_acc<Acc>(sampling_locations[2 * i + 1]), lv);
       if (!t.inside) continue;
       const Acc a = to_acc<Acc>(attention_weights[i]);
+      const int64_t at[4] = {level0 + t.idx[0] * row, level0 + t.idx[1] * row, level0 + t.idx[2] * row,
+                             level0 + t.idx[3] * row};
+      Acc dot[4] = {Acc(0), Acc(0), Acc(0), Acc(0)};  // grad_output . value at each tap
+      for_channels<kChunk>(count, [&](int c) {
+        for (int k = 0; k < 4; ++k) dot[k] += go[c] * to_acc<Acc>(value[at[k] + c]);
+      });
       Acc ga = Acc(0), gy = Acc(0), gx = Acc(0);
       for (int k = 0; k < 4; ++k) {
-        const int64_t at = level0 + t.idx[k] * row;
-        Acc dot = Acc(0);  // grad_output . value at this tap
-        for (int c = 0; c < count; ++c) dot += go[c] * to_acc<Acc>(value[at + c]);
-        ga += t.w[k] * dot;
-        gy += t.dwy[k] * dot;
-        gx += t.dwx[k] * dot;
+        ga += t.w[k] * dot[k];
+        gy += t.dwy[k] * dot[k];
+        gx += t.dwx[k] * dot[k];
         if (t.w[k] == Acc(0)) continue;  // also every tap outside the map
         const Acc w = a * t.w[k];
-        for (int c = 0; c < count; ++c) add_value(at + c, w * go[c]);
+        for_channels<kChunk>(count, [&](int c) { add_value(at[k] + c, w * go[c]); });
       }
       // pixel = loc * size - 0.5: d pixel / d loc = size.
       add_point(i, ga, a * gx * Acc(lv.W), a * gy * Acc(lv.H));
