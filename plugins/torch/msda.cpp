@@ -45,6 +45,17 @@ void check_floats(const char* op, const at::Tensor& value,
   }
 }
 
+// The five inputs made contiguous, and the level tables' pointers for the launchers.
+struct ContiguousInputs {
+  at::Tensor value, spatial_shapes, level_start_index, locations, weights;
+  ContiguousInputs(const at::Tensor& v, const at::Tensor& ss, const at::Tensor& lsi, const at::Tensor& loc,
+                   const at::Tensor& w)
+      : value(v.contiguous()), spatial_shapes(ss.contiguous()), level_start_index(lsi.contiguous()),
+        locations(loc.contiguous()), weights(w.contiguous()) {}
+  const int64_t* ss() const { return spatial_shapes.const_data_ptr<int64_t>(); }
+  const int64_t* lsi() const { return level_start_index.const_data_ptr<int64_t>(); }
+};
+
 at::Tensor multi_scale_deformable_attn(const at::Tensor& value_, const at::Tensor& spatial_shapes_,
                                        const at::Tensor& level_start_index_, const at::Tensor& sampling_locations_,
                                        const at::Tensor& attention_weights_) {
@@ -58,23 +69,21 @@ at::Tensor multi_scale_deformable_attn(const at::Tensor& value_, const at::Tenso
         .to(value_.scalar_type());
   }
   c10::DeviceGuard guard(value_.device());
-  const at::Tensor value = value_.contiguous(), spatial_shapes = spatial_shapes_.contiguous();
-  const at::Tensor level_start_index = level_start_index_.contiguous();
-  const at::Tensor locations = sampling_locations_.contiguous(), weights = attention_weights_.contiguous();
+  const ContiguousInputs in(value_, spatial_shapes_, level_start_index_, sampling_locations_, attention_weights_);
+  const at::Tensor& value = in.value;
   at::Tensor output = at::empty(p.output_shape(), value.options());
   if (output.numel() == 0) return output;
-  const int64_t* ss = spatial_shapes.const_data_ptr<int64_t>();
-  const int64_t* lsi = level_start_index.const_data_ptr<int64_t>();
   run_on_device(
       op, value,
       [&](auto zero) {
         using T = decltype(zero);
-        return msda_forward_cpu<T>(p, value.const_data_ptr<T>(), ss, lsi, locations.const_data_ptr<T>(),
-                                   weights.const_data_ptr<T>(), output.mutable_data_ptr<T>(), cpu_context());
+        return msda_forward_cpu<T>(p, value.const_data_ptr<T>(), in.ss(), in.lsi(), in.locations.const_data_ptr<T>(),
+                                   in.weights.const_data_ptr<T>(), output.mutable_data_ptr<T>(), cpu_context());
       },
       [&](const CudaContext& cuda) {
-        return msda_forward_cuda(p, dtype_of(value), value.const_data_ptr(), ss, lsi, locations.const_data_ptr(),
-                                 weights.const_data_ptr(), output.mutable_data_ptr(), cuda);
+        return msda_forward_cuda(p, dtype_of(value), value.const_data_ptr(), in.ss(), in.lsi(),
+                                 in.locations.const_data_ptr(), in.weights.const_data_ptr(), output.mutable_data_ptr(),
+                                 cuda);
       });
   return output;
 }
@@ -98,33 +107,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> multi_scale_deformable_attn_backw
     return {gv.to(st), gl.to(st), gw.to(st)};
   }
   c10::DeviceGuard guard(value_.device());
-  const at::Tensor value = value_.contiguous(), spatial_shapes = spatial_shapes_.contiguous();
-  const at::Tensor level_start_index = level_start_index_.contiguous(), grad_output = grad_output_.contiguous();
-  const at::Tensor locations = sampling_locations_.contiguous(), weights = attention_weights_.contiguous();
+  const ContiguousInputs in(value_, spatial_shapes_, level_start_index_, sampling_locations_, attention_weights_);
+  const at::Tensor& value = in.value;
+  const at::Tensor grad_output = grad_output_.contiguous();
   at::Tensor grad_value = at::empty(p.value_shape(), value.options());
   at::Tensor grad_locations = at::empty(p.locations_shape(), value.options());
   at::Tensor grad_weights = at::empty(p.weights_shape(), value.options());
-  if (value.numel() == 0 || weights.numel() == 0) {
+  if (value.numel() == 0 || in.weights.numel() == 0) {
     grad_value.zero_();
     grad_locations.zero_();
     grad_weights.zero_();
     return {grad_value, grad_locations, grad_weights};
   }
-  const int64_t* ss = spatial_shapes.const_data_ptr<int64_t>();
-  const int64_t* lsi = level_start_index.const_data_ptr<int64_t>();
   run_on_device(
       op, value,
       [&](auto zero) {
         using T = decltype(zero);
-        return msda_backward_cpu<T>(p, grad_output.const_data_ptr<T>(), value.const_data_ptr<T>(), ss, lsi,
-                                    locations.const_data_ptr<T>(), weights.const_data_ptr<T>(),
+        return msda_backward_cpu<T>(p, grad_output.const_data_ptr<T>(), value.const_data_ptr<T>(), in.ss(), in.lsi(),
+                                    in.locations.const_data_ptr<T>(), in.weights.const_data_ptr<T>(),
                                     grad_value.mutable_data_ptr<T>(), grad_locations.mutable_data_ptr<T>(),
                                     grad_weights.mutable_data_ptr<T>(), cpu_context());
       },
       [&](const CudaContext& cuda) {
         at::Tensor ws = workspace_for(value, msda_backward_workspace_cuda(p, dtype_of(value)));
-        return msda_backward_cuda(p, dtype_of(value), grad_output.const_data_ptr(), value.const_data_ptr(), ss, lsi,
-                                  locations.const_data_ptr(), weights.const_data_ptr(),
+        return msda_backward_cuda(p, dtype_of(value), grad_output.const_data_ptr(), value.const_data_ptr(), in.ss(),
+                                  in.lsi(), in.locations.const_data_ptr(), in.weights.const_data_ptr(),
                                   grad_value.mutable_data_ptr(), grad_locations.mutable_data_ptr(),
                                   grad_weights.mutable_data_ptr(), ws.mutable_data_ptr(), cuda);
       });

@@ -66,6 +66,27 @@ DCNKIT_HD void for_channels(int count, F&& f) {
   }
 }
 
+// f(i, taps, level, first) for every sample (l, p) of (n, q, m) that lands on its level's map: i indexes
+// attention_weights (the location at 2*i), `first` is the offset in value of (n, start_l, m, d0), a tap's row
+// `row` elements further per map index.
+template <typename Acc, typename T, typename F>
+DCNKIT_HD void msda_for_each_sample(const MsdaParams& p, const int64_t* spatial_shapes,
+                                    const int64_t* level_start_index, const T* sampling_locations, const MsdaSite& s,
+                                    int64_t d0, F&& f) {
+  const int64_t row = p.heads * p.channels, P = p.num_points;
+  for (int64_t l = 0; l < p.num_levels; ++l) {
+    const MsdaLevel lv = msda_level(spatial_shapes, level_start_index, l, p.num_values);
+    if (lv.H == 0) continue;
+    const int64_t first = s.value0 + lv.start * row + d0;
+    for (int64_t pt = 0; pt < P; ++pt) {
+      const int64_t i = s.point0 + l * P + pt;
+      const Taps<Acc> t = msda_taps<Acc>(to_acc<Acc>(sampling_locations[2 * i]),
+                                         to_acc<Acc>(sampling_locations[2 * i + 1]), lv);
+      if (t.inside) f(i, t, lv, first);
+    }
+  }
+}
+
 // Forward: output channels [d0, d0 + count) of (n, q, m), count <= kChunk.
 template <int kChunk, typename Acc, typename T>
 DCNKIT_HD void msda_forward_channels(const MsdaParams& p, const T* value, const int64_t* spatial_shapes,
@@ -75,26 +96,18 @@ DCNKIT_HD void msda_forward_channels(const MsdaParams& p, const T* value, const 
   Acc acc[kChunk];
   for (int c = 0; c < kChunk; ++c) acc[c] = Acc(0);
   const MsdaSite s = msda_site(p, n, q, m);
-  const int64_t row = p.heads * p.channels, P = p.num_points;
-  for (int64_t l = 0; l < p.num_levels; ++l) {
-    const MsdaLevel lv = msda_level(spatial_shapes, level_start_index, l, p.num_values);
-    if (lv.H == 0) continue;
-    const T* level = value + s.value0 + lv.start * row + d0;
-    for (int64_t pt = 0; pt < P; ++pt) {
-      const int64_t i = s.point0 + l * P + pt;
-      const Taps<Acc> t = msda_taps<Acc>(to_acc<Acc>(sampling_locations[2 * i]),
-                                         to_acc<Acc>(sampling_locations[2 * i + 1]), lv);
-      if (!t.inside) continue;
-      const Acc a = to_acc<Acc>(attention_weights[i]);
-      const Acc w[4] = {a * t.w[0], a * t.w[1], a * t.w[2], a * t.w[3]};
-      const T* v[4] = {level + t.idx[0] * row, level + t.idx[1] * row, level + t.idx[2] * row,
-                       level + t.idx[3] * row};
-      for_channels<kChunk>(count, [&](int c) {
-        acc[c] += w[0] * to_acc<Acc>(v[0][c]) + w[1] * to_acc<Acc>(v[1][c]) + w[2] * to_acc<Acc>(v[2][c]) +
-                  w[3] * to_acc<Acc>(v[3][c]);
-      });
-    }
-  }
+  const int64_t row = p.heads * p.channels;
+  msda_for_each_sample<Acc>(p, spatial_shapes, level_start_index, sampling_locations, s, d0,
+                            [&](int64_t i, const Taps<Acc>& t, const MsdaLevel&, int64_t first) {
+    const Acc a = to_acc<Acc>(attention_weights[i]);
+    const Acc w[4] = {a * t.w[0], a * t.w[1], a * t.w[2], a * t.w[3]};
+    const T* base = value + first;
+    const T* v[4] = {base + t.idx[0] * row, base + t.idx[1] * row, base + t.idx[2] * row, base + t.idx[3] * row};
+    for_channels<kChunk>(count, [&](int c) {
+      acc[c] += w[0] * to_acc<Acc>(v[0][c]) + w[1] * to_acc<Acc>(v[1][c]) + w[2] * to_acc<Acc>(v[2][c]) +
+                w[3] * to_acc<Acc>(v[3][c]);
+    });
+  });
   T* out = output + s.out0 + d0;
   for (int c = 0; c < count; ++c) out[c] = from_acc<T>(acc[c]);
 }
@@ -112,36 +125,28 @@ DCNKIT_HD void msda_backward_channels(const MsdaParams& p, const T* grad_output,
   const MsdaSite s = msda_site(p, n, q, m);
   Acc go[kChunk];
   for (int c = 0; c < kChunk; ++c) go[c] = c < count ? to_acc<Acc>(grad_output[s.out0 + d0 + c]) : Acc(0);
-  const int64_t row = p.heads * p.channels, P = p.num_points;
-  for (int64_t l = 0; l < p.num_levels; ++l) {
-    const MsdaLevel lv = msda_level(spatial_shapes, level_start_index, l, p.num_values);
-    if (lv.H == 0) continue;
-    const int64_t level0 = s.value0 + lv.start * row + d0;
-    for (int64_t pt = 0; pt < P; ++pt) {
-      const int64_t i = s.point0 + l * P + pt;
-      const Taps<Acc> t = msda_taps<Acc>(to_acc<Acc>(sampling_locations[2 * i]),
-                                         to_acc<Acc>(sampling_locations[2 * i + 1]), lv);
-      if (!t.inside) continue;
-      const Acc a = to_acc<Acc>(attention_weights[i]);
-      const int64_t at[4] = {level0 + t.idx[0] * row, level0 + t.idx[1] * row, level0 + t.idx[2] * row,
-                             level0 + t.idx[3] * row};
-      Acc dot[4] = {Acc(0), Acc(0), Acc(0), Acc(0)};  // grad_output . value at each tap
-      for_channels<kChunk>(count, [&](int c) {
-        for (int k = 0; k < 4; ++k) dot[k] += go[c] * to_acc<Acc>(value[at[k] + c]);
-      });
-      Acc ga = Acc(0), gy = Acc(0), gx = Acc(0);
-      for (int k = 0; k < 4; ++k) {
-        ga += t.w[k] * dot[k];
-        gy += t.dwy[k] * dot[k];
-        gx += t.dwx[k] * dot[k];
-        if (t.w[k] == Acc(0)) continue;  // also every tap outside the map
-        const Acc w = a * t.w[k];
-        for_channels<kChunk>(count, [&](int c) { add_value(at[k] + c, w * go[c]); });
-      }
-      // pixel = loc * size - 0.5: d pixel / d loc = size.
-      add_point(i, ga, a * gx * Acc(lv.W), a * gy * Acc(lv.H));
+  const int64_t row = p.heads * p.channels;
+  msda_for_each_sample<Acc>(p, spatial_shapes, level_start_index, sampling_locations, s, d0,
+                            [&](int64_t i, const Taps<Acc>& t, const MsdaLevel& lv, int64_t first) {
+    const Acc a = to_acc<Acc>(attention_weights[i]);
+    const int64_t at[4] = {first + t.idx[0] * row, first + t.idx[1] * row, first + t.idx[2] * row,
+                           first + t.idx[3] * row};
+    Acc dot[4] = {Acc(0), Acc(0), Acc(0), Acc(0)};  // grad_output . value at each tap
+    for_channels<kChunk>(count, [&](int c) {
+      for (int k = 0; k < 4; ++k) dot[k] += go[c] * to_acc<Acc>(value[at[k] + c]);
+    });
+    Acc ga = Acc(0), gy = Acc(0), gx = Acc(0);
+    for (int k = 0; k < 4; ++k) {
+      ga += t.w[k] * dot[k];
+      gy += t.dwy[k] * dot[k];
+      gx += t.dwx[k] * dot[k];
+      if (t.w[k] == Acc(0)) continue;  // also every tap outside the map
+      const Acc w = a * t.w[k];
+      for_channels<kChunk>(count, [&](int c) { add_value(at[k] + c, w * go[c]); });
     }
-  }
+    // pixel = loc * size - 0.5: d pixel / d loc = size.
+    add_point(i, ga, a * gx * Acc(lv.W), a * gy * Acc(lv.H));
+  });
 }
 
 }  // namespace dcnkit
