@@ -43,6 +43,7 @@ MMDEPLOY = [
 # Ops of the table that the plugin library does not serve yet (plugins/tensorrt/trt_creators.cpp skips them).
 NO_PLUGIN_YET = {"MultiScaleDeformableAttention"}
 
+
 def _field(kind: str, extra: str = "") -> str:
     t = FIELD_TYPES[kind]
     if t.endswith("[]") and extra.startswith("["):

@@ -78,6 +78,18 @@ def test_pixel_convention_and_boundary():
     torch.testing.assert_close(y, torch.tensor([e for _, e in pts], dtype=torch.float64))
 
 
+def test_nan_weight_of_a_sample_outside_is_not_read():
+    """A sample outside its map contributes nothing, whatever its weight (mmcv's kernel skips it too)."""
+    value, shapes, starts, loc, attn = make_inputs(seed=13)
+    loc[:, :, :, :, 0] = 2.0  # far outside every level
+    bad = attn.clone()
+    bad[:, :, :, :, 0] = float("nan")
+    torch.testing.assert_close(msda(value, shapes, starts, loc, bad), msda(value, shapes, starts, loc, attn), rtol=0,
+                               atol=0)
+    torch.testing.assert_close(msda(value, shapes, starts, loc, bad), numpy_reference(value, shapes, starts, loc, bad),
+                               rtol=1e-12, atol=1e-12)
+
+
 def test_non_finite_and_huge_locations_are_zero_samples():
     value, shapes, starts, loc, attn = make_inputs(seed=5)
     bad = loc.clone()
@@ -120,10 +132,18 @@ def test_non_contiguous_inputs():
        n=st.integers(1, 2), heads=st.integers(1, 3), channels=st.integers(1, 5), queries=st.integers(1, 4),
        points=st.integers(1, 3), seed=st.integers(0, 1000))
 @settings(deadline=None)
-def test_property_matches_numpy_reference(levels, n, heads, channels, queries, points, seed):
+def test_property_matches_numpy_reference_and_grid_sample_gradients(levels, n, heads, channels, queries, points, seed):
     value, shapes, starts, loc, attn = make_inputs(n, levels, heads, channels, queries, points, seed=seed, spread=0.5)
-    torch.testing.assert_close(msda(value, shapes, starts, loc, attn), numpy_reference(value, shapes, starts, loc, attn),
-                               rtol=1e-12, atol=1e-12)
+    ours = [t.clone().requires_grad_() for t in (value, loc, attn)]
+    y = msda(ours[0], shapes, starts, ours[1], ours[2])
+    torch.testing.assert_close(y, numpy_reference(value, shapes, starts, loc, attn), rtol=1e-12, atol=1e-12)
+    # Gradients: those of the grid_sample formulation (autograd).
+    theirs = [t.clone().requires_grad_() for t in (value, loc, attn)]
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed), dtype=y.dtype)
+    y.backward(g)
+    grid_sample_msda(theirs[0], shapes, theirs[1], theirs[2]).backward(g)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -321,5 +321,6 @@ def multi_scale_deformable_attn(value, spatial_shapes, level_start_index, sampli
                     for p in range(P):
                         x, y = loc[n, q, m, l, p]
                         px, py = x * W - 0.5, y * H - 0.5
-                        out[n, q, m] += attn[n, q, m, l, p] * _sample_zero(img, py, px)
+                        if -1.0 < py < H and -1.0 < px < W:  # else nothing (its weight is not read)
+                            out[n, q, m] += attn[n, q, m, l, p] * _sample_zero(img, py, px)
     return out.reshape(N, Lq, M * D)
