@@ -27,6 +27,16 @@ def _positive_int(v, name: str) -> int:
     return v
 
 
+def _last_dim(t: Tensor) -> int:
+    """t's last size as an int. It picks the graph's structure (points or boxes), so under torch.jit.trace (the
+    legacy ONNX exporter) it is a constant, as intended: the TracerWarning saying so is silenced."""
+    if torch.jit.is_tracing():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
+            return int(t.shape[-1])
+    return int(t.shape[-1])
+
+
 class MultiScaleDeformableAttention(nn.Module):
     """Multi-scale deformable attention (Zhu et al., Deformable DETR), as mmcv's module of that name.
 
@@ -120,11 +130,12 @@ class MultiScaleDeformableAttention(nn.Module):
         offsets = self.sampling_offsets(query).view(bs, num_query, h, l, p, 2)
         weights = self.attention_weights(query).view(bs, num_query, h, l * p).softmax(-1)
         weights = weights.view(bs, num_query, h, l, p)
-        if reference_points.shape[-1] == 2:
+        ref_dim = _last_dim(reference_points)
+        if ref_dim == 2:
             # Offsets are in pixels of each level: divide by (W_l, H_l).
             normalizer = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1).to(offsets.dtype)
             locations = reference_points[:, :, None, :, None, :] + offsets / normalizer[None, None, None, :, None, :]
-        elif reference_points.shape[-1] == 4:
+        elif ref_dim == 4:
             locations = (reference_points[:, :, None, :, None, :2]
                          + offsets / p * reference_points[:, :, None, :, None, 2:] * 0.5)
         else:
