@@ -1,5 +1,5 @@
 // MultiScaleDeformableAttention CUDA launchers: grid-stride kernels with one thread per (n, q, m, run of
-// kCudaChannelChunk channels) over the per-thread functions of msda_kernels.h, which compute each
+// kForwardChunk / kBackwardChunk channels) over the per-thread functions of msda_kernels.h, which compute each
 // sample's taps once per run. The level tables (spatial_shapes, level_start_index) are read on the device:
 // a level whose entries are out of range samples as zeros. float32, float64, float16, bfloat16; the
 // accumulation type follows the data. Backward scatters with atomicAdd (16-bit gradients into float32
@@ -10,19 +10,25 @@
 namespace dcnkit {
 namespace {
 
-// Channels per thread: the taps of a sample are shared by this many channels, and neighbouring threads
-// read neighbouring runs of the same value rows. Not measured on a GPU yet.
-constexpr int kCudaChannelChunk = 8;
+// Channels per thread: the taps of a sample are shared by this many channels, and neighbouring threads read
+// neighbouring runs of the same value rows. Not measured on a GPU yet; ptxas -v (sm_75, sm_80, sm_90, by type):
+// forward 64-96 registers, backward 107-128 (128 everywhere with 8 channels), no local memory. Capping them with
+// __launch_bounds__(256, 4) spills 100-450 bytes in the backward: not done.
+constexpr int kForwardChunk = 8;
+constexpr int kBackwardChunk = 4;
 
-DCNKIT_HD int64_t channel_runs(const MsdaParams& p) { return (p.channels + kCudaChannelChunk - 1) / kCudaChannelChunk; }
+template <int kChunk>
+DCNKIT_HD int64_t channel_runs(const MsdaParams& p) { return (p.channels + kChunk - 1) / kChunk; }
 
-int64_t thread_count(const MsdaParams& p) { return p.batch * p.num_queries * p.heads * channel_runs(p); }
+template <int kChunk>
+int64_t thread_count(const MsdaParams& p) { return p.batch * p.num_queries * p.heads * channel_runs<kChunk>(p); }
 
 struct ThreadSite {
   int64_t n, q, m, d0;
   int count;
 };
 
+template <int kChunk>
 __device__ __forceinline__ ThreadSite thread_site(const MsdaParams& p, int64_t i, int64_t runs) {
   ThreadSite t;
   const int64_t r = i % runs;
@@ -31,9 +37,9 @@ __device__ __forceinline__ ThreadSite thread_site(const MsdaParams& p, int64_t i
   rest /= p.heads;
   t.q = rest % p.num_queries;
   t.n = rest / p.num_queries;
-  t.d0 = r * kCudaChannelChunk;
+  t.d0 = r * kChunk;
   const int64_t left = p.channels - t.d0;
-  t.count = static_cast<int>(left < kCudaChannelChunk ? left : kCudaChannelChunk);
+  t.count = static_cast<int>(left < kChunk ? left : kChunk);
   return t;
 }
 
@@ -41,10 +47,10 @@ template <typename T, typename Acc>
 __global__ void msda_forward_kernel(MsdaParams p, const T* value, const int64_t* spatial_shapes,
                                     const int64_t* level_start_index, const T* sampling_locations,
                                     const T* attention_weights, T* output) {
-  const int64_t runs = channel_runs(p);
+  const int64_t runs = channel_runs<kForwardChunk>(p);
   DCNKIT_CUDA_KERNEL_LOOP(i, p.batch * p.num_queries * p.heads * runs) {
-    const ThreadSite t = thread_site(p, i, runs);
-    msda_forward_channels<kCudaChannelChunk, Acc, T>(p, value, spatial_shapes, level_start_index, sampling_locations,
+    const ThreadSite t = thread_site<kForwardChunk>(p, i, runs);
+    msda_forward_channels<kForwardChunk, Acc, T>(p, value, spatial_shapes, level_start_index, sampling_locations,
                                                      attention_weights, t.n, t.q, t.m, t.d0, t.count, output);
   }
 }
@@ -71,12 +77,12 @@ __global__ void msda_backward_kernel(MsdaParams p, const T* grad_output, const T
                                      const int64_t* spatial_shapes, const int64_t* level_start_index,
                                      const T* sampling_locations, const T* attention_weights, Acc* grad_value,
                                      Acc* grad_locations, Acc* grad_weights) {
-  const int64_t runs = channel_runs(p);
+  const int64_t runs = channel_runs<kBackwardChunk>(p);
   ValueAtomicAdd<Acc> add_value{grad_value};
   PointAtomicAdd<Acc> add_point{grad_locations, grad_weights};
   DCNKIT_CUDA_KERNEL_LOOP(i, p.batch * p.num_queries * p.heads * runs) {
-    const ThreadSite t = thread_site(p, i, runs);
-    msda_backward_channels<kCudaChannelChunk, Acc, T>(p, grad_output, value, spatial_shapes, level_start_index,
+    const ThreadSite t = thread_site<kBackwardChunk>(p, i, runs);
+    msda_backward_channels<kBackwardChunk, Acc, T>(p, grad_output, value, spatial_shapes, level_start_index,
                                                       sampling_locations, attention_weights, t.n, t.q, t.m, t.d0,
                                                       t.count, add_value, add_point);
   }
@@ -98,7 +104,7 @@ size_t msda_backward_workspace_cuda(const MsdaParams& p, DType dtype) {
 Status msda_forward_cuda(const MsdaParams& p, DType dtype, const void* value, const int64_t* spatial_shapes,
                          const int64_t* level_start_index, const void* sampling_locations,
                          const void* attention_weights, void* output, const CudaContext& ctx) {
-  const int64_t n = thread_count(p);
+  const int64_t n = thread_count<kForwardChunk>(p);
   if (n == 0) return Status::Ok();
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
@@ -127,7 +133,7 @@ Status msda_backward_cuda(const MsdaParams& p, DType dtype, const void* grad_out
     DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gv, s, where));
     DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gl, s, where));
     DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gw, s, where));
-    const int64_t n = thread_count(p);
+    const int64_t n = thread_count<kBackwardChunk>(p);
     if (n > 0) {
       msda_backward_kernel<T, Acc><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
           p, static_cast<const T*>(grad_output), static_cast<const T*>(value), spatial_shapes, level_start_index,

@@ -55,14 +55,16 @@ DCNKIT_HD MsdaSite msda_site(const MsdaParams& p, int64_t n, int64_t q, int64_t 
   return s;
 }
 
-// f(c) for c in [0, count): a loop of constant length kChunk for a whole run (unrolled and vectorised), count
-// <= kChunk.
+// f(c) for c in [0, count), count <= kChunk: loops of constant length kChunk (unrolled, vectorised; on CUDA the
+// per-channel arrays stay in registers, never indexed at run time).
 template <int kChunk, typename F>
 DCNKIT_HD void for_channels(int count, F&& f) {
   if (count == kChunk) {
     for (int c = 0; c < kChunk; ++c) f(c);
   } else {
-    for (int c = 0; c < count; ++c) f(c);
+    for (int c = 0; c < kChunk; ++c) {
+      if (c < count) f(c);
+    }
   }
 }
 
@@ -109,7 +111,7 @@ DCNKIT_HD void msda_forward_channels(const MsdaParams& p, const T* value, const 
     });
   });
   T* out = output + s.out0 + d0;
-  for (int c = 0; c < count; ++c) out[c] = from_acc<T>(acc[c]);
+  for_channels<kChunk>(count, [&](int c) { out[c] = from_acc<T>(acc[c]); });
 }
 
 // Backward of channels [d0, d0 + count) of (n, q, m), count <= kChunk. Scatters the value gradient with
