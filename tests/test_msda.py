@@ -244,6 +244,8 @@ def test_bad_level_tables_on_the_cpu():
                                                           r"\(H, W\) = \(-3, 4\)"),
         (shapes, torch.tensor([0, 30, 43]), r"level_start_index\[2\]: expected a start with start \+ H\*W <= S = 44"),
         (shapes, torch.tensor([0, -1, 42]), r"level_start_index\[1\]: expected a start"),
+        (torch.tensor([[6, 5], [3, 4], [2, 2]]), torch.tensor([0, 30, 40]),  # overlapping levels
+         r"spatial_shapes: expected sum of H\*W equal to S = 44 \(value's dim 1\), got more than 44"),
         (torch.tensor([[2**62, 2**62], [3, 4], [1, 2]]), starts, r"level_start_index\[0\]: expected a start"),
     ]
     for s, i, msg in cases:

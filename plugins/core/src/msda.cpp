@@ -76,7 +76,8 @@ Status check_msda_levels(const char* op, const MsdaParams& p, const int64_t* spa
       sizes += (l ? ", " : "") + std::to_string(spatial_shapes[2 * l]) + "x" + std::to_string(spatial_shapes[2 * l + 1]);
     }
     return arg_error(op, "spatial_shapes", "sum of H*W equal to S = " + std::to_string(S) + " (value's dim 1)",
-                     (total > S ? "more" : std::to_string(total)) + " (levels " + sizes + ")");
+                     (total > S ? "more than " + std::to_string(S) : std::to_string(total)) + " (levels " + sizes +
+                         ")");
   }
   return Status::Ok();
 }
