@@ -379,7 +379,7 @@ def cmd_export(args) -> int:
         steps.close()
     ops = sorted({(n.domain or "ai.onnx", n.op_type) for n in m.graph.node if n.op_type in
                   ("DeformConv", "RoiAlign", "DeformConv2d", "RoIAlign", "DeformRoIPool", "DeformPSRoIPool",
-                   "MultiLevelRoIAlign")})
+                   "MultiLevelRoIAlign", "MultiScaleDeformableAttention")})
     print(f"exported {out} ({out.stat().st_size / 1024:.1f} KiB, {len(m.graph.node)} nodes"
           + (", " + ", ".join(f"{d}::{t}" for d, t in ops) if ops else "") + ")")
     return 0
