@@ -47,7 +47,8 @@ template <typename T>
 Status msda_forward_cpu(const MsdaParams& p, const T* value, const int64_t* spatial_shapes,
                         const int64_t* level_start_index, const T* sampling_locations, const T* attention_weights,
                         T* output, const CpuContext& ctx);
-// Writes all three gradients (each shaped like its input).
+// Writes all three gradients (each shaped like its input; none may be null). One task per (n, m): the result does
+// not depend on the thread count.
 template <typename T>
 Status msda_backward_cpu(const MsdaParams& p, const T* grad_output, const T* value, const int64_t* spatial_shapes,
                          const int64_t* level_start_index, const T* sampling_locations, const T* attention_weights,
@@ -57,7 +58,7 @@ Status msda_backward_cpu(const MsdaParams& p, const T* grad_output, const T* val
 // CUDA (float32, float64, float16, bfloat16; 16-bit data accumulates in float32). spatial_shapes and
 // level_start_index are device pointers, read by the kernels. No synchronisation, no allocation. The
 // forward needs no workspace; the backward, for 16-bit types, float32 accumulation buffers of its three
-// gradients (msda_backward_workspace_cuda bytes).
+// gradients (msda_backward_workspace_cuda bytes). The backward writes all three gradients (none may be null).
 size_t msda_backward_workspace_cuda(const MsdaParams& p, DType dtype);
 Status msda_forward_cuda(const MsdaParams& p, DType dtype, const void* value, const int64_t* spatial_shapes,
                          const int64_t* level_start_index, const void* sampling_locations,
