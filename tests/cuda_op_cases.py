@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from dcnkit.ops import deform_conv2d, deform_psroi_pool, deform_roi_pool, multi_level_roi_align, roi_align
+from dcnkit.ops import multi_scale_deformable_attn
 
 
 def _rois(g, k, n, h, w):
@@ -60,6 +61,15 @@ def op_cases(seed=0, n=3):
     cases.append(("multi_level_roi_align",
                   lambda f0, f1, f2, rois: multi_level_roi_align([f0, f1, f2], rois, 2, [2.0, 4.0, 8.0], 2, 4, 1.2),
                   [*maps, ml_rois], [True, True, True, False]))
+    # Multi-scale deformable attention: levels 6x5, 3x4, 2x2 (S = 46), 2 heads of 5 channels, 7 queries, 3
+    # points, some locations outside [0, 1]. The level tables travel as one float tensor of exact small integers
+    # (rows H, W, start), made int64 on the device inside fn (a device cast: capturable, no host copy).
+    tables = torch.tensor([[6, 5, 0], [3, 4, 30], [2, 2, 42]], dtype=torch.float64)
+    value, loc = r(n, 46, 2, 5), torch.rand(n, 7, 2, 3, 3, 2, generator=g, dtype=torch.float64) * 1.4 - 0.2
+    attn = torch.rand(n, 7, 2, 3, 3, generator=g, dtype=torch.float64)
+    cases.append(("multi_scale_deformable_attn",
+                  lambda v, t, l, a: multi_scale_deformable_attn(v, t[:, :2].long(), t[:, 2].long(), l, a),
+                  [value, tables, loc, attn], [True, False, True, True]))
     return cases
 
 

@@ -58,3 +58,11 @@ def test_bench_resnet50_dcn_quick(tmp_path):
     stdout, res = _run("bench_resnet50_dcn", tmp_path)
     assert "deformable layers" in stdout
     assert set(res["ms"]) >= {"PyTorch eager", "ORT built-in DeformConv", "ORT kit kernels"}
+
+
+def test_bench_msda_quick(tmp_path):
+    stdout, res = _run("bench_msda", tmp_path)
+    assert "dcnkit / grid_sample" in stdout
+    assert [r["case"] for r in res["rows"]] == ["PyTorch forward", "PyTorch forward+backward",
+                                                "ONNX Runtime (CPU EP) forward"]
+    assert all(r["dcnkit_ms"] > 0 and r["grid_sample_ms"] > 0 for r in res["rows"])

@@ -34,7 +34,8 @@ def test_libraries_share_one_op_table():
         tables.append(json.loads(lib.dcnkit_op_defs_json()))
     assert tables[0] == tables[1] == dcnkit.op_defs()
     assert [op["onnx_type"] for op in tables[0]["ops"]] == ["DeformConv2d", "RoIAlign", "DeformRoIPool",
-                                                            "DeformPSRoIPool", "MultiLevelRoIAlign"]
+                                                            "DeformPSRoIPool", "MultiLevelRoIAlign",
+                                                            "MultiScaleDeformableAttention"]
 
 
 def test_subpackages_are_reachable_from_the_top_level():

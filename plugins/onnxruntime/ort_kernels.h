@@ -9,6 +9,7 @@
 #include "dcnkit/deform_conv2d.h"
 #include "dcnkit/deform_psroi_pool.h"
 #include "dcnkit/deform_roi_pool.h"
+#include "dcnkit/msda.h"
 #include "dcnkit/multi_level_roi_align.h"
 #include "dcnkit/roi_align.h"
 #include "ort_common.h"
@@ -46,6 +47,7 @@ Status make_params(const Kernel& k, const TensorView* in, DeformConv2dParams* p)
 Status make_params(const Kernel& k, const TensorView* in, RoIAlignParams* p);
 Status make_params(const Kernel& k, const TensorView* in, DeformRoIPoolParams* p);
 Status make_params(const Kernel& k, const TensorView* in, DeformPSRoIPoolParams* p);
+Status make_params(const Kernel& k, const TensorView* in, MsdaParams* p);
 
 // Output `index` with `shape`; *data is null when ONNX Runtime gives no tensor.
 Status output_tensor(OrtKernelContext* ctx, size_t index, const Shape& shape, void** data);

@@ -42,10 +42,12 @@ Status gather_inputs(const Kernel& k, const OrtKernelContext* ctx, TensorView* i
     TensorView t;
     DCNKIT_RETURN_IF_ERROR(tensor_view(v, &t));
     if (!t.present()) continue;
-    const char* name = def.inputs[slots[i].canonical].name;
-    if (t.type != k.dtype) {
-      return arg_error(k.variant->op_type, name, std::string("element type ") + onnx_type_name(k.dtype) +
-                                                   " (the type of input)",
+    const TensorDef& td = def.inputs[slots[i].canonical];
+    const ONNXTensorElementDataType want = td.int64 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : k.dtype;
+    if (t.type != want) {
+      return arg_error(k.variant->op_type, td.name,
+                       std::string("element type ") + onnx_type_name(want) +
+                           (td.int64 ? " (an index tensor)" : " (the type of input)"),
                        onnx_type_name(t.type));
     }
     if (k.variant->empty_input_is_absent && slots[i].optional) {
@@ -119,6 +121,7 @@ Status make_params(const Kernel& k, const TensorView* in, DeformConv2dParams* p)
 Status make_params(const Kernel& k, const TensorView* in, RoIAlignParams* p) { return params_from(k, in, p); }
 Status make_params(const Kernel& k, const TensorView* in, DeformRoIPoolParams* p) { return params_from(k, in, p); }
 Status make_params(const Kernel& k, const TensorView* in, DeformPSRoIPoolParams* p) { return params_from(k, in, p); }
+Status make_params(const Kernel& k, const TensorView* in, MsdaParams* p) { return params_from(k, in, p); }
 
 Status output_tensor(OrtKernelContext* ctx, size_t index, const Shape& shape, void** data) {
   OrtValue* out = nullptr;
@@ -224,6 +227,13 @@ Status compute_cpu(Kernel& k, OrtKernelContext* ctx) {
                                                   static_cast<float*>(count), cpu);
     }
     case OpKind::kMultiLevelRoIAlign: break;  // compute_multi_level_cpu
+    case OpKind::kMultiScaleDeformableAttention: {
+      MsdaParams p;
+      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
+      return msda_forward_cpu<float>(p, ptr<float>(in[kMsdaValue]), ptr<int64_t>(in[kMsdaSpatialShapes]),
+                                     ptr<int64_t>(in[kMsdaLevelStart]), ptr<float>(in[kMsdaLocations]),
+                                     ptr<float>(in[kMsdaWeights]), static_cast<float*>(y), cpu);
+    }
   }
   return Status::Internal("unknown op kind");
 }
@@ -287,7 +297,11 @@ const char* ORT_API_CALL get_name(const OrtCustomOp* op) { return self(op).varia
 const char* ORT_API_CALL get_ep(const OrtCustomOp* op) { return self(op).cuda ? kCudaProvider : nullptr; }
 size_t ORT_API_CALL input_count(const OrtCustomOp* op) { return self(op).variant->inputs.size(); }
 size_t ORT_API_CALL output_count_fn(const OrtCustomOp* op) { return op_def(self(op).variant->kind).num_outputs; }
-ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp* op, size_t) { return self(op).dtype; }
+ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp* op, size_t i) {
+  const CustomOp& o = self(op);
+  const InputSlot& slot = o.variant->inputs[i];
+  return op_def(o.variant->kind).inputs[slot.canonical].int64 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : o.dtype;
+}
 ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp* op, size_t) { return self(op).dtype; }
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_char(const OrtCustomOp* op, size_t i) {
   const InputSlot& slot = self(op).variant->inputs[i];

@@ -1,4 +1,4 @@
-// Autocast kernels of the five forward ops (AutocastCPU and AutocastCUDA), as torchvision's: under
+// Autocast kernels of the forward ops (AutocastCPU and AutocastCUDA), as torchvision's: under
 // torch.autocast every floating tensor argument except float64 is cast to float32, the op runs below
 // autocast (through the dispatcher, so autograd records it in float32), and its results are returned in
 // the dtype of `input`. The backward ops need none: autograd saved float32 tensors, and the kernels
@@ -110,6 +110,20 @@ at::Tensor multi_level_roi_align_autocast(at::TensorList features, const at::Ten
   return features.empty() ? out : out.to(features[0].scalar_type());
 }
 
+using MsdaSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const at::Tensor&);
+
+// The level tables are int64 and pass through unchanged.
+template <c10::DeviceType D>
+at::Tensor msda_autocast(const at::Tensor& value, const at::Tensor& spatial_shapes, const at::Tensor& level_start_index,
+                         const at::Tensor& sampling_locations, const at::Tensor& attention_weights) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  static const auto op = op_handle<MsdaSig>("dcnkit::multi_scale_deformable_attn");
+  return op.call(f32<D>(value), spatial_shapes, level_start_index, f32<D>(sampling_locations),
+                 f32<D>(attention_weights))
+      .to(value.scalar_type());
+}
+
 template <c10::DeviceType D>
 void register_autocast(torch::Library& m) {
   m.impl("deform_conv2d", TORCH_FN(deform_conv2d_autocast<D>));
@@ -117,6 +131,7 @@ void register_autocast(torch::Library& m) {
   m.impl("deform_roi_pool", TORCH_FN(deform_roi_pool_autocast<D>));
   m.impl("deform_psroi_pool", TORCH_FN(deform_psroi_pool_autocast<D>));
   m.impl("multi_level_roi_align", TORCH_FN(multi_level_roi_align_autocast<D>));
+  m.impl("multi_scale_deformable_attn", TORCH_FN(msda_autocast<D>));
 }
 
 }  // namespace

@@ -53,6 +53,16 @@ TORCH_LIBRARY(dcnkit, m) {
       "_multi_level_roi_align_backward(Tensor grad_output, Tensor[] features, Tensor rois, int pooled_h, "
       "int pooled_w, float[] featmap_strides, int sampling_ratio, int finest_scale, float roi_scale_factor, "
       "bool aligned, str pool_mode) -> Tensor[]");
+
+  // value (N, S, M, D), spatial_shapes (L, 2) int64, level_start_index (L) int64, sampling_locations
+  // (N, Lq, M, L, P, 2), attention_weights (N, Lq, M, L, P). Returns (N, Lq, M*D).
+  m.def(
+      "multi_scale_deformable_attn(Tensor value, Tensor spatial_shapes, Tensor level_start_index, "
+      "Tensor sampling_locations, Tensor attention_weights) -> Tensor");
+  // Returns (grad_value, grad_sampling_locations, grad_attention_weights).
+  m.def(
+      "_multi_scale_deformable_attn_backward(Tensor grad_output, Tensor value, Tensor spatial_shapes, "
+      "Tensor level_start_index, Tensor sampling_locations, Tensor attention_weights) -> (Tensor, Tensor, Tensor)");
 }
 
 namespace {

@@ -12,6 +12,7 @@ import numpy as np
 
 __all__ = ["deform_conv2d", "roi_align", "deform_roi_pool", "deform_psroi_pool", "multi_level_roi_align",
            "sample_dcn", "sample_roi"]
+__all__ += ["multi_scale_deformable_attn"]
 
 
 def _pair(v) -> tuple[int, int]:
@@ -274,3 +275,52 @@ def deform_psroi_pool(x, rois, trans, spatial_scale, output_size, output_dim, gr
                     out[k, ctop, p, q] = total / cnt if cnt else 0.0
                     count[k, ctop, p, q] = cnt
     return out, count
+
+
+# --------------------------------------------------------------------------------------------------
+# MultiScaleDeformableAttention
+
+
+def _sample_zero(img: np.ndarray, py: float, px: float) -> np.ndarray:
+    """S_zero: bilinear sampling of `img` (H, W, D) at pixel (py, px) with zeros outside the map, pixel
+    centres at integers (grid_sample's padding_mode='zeros'); returns the (D,) values. Each of the four
+    neighbours counts when it lies in the map; a non-finite point samples as 0."""
+    H, W, D = img.shape
+    if not (math.isfinite(py) and math.isfinite(px)) or not (-1.0 < py < H and -1.0 < px < W):
+        return np.zeros(D)
+    y0, x0 = math.floor(py), math.floor(px)
+    ly, lx = py - y0, px - x0
+    out = np.zeros(D)
+    for yy, xx, w in ((y0, x0, (1 - ly) * (1 - lx)), (y0, x0 + 1, (1 - ly) * lx),
+                      (y0 + 1, x0, ly * (1 - lx)), (y0 + 1, x0 + 1, ly * lx)):
+        if 0 <= yy < H and 0 <= xx < W:
+            out += w * img[yy, xx]
+    return out
+
+
+def multi_scale_deformable_attn(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+    """Multi-scale deformable attention (docs/operators.md): value (N, S, M, D), spatial_shapes (L, 2) rows
+    (H_l, W_l), level_start_index (L), sampling_locations (N, Lq, M, L, P, 2) as (x, y) in [0, 1],
+    attention_weights (N, Lq, M, L, P) -> (N, Lq, M*D). A level whose rows are not inside value samples 0."""
+    value = _f64(value)
+    shapes = np.asarray(spatial_shapes, dtype=np.int64)
+    starts = np.asarray(level_start_index, dtype=np.int64)
+    loc = _f64(sampling_locations)
+    attn = _f64(attention_weights)
+    N, S, M, D = value.shape
+    _, Lq, _, L, P, _ = loc.shape
+    out = np.zeros((N, Lq, M, D))
+    for l in range(L):
+        H, W, start = int(shapes[l, 0]), int(shapes[l, 1]), int(starts[l])
+        if H <= 0 or W <= 0 or start < 0 or start + H * W > S:
+            continue
+        for n in range(N):
+            for m in range(M):
+                img = value[n, start:start + H * W, m].reshape(H, W, D)
+                for q in range(Lq):
+                    for p in range(P):
+                        x, y = loc[n, q, m, l, p]
+                        px, py = x * W - 0.5, y * H - 0.5
+                        if -1.0 < py < H and -1.0 < px < W:  # else nothing (its weight is not read)
+                            out[n, q, m] += attn[n, q, m, l, p] * _sample_zero(img, py, px)
+    return out.reshape(N, Lq, M * D)

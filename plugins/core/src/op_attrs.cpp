@@ -25,7 +25,8 @@ std::vector<OpVariant> build_variants() {
   std::vector<OpVariant> v;
   // The kit's own operators: names, input order and defaults straight from op_defs.h.
   const OpKind kinds[] = {OpKind::kDeformConv2d, OpKind::kRoIAlign, OpKind::kDeformRoIPool,
-                          OpKind::kDeformPSRoIPool, OpKind::kMultiLevelRoIAlign};
+                          OpKind::kDeformPSRoIPool, OpKind::kMultiLevelRoIAlign,
+                          OpKind::kMultiScaleDeformableAttention};
   for (OpKind k : kinds) {
     const OpDef& d = op_def(k);
     v.push_back({kOnnxDomain, d.onnx_type, k, canonical_inputs(d), {}, false, false});
@@ -91,6 +92,12 @@ std::vector<OpVariant> build_variants() {
                 {"pool_mode", kMultiLevelRoIAlignAttrs[kMlPoolMode].name, -1, "max|avg"}},
                false,
                true});
+  // mmdeploy's and mmcv's MMCVMultiScaleDeformableAttention: the canonical inputs, in the same order; their
+  // im2col_step attribute is ignored.
+  for (const char* domain : {"mmdeploy", "mmcv"}) {
+    v.push_back({domain, "MMCVMultiScaleDeformableAttention", OpKind::kMultiScaleDeformableAttention,
+                 canonical_inputs(op_def(OpKind::kMultiScaleDeformableAttention)), {}, false, false});
+  }
   return v;
 }
 
@@ -457,6 +464,7 @@ Status check_op_attrs(const OpVariant& variant, const std::vector<AttrValue>& a,
       return make_multi_level_roi_align_params(op, std::vector<Shape>(strides.size(), Shape{1, 1, 16, 16}), {1, 5},
                                                r, &p);
     }
+    case OpKind::kMultiScaleDeformableAttention: return Status::Ok();  // no attributes
   }
   return Status::Internal("unknown op kind");
 }
@@ -498,6 +506,14 @@ Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, Def
 Status make_params(const char* op, const OpAttrs& a, const Shape& rois, const std::vector<Shape>& features,
                    MultiLevelRoIAlignParams* p) {
   return make_multi_level_roi_align_params(op, features, rois, a.mlroi, p);
+}
+
+Status make_params(const char* op, const OpAttrs&, const Shape* const* in, MsdaParams* p) {
+  for (int i : {kMsdaValue, kMsdaSpatialShapes, kMsdaLevelStart, kMsdaLocations, kMsdaWeights}) {
+    DCNKIT_RETURN_IF_ERROR(need(op, in, i, kMsdaInputs));
+  }
+  return make_msda_params(op, *in[kMsdaValue], *in[kMsdaSpatialShapes], *in[kMsdaLevelStart], *in[kMsdaLocations],
+                          *in[kMsdaWeights], p);
 }
 
 std::vector<AttrValue> op_attr_values(const OpAttrs& a) {
@@ -554,6 +570,7 @@ std::vector<AttrValue> op_attr_values(const OpAttrs& a) {
       v[kMlPoolMode].s = pool_mode_name(r.mode);
       break;
     }
+    case OpKind::kMultiScaleDeformableAttention: break;  // no attributes
   }
   return v;
 }

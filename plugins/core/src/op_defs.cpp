@@ -40,7 +40,8 @@ std::string tensors_json(const TensorDef* t, size_t n) {
     s += (i ? ", " : "");
     s += "{\"name\": " + quoted(t[i].name) + ", \"optional\": " + (t[i].optional ? "true" : "false") +
          ", \"doc\": " + quoted(t[i].doc) +
-         ", \"variadic\": " + (t[i].variadic ? "true" : "false") + "}";
+         ", \"variadic\": " + (t[i].variadic ? "true" : "false") +
+         ", \"int64\": " + (t[i].int64 ? "true" : "false") + "}";
   }
   return s + "]";
 }

@@ -49,6 +49,7 @@ class TensorInfo:
     optional: bool
     doc: str
     variadic: bool = False  # the last input only: one or more tensors (a torch ``Tensor[]``)
+    int64: bool = False  # an int64 index tensor (MultiScaleDeformableAttention's level tables)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +92,8 @@ def _load() -> tuple[str, int, dict[str, OpInfo]]:
             name=d["name"],
             onnx_type=d["onnx_type"],
             inputs=tuple(
-                TensorInfo(t["name"], bool(t["optional"]), t["doc"], bool(t.get("variadic", False)))
+                TensorInfo(t["name"], bool(t["optional"]), t["doc"], bool(t.get("variadic", False)),
+                           bool(t.get("int64", False)))
                 for t in d["inputs"]
             ),
             outputs=tuple(TensorInfo(t["name"], bool(t["optional"]), t["doc"]) for t in d["outputs"]),

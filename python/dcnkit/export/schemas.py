@@ -4,7 +4,8 @@ After ``register_onnx_schemas()``, ``onnx.checker.check_model(model, full_check=
 ``onnx.shape_inference.infer_shapes(model, strict_mode=True)`` accept our nodes and infer their
 outputs: element type of ``input``; shapes ``(N, Cout, Ho, Wo)`` for DeformConv2d, ``(K, C, oh, ow)``
 for RoIAlign / DeformRoIPool / MultiLevelRoIAlign (whose inputs are ``rois, feat_0 .. feat_{L-1}``, a
-variadic last input) and ``(K, output_dim, P, P)`` for DeformPSRoIPool, symbolic dims kept.
+variadic last input), ``(K, output_dim, P, P)`` for DeformPSRoIPool and ``(N, Lq, M*D)`` for
+MultiScaleDeformableAttention (int64 level tables), symbolic dims kept.
 onnx >= 1.18 runs a Python inference function set with
 ``OpSchema.set_type_and_shape_inference_function`` (also in strict mode); inconsistent inputs raise
 with the core's message format (``<op>: <arg>: expected <x>, got <y>``).
@@ -231,12 +232,42 @@ def _infer_multi_level_roi_align(info, ctx, attrs):
     return [[k, channels, oh, ow]]
 
 
+def _infer_msda(info, ctx, attrs):
+    """(N, Lq, M*D) from value (N, S, M, D) and sampling_locations (N, Lq, M, L, P, 2)."""
+    op = info.onnx_type
+    value, shapes, starts = _shape(ctx, 0), _shape(ctx, 1), _shape(ctx, 2)
+    loc, weights = _shape(ctx, 3), _shape(ctx, 4)
+    for arg, shape, rank in (("value", value, 4), ("spatial_shapes", shapes, 2), ("level_start_index", starts, 1),
+                             ("sampling_locations", loc, 6), ("attention_weights", weights, 5)):
+        _check_rank(op, arg, shape, rank)
+    known = lambda v: v if isinstance(v, int) else None  # noqa: E731
+    n, m, d = (value[0], value[2], value[3]) if value else (None, None, None)
+    levels = shapes[0] if shapes else None
+    if shapes:
+        _check_dim(op, "spatial_shapes.shape[1]", shapes[1], 2)
+    if starts:
+        _check_dim(op, "level_start_index.shape[0]", starts[0], known(levels))
+    lq = weights[1] if weights else None
+    if loc:
+        for i, want in ((0, n), (2, m), (3, levels), (5, 2)):
+            _check_dim(op, f"sampling_locations.shape[{i}]", loc[i], known(want))
+        if weights:
+            for i in range(5):
+                _check_dim(op, f"attention_weights.shape[{i}]", weights[i], known(loc[i]))
+        n = n if known(n) is not None else loc[0]
+        m = m if known(m) is not None else loc[2]
+        lq = loc[1]
+    md = m * d if known(m) is not None and known(d) is not None else None
+    return [[n, lq, md]]
+
+
 _INFER = {
     "deform_conv2d": _infer_deform_conv2d,
     "roi_align": _infer_roi_align,
     "deform_roi_pool": _infer_deform_roi_pool,
     "deform_psroi_pool": _infer_deform_psroi_pool,
     "multi_level_roi_align": _infer_multi_level_roi_align,
+    "multi_scale_deformable_attn": _infer_msda,
 }
 
 
@@ -274,9 +305,14 @@ def _build_schema(info: _table.OpInfo) -> Any:
 
     def params(tensors):
         return [
-            OpSchema.FormalParameter(t.name, "T", t.doc, param_option=option(t), is_homogeneous=True, min_arity=1)
+            OpSchema.FormalParameter(t.name, "I" if t.int64 else "T", t.doc, param_option=option(t),
+                                     is_homogeneous=True, min_arity=1)
             for t in tensors
         ]
+
+    constraints = [("T", _TYPES, "floating-point tensors")]
+    if any(t.int64 for t in info.inputs):
+        constraints.append(("I", ["tensor(int64)"], "index tensors"))
 
     attributes = [
         OpSchema.Attribute(a.name, OpSchema.AttrType.FLOATS, a.doc, required=True)
@@ -297,7 +333,7 @@ def _build_schema(info: _table.OpInfo) -> Any:
         f"dcnkit {info.name} (see docs/operators.md). Inputs and attributes from the dcnkit op table.",
         inputs=params(info.inputs),
         outputs=params(info.outputs),
-        type_constraints=[("T", _TYPES, "floating-point tensors")],
+        type_constraints=constraints,
         attributes=attributes,
     )
     schema.set_type_and_shape_inference_function(_make_inference(info))

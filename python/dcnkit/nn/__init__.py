@@ -7,6 +7,7 @@ from dcnkit.nn.deform_conv import (
     ModulatedDeformConv2d,
     ModulatedDeformConv2dPack,
 )
+from dcnkit.nn.msda import MultiScaleDeformableAttention
 from dcnkit.nn.multi_level_roi_align import MultiLevelRoIAlign, MultiScaleRoIAlign
 from dcnkit.nn.resnet import deformable_resnet
 from dcnkit.nn.roi_ops import (
@@ -31,3 +32,4 @@ __all__ = [
     "MultiLevelRoIAlign",
     "deformable_resnet",
 ]
+__all__ += ["MultiScaleDeformableAttention"]

@@ -5,7 +5,7 @@ deformable / RoI nodes run in :mod:`dcnkit.reference`, the slow NumPy loops writ
 the test-suite also uses:
 
 - ``dcnkit`` domain: ``DeformConv2d``, ``RoIAlign``, ``DeformRoIPool``, ``DeformPSRoIPool``,
-  ``MultiLevelRoIAlign``;
+  ``MultiLevelRoIAlign``, ``MultiScaleDeformableAttention``;
 - standard domain: ``DeformConv`` (opset 19) and ``RoiAlign`` (opset 10/16) are replaced too, so a model
   exported with ``standard_ops=True`` is checked against the same contract as one with custom nodes.
 
@@ -177,6 +177,15 @@ class MultiLevelRoIAlign(OpRun):
         return (np.asarray(out).astype(features[0].dtype, copy=False),)
 
 
+class MultiScaleDeformableAttention(OpRun):
+    op_domain = DCNKIT_DOMAIN
+
+    def _run(self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights, **_):
+        out = _ref().multi_scale_deformable_attn(value, spatial_shapes, level_start_index, sampling_locations,
+                                                 attention_weights)
+        return (np.asarray(out).astype(value.dtype, copy=False),)
+
+
 # ------------------------------------------------------------------------------------------------
 # Standard domain replacements (same contract, other attribute spellings)
 # ------------------------------------------------------------------------------------------------
@@ -251,6 +260,7 @@ class RoiAlign(OpRun):
 
 
 CUSTOM_OPS = (DeformConv2d, RoIAlign, DeformRoIPool, DeformPSRoIPool, MultiLevelRoIAlign, DeformConv, RoiAlign)
+CUSTOM_OPS += (MultiScaleDeformableAttention,)
 
 
 def reference_evaluator(model, verbose: int = 0) -> ReferenceEvaluator:

@@ -16,6 +16,7 @@
 #include "dcnkit/deform_conv2d.h"
 #include "dcnkit/deform_psroi_pool.h"
 #include "dcnkit/deform_roi_pool.h"
+#include "dcnkit/msda.h"
 #include "dcnkit/multi_level_roi_align.h"
 #include "dcnkit/op_defs.h"
 #include "dcnkit/roi_align.h"
@@ -103,6 +104,13 @@ constexpr int kMlPoolMode = DCNKIT_INDEX(kMultiLevelRoIAlignAttrs, "pool_mode");
 constexpr int kMlRois = DCNKIT_INDEX(kMultiLevelRoIAlignInputs, "rois");
 constexpr int kMlFeatures = DCNKIT_INDEX(kMultiLevelRoIAlignInputs, "features");
 
+// MultiScaleDeformableAttention (no attributes)
+constexpr int kMsdaValue = DCNKIT_INDEX(kMsdaInputs, "value");
+constexpr int kMsdaSpatialShapes = DCNKIT_INDEX(kMsdaInputs, "spatial_shapes");
+constexpr int kMsdaLevelStart = DCNKIT_INDEX(kMsdaInputs, "level_start_index");
+constexpr int kMsdaLocations = DCNKIT_INDEX(kMsdaInputs, "sampling_locations");
+constexpr int kMsdaWeights = DCNKIT_INDEX(kMsdaInputs, "attention_weights");
+
 // The feature map is the first input of every single-map operator; MultiLevelRoIAlign takes rois first
 // (mmdeploy's order) and its maps as the last, variadic input.
 static_assert(kDcInput == 0 && kRaInput == 0 && kDrInput == 0 && kPsInput == 0, "op_defs.h: input order changed");
@@ -121,6 +129,7 @@ enum class OpKind : int {
   kDeformRoIPool = 2,
   kDeformPSRoIPool = 3,
   kMultiLevelRoIAlign = 4,
+  kMultiScaleDeformableAttention = 5,
 };
 
 const OpDef& op_def(OpKind kind);
@@ -235,6 +244,9 @@ Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, Def
 // MultiLevelRoIAlign: rois and the L maps of the variadic input.
 Status make_params(const char* op, const OpAttrs& a, const Shape& rois, const std::vector<Shape>& features,
                    MultiLevelRoIAlignParams* p);
+
+// MultiScaleDeformableAttention: shapes only (the level tables' values are checked where they are read).
+Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, MsdaParams* p);
 
 // Back to canonical values (for serialization): the inverse of make_op_attrs.
 std::vector<AttrValue> op_attr_values(const OpAttrs& a);

@@ -23,6 +23,8 @@ struct TensorDef {
   bool optional;
   const char* doc;
   bool variadic = false;  // the last input only: one or more tensors (MultiLevelRoIAlign's feature maps)
+  bool int64 = false;     // an int64 index tensor (MultiScaleDeformableAttention's level tables); else the
+                          // op's floating type
 };
 
 struct OpDef {
@@ -122,6 +124,19 @@ constexpr AttrDef kMultiLevelRoIAlignAttrs[] = {
     {"pool_mode", AttrKind::kString, "avg", "avg | max"},
 };
 
+// ---- MultiScaleDeformableAttention -----------------------------------------------------------
+// Inputs in mmcv's order (MultiScaleDeformableAttnFunction, mmdeploy's MMCVMultiScaleDeformableAttention,
+// TensorRT's MultiscaleDeformableAttnPlugin_TRT). No attributes: mmcv's im2col_step only batches its CUDA
+// work and does not change the result; a node's im2col_step attribute is ignored.
+constexpr TensorDef kMsdaInputs[] = {
+    {"value", false, "(N, S, M, D), S = sum of H_l*W_l"},
+    {"spatial_shapes", false, "(L, 2) int64 rows (H_l, W_l)", false, true},
+    {"level_start_index", false, "(L) int64, first row of each level in value", false, true},
+    {"sampling_locations", false, "(N, Lq, M, L, P, 2) as (x, y) in [0, 1]"},
+    {"attention_weights", false, "(N, Lq, M, L, P)"},
+};
+constexpr TensorDef kMsdaOutputs[] = {{"output", false, "(N, Lq, M*D)"}};
+
 #define DCNKIT_N(a) (sizeof(a) / sizeof((a)[0]))
 constexpr OpDef kOpDefs[] = {
     {"deform_conv2d", "DeformConv2d", kDeformConv2dInputs, DCNKIT_N(kDeformConv2dInputs),
@@ -138,6 +153,8 @@ constexpr OpDef kOpDefs[] = {
     {"multi_level_roi_align", "MultiLevelRoIAlign", kMultiLevelRoIAlignInputs,
      DCNKIT_N(kMultiLevelRoIAlignInputs), kMultiLevelRoIAlignOutputs, DCNKIT_N(kMultiLevelRoIAlignOutputs),
      kMultiLevelRoIAlignAttrs, DCNKIT_N(kMultiLevelRoIAlignAttrs)},
+    {"multi_scale_deformable_attn", "MultiScaleDeformableAttention", kMsdaInputs, DCNKIT_N(kMsdaInputs),
+     kMsdaOutputs, DCNKIT_N(kMsdaOutputs), nullptr, 0},
 };
 constexpr size_t kNumOpDefs = DCNKIT_N(kOpDefs);
 #undef DCNKIT_N
@@ -148,6 +165,6 @@ const OpDef* find_op_def(const char* name);
 }  // namespace dcnkit
 
 // JSON of all OpDefs: {"domain": "dcnkit", "opset": 1, "ops": [{"name", "onnx_type", "inputs": [{"name",
-// "optional", "doc", "variadic"}], "outputs": [...], "attrs": [{"name", "kind", "default", "doc"}]}]}
+// "optional", "doc", "variadic", "int64"}], "outputs": [...], "attrs": [{"name", "kind", "default", "doc"}]}]}
 // (kind: int | ints | float | floats | string). Exported by every dcnkit library.
 extern "C" const char* dcnkit_op_defs_json();
