@@ -185,7 +185,15 @@ def test_exported_custom_nodes_address_a_creator_with_their_fields(lifecycle, tm
                     assert len(a.ints) == fields[name][1], f"{node.op_type}.{name}: {list(a.ints)}"
             assert all(node.input), f"{node.op_type}: an empty inner input"
             seen.add(node.op_type)
-    assert seen == {d["onnx_type"] for d in dcnkit.op_defs()["ops"]}
+    assert seen == _ops_with_plugins()
+
+
+# Ops of the table that have no TensorRT plugin yet (as scripts/gen_tensorrt_fields.py's NO_PLUGIN_YET).
+_NO_PLUGIN_YET = {"MultiScaleDeformableAttention"}
+
+
+def _ops_with_plugins() -> set:
+    return {d["onnx_type"] for d in dcnkit.op_defs()["ops"]} - _NO_PLUGIN_YET
 
 
 def _python(code):
@@ -235,8 +243,7 @@ print(";".join(keys()))
 """)
     assert r.returncode == 0, r.stdout + r.stderr
     keys = set(r.stdout.strip().splitlines()[-1].split(";"))
-    ops = [d["onnx_type"] for d in dcnkit.op_defs()["ops"]]
-    assert {f"dcnkit::{t}" for t in ops} <= keys
+    assert {f"dcnkit::{t}" for t in _ops_with_plugins()} <= keys
     assert {"::MMCVModulatedDeformConv2d", "::MMCVDeformConv2d", "::MMCVRoiAlign", "::MMCVMultiLevelRoiAlign",
             "::MMCVDeformRoIPool"} <= keys
     assert f"[fake nvinfer] dcnkit: registered {len(keys)} of {len(keys)} plugin creators" in r.stderr, r.stderr

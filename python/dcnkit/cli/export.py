@@ -136,9 +136,9 @@ def cmd_export(args) -> int:
     step("checked")
     if hasattr(steps, "close"):
         steps.close()
-    ops = sorted({(n.domain or "ai.onnx", n.op_type) for n in m.graph.node if n.op_type in
-                  ("DeformConv", "RoiAlign", "DeformConv2d", "RoIAlign", "DeformRoIPool", "DeformPSRoIPool",
-                   "MultiLevelRoIAlign")})
+    # The standard nodes the kit's ops export to, and every node of a custom domain (the kit's ops).
+    ops = sorted({(n.domain or "ai.onnx", n.op_type) for n in m.graph.node
+                  if n.op_type in ("DeformConv", "RoiAlign") or n.domain not in ("", "ai.onnx")})
     print(f"exported {out} ({out.stat().st_size / 1024:.1f} KiB, {len(m.graph.node)} nodes"
           + (", " + ", ".join(f"{d}::{t}" for d, t in ops) if ops else "") + ")")
     return 0
