@@ -1,0 +1,259 @@
+// DeformConv2d CPU launchers (float32, float64): what the forward driver (deform_conv2d_cpu_forward.cpp) and
+// the backward driver (deform_conv2d_cpu_backward.cpp) share: tile and workspace layouts, the channels-last
+// image, the column builder, weight reordering. Internal to plugins/core/src.
+//
+// The CPU launchers work channels-last: each image is copied to (H, W, Cin) in the workspace and
+// column tiles are position-major, [t][conv group][k][channel of the group], so that every sampling
+// point's taps (computed once per deformable group, kernel point and position) are applied to a
+// contiguous run of channels (vectorised loops), and the weight is used as (Cout, K, Cin/groups).
+// Forward: per image, tiles of output positions per task; a tile's columns (~512 KB) are built in the task's
+// workspace slot and multiplied into the output (ldc = Ho*Wo) by one strided-batched GEMM over the
+// convolution groups, the bias written first. The whole column matrix never exists.
+// Backward: per image and chunk of positions, each task takes a contiguous range of the chunk's
+// positions: its column-gradient rows (GEMM), then one pass over their sampling points (columns for
+// grad_weight, grad_offset/grad_mask, and the scatter into the task's own channels-last grad_input
+// buffer, the buffers summed in task order per image); then the grad_weight GEMM, rows split over tasks.
+// Every step writes disjoint memory, hence deterministic for a given number of threads.
+#pragma once
+
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
+
+#include "dcnkit/deform_conv2d.h"
+#include "dcnkit/deform_conv2d_kernels.h"
+
+namespace dcnkit {
+
+namespace {
+
+// Bytes of a forward column tile (tile x Cin*K). Measured on a 2-core Xeon (2 MB L2 per core): 512 KB
+// beat 128/256 KB (tiles of >= 48 positions keep the GEMM efficient when Cin*K is large) and 1 MB.
+// Developer knobs for tuning on other machines: DCNKIT_DCN_TILE_BYTES, DCNKIT_DCN_BWD_CHUNK_BYTES
+// (read once per process, so workspace sizes and launchers agree).
+constexpr int64_t kForwardTileBytes = int64_t(512) << 10;
+// Bytes of a backward column chunk (chunk x Cin*K), for the columns and for their gradient (1-8 MB
+// measured equal within noise).
+constexpr int64_t kBackwardChunkBytes = int64_t(2) << 20;
+
+inline int64_t bytes_override(const char* name, int64_t dflt) {
+  const char* e = std::getenv(name);
+  if (e == nullptr) return dflt;
+  const long long v = std::atoll(e);
+  return v > 0 ? static_cast<int64_t>(v) : dflt;
+}
+
+// Output positions per tile of `bytes` bytes of columns.
+inline int64_t positions_per(const DeformConv2dParams& p, size_t elem, int64_t bytes) {
+  const int64_t P = p.out_spatial();
+  const int64_t row = std::max<int64_t>(1, p.in_channels * p.kernel_size()) * static_cast<int64_t>(elem);
+  int64_t t = bytes / row;
+  t = t >= 32 ? t / 16 * 16 : 32;
+  return std::max<int64_t>(1, std::min(t, P));
+}
+
+// Forward tile width: ~kForwardTileBytes of columns, but no narrower than the GEMM's efficient width
+// as long as a tile stays under kMaxForwardTileBytes (the workspace holds one tile per task).
+inline int64_t forward_tile(const DeformConv2dParams& p, size_t elem, const CpuContext& ctx) {
+  constexpr int64_t kMaxForwardTileBytes = int64_t(8) << 20;
+  static const int64_t bytes = bytes_override("DCNKIT_DCN_TILE_BYTES", kForwardTileBytes);
+  const int64_t t = positions_per(p, elem, bytes);
+  const int64_t widest = positions_per(p, elem, kMaxForwardTileBytes);
+  return std::max(t, std::min({ctx.gemm_min_n, p.out_spatial(), widest}));
+}
+
+inline int64_t backward_chunk(const DeformConv2dParams& p, size_t elem) {
+  static const int64_t bytes = bytes_override("DCNKIT_DCN_BWD_CHUNK_BYTES", kBackwardChunkBytes);
+  return positions_per(p, elem, bytes);
+}
+
+inline size_t bytes_of(int64_t count, size_t elem) { return align_up(static_cast<size_t>(count) * elem); }
+
+struct ForwardLayout {
+  size_t x_hwc, weight_t, slot, col;
+};
+
+inline ForwardLayout forward_layout(const DeformConv2dParams& p, DType dtype, const CpuContext& ctx) {
+  const size_t e = dtype_size(dtype);
+  const int64_t T = forward_tile(p, e, ctx);
+  ForwardLayout l;
+  l.x_hwc = bytes_of(p.in_channels * p.height * p.width, e);  // one image: independent of the batch
+  l.weight_t = bytes_of(p.out_channels * p.in_per_group() * p.kernel_size(), e);
+  l.col = bytes_of(p.in_channels * p.kernel_size() * T, e);
+  l.slot = l.col;
+  return l;
+}
+
+// Backward position tasks: each owns a channels-last grad_input buffer (summed in task order at the end
+// of the image), so the count is capped to bound the workspace.
+constexpr int64_t kMaxBackwardTasks = 16;
+
+inline int64_t backward_tasks(const CpuContext& ctx) {
+  return std::min<int64_t>(std::max(1, ctx.num_threads), kMaxBackwardTasks);
+}
+
+struct BackwardLayout {
+  size_t x_hwc, gin_hwc /* one per backward task */, weight_t, gweight_t, col, gcol;
+  size_t total() const { return x_hwc + gin_hwc + weight_t + gweight_t + col + gcol; }
+};
+
+inline BackwardLayout backward_layout(const DeformConv2dParams& p, DType dtype, const CpuContext& ctx) {
+  const size_t e = dtype_size(dtype);
+  const int64_t C = backward_chunk(p, e);
+  const int64_t wsz = p.out_channels * p.in_per_group() * p.kernel_size();
+  BackwardLayout l;
+  l.x_hwc = bytes_of(p.in_channels * p.height * p.width, e);
+  l.gin_hwc = static_cast<size_t>(backward_tasks(ctx)) * l.x_hwc;
+  l.weight_t = bytes_of(wsz, e);
+  l.gweight_t = l.weight_t;
+  l.col = bytes_of(p.in_channels * p.kernel_size() * C, e);
+  l.gcol = l.col;
+  return l;
+}
+
+template <typename T>
+inline DType dtype_of_t();
+template <>
+inline DType dtype_of_t<float>() { return DType::kFloat32; }
+template <>
+inline DType dtype_of_t<double>() { return DType::kFloat64; }
+
+// Splits [0, n) into `parts` near-equal contiguous ranges; range of part t.
+inline void split_range(int64_t n, int64_t parts, int64_t t, int64_t* b, int64_t* e) {
+  const int64_t q = n / parts, r = n % parts;
+  *b = t * q + std::min(t, r);
+  *e = *b + q + (t < r ? 1 : 0);
+}
+
+// (C, HW) -> (HW, C) for pixels [pb, pe).
+template <typename T>
+void to_channels_last(const T* __restrict src, T* __restrict dst, int64_t C, int64_t HW, int64_t pb,
+                      int64_t pe) {
+  constexpr int64_t kBlock = 64;
+  for (int64_t b = pb; b < pe; b += kBlock) {
+    const int64_t e = std::min(pe, b + kBlock);
+    for (int64_t c = 0; c < C; ++c) {
+      const T* s = src + c * HW;
+      for (int64_t q = b; q < e; ++q) dst[q * C + c] = s[q];
+    }
+  }
+}
+
+// dst (C, HW) = src (HW, C) (kAdd: dst += src) for channels [cb, ce).
+template <bool kAdd, typename T>
+void to_channels_first(const T* __restrict src, T* __restrict dst, int64_t C, int64_t HW, int64_t cb,
+                       int64_t ce) {
+  constexpr int64_t kBlock = 64;
+  for (int64_t b = 0; b < HW; b += kBlock) {
+    const int64_t e = std::min(HW, b + kBlock);
+    for (int64_t c = cb; c < ce; ++c) {
+      T* d = dst + c * HW;
+      for (int64_t q = b; q < e; ++q) {
+        if constexpr (kAdd) {
+          d[q] += src[q * C + c];
+        } else {
+          d[q] = src[q * C + c];
+        }
+      }
+    }
+  }
+}
+
+// Everything the CPU loops need about one image.
+template <typename T>
+struct CpuImage {
+  const DeformConv2dParams* p;
+  const T* x_hwc;   // (H*W, Cin)
+  const T* offset;  // (2*Gd*K, P)
+  const T* mask;    // (Gd*K, P) or null
+};
+
+// Hot loops are compiled for several ISAs and picked at load time (GCC/Clang function multi-versioning
+// on x86-64); elsewhere they are plain functions.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(DCNKIT_NO_FMV)
+#define DCNKIT_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define DCNKIT_CPU_CLONES
+#endif
+
+// dst[c] = sum_q w_q * src_q[c] for c < n.
+template <typename T>
+__attribute__((always_inline)) inline void blend4(T* __restrict dst, const T* __restrict s0, const T* __restrict s1,
+                   const T* __restrict s2, const T* __restrict s3, T w0, T w1, T w2, T w3, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) dst[c] = w0 * s0[c] + w1 * s1[c] + w2 * s2[c] + w3 * s3[c];
+}
+
+// Columns of positions [p0, p0 + tn) into col (tn x Cin*K, position-major, see the file comment).
+template <typename T>
+__attribute__((always_inline)) inline void build_columns_impl(const CpuImage<T>& im, int64_t p0, int64_t tn, T* __restrict col) {
+  const DeformConv2dParams& p = *im.p;
+  const int64_t K = p.kernel_size(), Cin = p.in_channels, CK = Cin * K;
+  const int64_t Gd = p.attrs.deformable_groups, cpg = p.in_per_deformable_group(), cin_g = p.in_per_group();
+  int64_t ho = p0 / p.out_w, wo = p0 - ho * p.out_w;
+  for (int64_t t = 0; t < tn; ++t) {
+    const int64_t pos = p0 + t;
+    T* crow = col + t * CK;
+    for (int64_t i = 0, k = 0; i < p.kernel_h; ++i) {
+      for (int64_t j = 0; j < p.kernel_w; ++j, ++k) {
+        for (int64_t g = 0; g < Gd; ++g) {
+          T py, px, m;
+          deform_conv2d_point_at<T, T>(p, im.offset, im.mask, g, k, i, j, ho, wo, pos, &py, &px, &m);
+          const SampleTaps<T> s = masked_taps<T>(py, px, m, p.height, p.width);
+          // The group's channels, cut at conv-group borders.
+          for (int64_t cb = g * cpg, cend = (g + 1) * cpg; cb < cend;) {
+            const int64_t gc = cb / cin_g;
+            const int64_t ce = std::min(cend, (gc + 1) * cin_g);
+            const T* src = im.x_hwc + cb;
+            blend4<T>(crow + gc * K * cin_g + k * cin_g + (cb - gc * cin_g), src + s.idx[0] * Cin,
+                      src + s.idx[1] * Cin, src + s.idx[2] * Cin, src + s.idx[3] * Cin, s.w[0], s.w[1],
+                      s.w[2], s.w[3], ce - cb);
+            cb = ce;
+          }
+        }
+      }
+    }
+    if (++wo == p.out_w) {
+      wo = 0;
+      ++ho;
+    }
+  }
+}
+
+DCNKIT_CPU_CLONES void build_columns_f32(const CpuImage<float>& im, int64_t p0, int64_t tn, float* col) {
+  build_columns_impl<float>(im, p0, tn, col);
+}
+DCNKIT_CPU_CLONES void build_columns_f64(const CpuImage<double>& im, int64_t p0, int64_t tn, double* col) {
+  build_columns_impl<double>(im, p0, tn, col);
+}
+inline void build_columns(const CpuImage<float>& im, int64_t p0, int64_t tn, float* col) {
+  build_columns_f32(im, p0, tn, col);
+}
+inline void build_columns(const CpuImage<double>& im, int64_t p0, int64_t tn, double* col) {
+  build_columns_f64(im, p0, tn, col);
+}
+
+// weight (Cout, Cin_g, K) -> (Cout, K, Cin_g).
+template <typename T>
+void weight_to_kc(const DeformConv2dParams& p, const T* w, T* wt) {
+  const int64_t K = p.kernel_size(), cin_g = p.in_per_group();
+  for (int64_t co = 0; co < p.out_channels; ++co)
+    for (int64_t c = 0; c < cin_g; ++c)
+      for (int64_t k = 0; k < K; ++k) wt[(co * K + k) * cin_g + c] = w[(co * cin_g + c) * K + k];
+}
+
+template <typename T>
+void weight_from_kc(const DeformConv2dParams& p, const T* wt, T* w) {
+  const int64_t K = p.kernel_size(), cin_g = p.in_per_group();
+  for (int64_t co = 0; co < p.out_channels; ++co)
+    for (int64_t c = 0; c < cin_g; ++c)
+      for (int64_t k = 0; k < K; ++k) w[(co * cin_g + c) * K + k] = wt[(co * K + k) * cin_g + c];
+}
+
+inline Status first_error(const std::vector<Status>& v) {
+  for (const Status& s : v)
+    if (!s.ok()) return s;
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace dcnkit

@@ -1,0 +1,105 @@
+// DeformConv2d CPU forward launcher (float32, float64); the layout is described in deform_conv2d_cpu_common.h.
+#include <atomic>
+
+#include "deform_conv2d_cpu_common.h"
+#include "deform_conv2d_cpu_test_paths.h"
+
+namespace dcnkit {
+
+size_t deform_conv2d_forward_workspace_cpu(const DeformConv2dParams& p, DType dtype, const CpuContext& ctx) {
+  const ForwardLayout l = forward_layout(p, dtype, ctx);
+  return l.x_hwc + l.weight_t + static_cast<size_t>(std::max(1, ctx.num_threads)) * l.slot;
+}
+
+template <typename T>
+Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, const T* offset,
+                                 const T* weight, const T* bias, const T* mask, T* output,
+                                 void* workspace, const CpuContext& ctx) {
+  const int64_t N = p.batch, P = p.out_spatial();
+  if (N == 0 || p.out_channels == 0 || P == 0) return Status::Ok();
+  if (elementwise_path()) {
+    forward_elementwise(p, input, offset, weight, bias, mask, output);
+    return Status::Ok();
+  }
+  if (cuda_schedule_path()) {
+    std::vector<T> columns = cuda_schedule_columns<T>(p);
+    CpuScheduleExec<T> ex{p, ctx, input, offset, mask, bias, nullptr, output, nullptr, nullptr, nullptr, nullptr};
+    return deform_conv2d_forward_schedule<T>(p, dtype_of_t<T>(), cuda_schedule_chunk(p), weight, bias != nullptr,
+                                             output, columns.data(), ex);
+  }
+  const DType dt = dtype_of_t<T>();
+  const int64_t K = p.kernel_size(), HW = p.height * p.width, Cin = p.in_channels, CK = Cin * K;
+  const int64_t Gd = p.attrs.deformable_groups;
+  const int64_t G = p.attrs.groups, Cout = p.out_channels, cin_g = p.in_per_group(), cout_g = p.out_per_group();
+  const ForwardLayout l = forward_layout(p, dt, ctx);
+  char* ws = static_cast<char*>(workspace);
+  T* x_hwc = reinterpret_cast<T*>(ws);
+  T* wt = reinterpret_cast<T*>(ws + l.x_hwc);
+  char* slots = ws + l.x_hwc + l.weight_t;
+
+  // (Cout, K, Cin_g) weight; per image, its channels-last copy, then its tiles (the workspace holds one image,
+  // so it does not grow with the batch).
+  weight_to_kc(p, weight, wt);
+  constexpr int64_t kPixBlock = 256;
+  const int64_t pblocks = (HW + kPixBlock - 1) / kPixBlock;
+  const int64_t tile = forward_tile(p, sizeof(T), ctx);
+  const int64_t ntiles = (P + tile - 1) / tile;
+  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(ctx.num_threads, ntiles));
+  std::vector<Status> statuses(static_cast<size_t>(tasks));
+  for (int64_t n = 0; n < N; ++n) {
+    parallel_for(ctx, pblocks, [&](int64_t b, int64_t e) {
+      for (int64_t it = b; it < e; ++it) {
+        const int64_t pb = it * kPixBlock;
+        to_channels_last(input + n * Cin * HW, x_hwc, Cin, HW, pb, std::min(HW, pb + kPixBlock));
+      }
+    });
+    const CpuImage<T> im{&p, x_hwc, offset + n * 2 * Gd * K * P, mask ? mask + n * Gd * K * P : nullptr};
+    std::atomic<int64_t> next_tile{0};
+    parallel_tasks(ctx, tasks, [&](int64_t task) {
+      T* col = reinterpret_cast<T*>(slots + static_cast<size_t>(task) * l.slot);
+      // Tiles are handed out dynamically (a busy core takes fewer); each result does not depend on
+      // which task computes it.
+      for (int64_t it = next_tile.fetch_add(1); it < ntiles; it = next_tile.fetch_add(1)) {
+        const int64_t p0 = it * tile;
+        const int64_t tn = std::min(tile, P - p0);
+        build_columns(im, p0, tn, col);
+        T* out = output + n * Cout * P + p0;
+        if (bias) {
+          for (int64_t co = 0; co < Cout; ++co) std::fill(out + co * P, out + co * P + tn, bias[co]);
+        }
+        GemmArgs ga;
+        ga.dtype = dt;
+        ga.trans_b = true;
+        ga.m = cout_g;
+        ga.n = tn;
+        ga.k = K * cin_g;
+        ga.beta = bias ? 1.f : 0.f;
+        ga.a = wt;
+        ga.lda = K * cin_g;
+        ga.stride_a = cout_g * K * cin_g;
+        ga.b = col;
+        ga.ldb = CK;
+        ga.stride_b = K * cin_g;
+        ga.c = out;
+        ga.ldc = P;
+        ga.stride_c = cout_g * P;
+        ga.batch = G;
+        Status s = ctx.run_gemm(ga);
+        if (!s.ok()) {
+          statuses[static_cast<size_t>(task)] = s;
+          return;
+        }
+      }
+    });
+    DCNKIT_RETURN_IF_ERROR(first_error(statuses));
+  }
+  return first_error(statuses);
+}
+
+template Status deform_conv2d_forward_cpu<float>(const DeformConv2dParams&, const float*, const float*, const float*,
+                                                 const float*, const float*, float*, void*, const CpuContext&);
+template Status deform_conv2d_forward_cpu<double>(const DeformConv2dParams&, const double*, const double*,
+                                                  const double*, const double*, const double*, double*, void*,
+                                                  const CpuContext&);
+
+}  // namespace dcnkit
