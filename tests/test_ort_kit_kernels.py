@@ -257,3 +257,49 @@ def test_demo_with_standard_ops_runs_deformconv_where_asked(tmp_path, kit_kernel
                                            else "built-in DeformConv")
     assert s["max_abs_diff_torch_ort"] < 1e-4
     assert s["comparison_passed"]
+
+
+def test_the_rewrite_applies_only_where_the_kit_kernel_is_the_faster_one(monkeypatch):
+    """CPU EP: the kit's kernel (faster there). CUDA EP in use: ONNX Runtime's built-in DeformConv is kept, as
+    measured on an H100 (the kit's CUDA kernel 1.9x-3.4x slower): the model reaches the session unchanged."""
+    from dcnkit.runtime import ort as dk_ort
+
+    model = _standard_model(CASES[0]).SerializeToString()
+    cpu = ["CPUExecutionProvider"]
+    cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert dk_ort.rewrites_deform_conv(cpu)
+    assert dk_ort._with_kit_kernels(model, cpu) != model  # rewritten
+    # Pretend the CUDA EP is usable: the decision follows the provider that runs the nodes.
+    monkeypatch.setattr(dk_ort, "cuda_provider_available", lambda: True)
+    assert not dk_ort.rewrites_deform_conv(cuda)
+    assert dk_ort._with_kit_kernels(model, cuda) is model
+    assert dk_ort.rewrites_deform_conv(cpu)  # CPU sessions still rewrite on a GPU machine
+    # ...and with the CUDA EP asked for but not usable, the CPU EP runs the nodes: the kit's kernel.
+    monkeypatch.setattr(dk_ort, "cuda_provider_available", lambda: False)
+    assert dk_ort.rewrites_deform_conv(cuda)
+
+
+@pytest.mark.cuda
+def test_kit_ops_run_under_ort_cuda_graphs():
+    """The kit's CUDA-EP kernels never synchronise or allocate outside ORT's allocator: a session with
+    enable_cuda_graph=1 runs a dcnkit::DeformConv2d node (the rewritten standard node) and replays it exactly."""
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("needs onnxruntime-gpu and a CUDA device")
+    from dcnkit.runtime.ort_rewrite import rewrite_deform_conv
+
+    case = CASES[0]
+    model = _standard_model(case)
+    rewritten, n = rewrite_deform_conv(model)
+    assert n == 1
+    feeds = _feeds(case, model, 2, 8, 8, 3)
+    want = _builtin(model).run(None, feeds)[0]
+    sess = ort_session(rewritten, providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
+    binding = sess.io_binding()
+    inputs = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for k, v in feeds.items()}
+    out = ort.OrtValue.ortvalue_from_numpy(np.zeros_like(want), "cuda", 0)
+    for k, v in inputs.items():
+        binding.bind_ortvalue_input(k, v)
+    binding.bind_ortvalue_output(sess.get_outputs()[0].name, out)
+    for _ in range(3):  # the first run captures the graph, the others replay it
+        sess.run_with_iobinding(binding)
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)

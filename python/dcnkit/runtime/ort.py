@@ -12,8 +12,10 @@ Two builds exist: ``libdcnkit_ort.so`` (CPU kernels, no CUDA dependency) and ``l
 (CPU + CUDA execution-provider kernels, built when CUDA is); :func:`ort_library` picks one.
 
 Standard ``DeformConv`` nodes (what ``torch.onnx.export`` writes) run on the kit's ``DeformConv2d`` kernel by
-default: the session is built from an in-memory copy of the model with those nodes rewritten
-(:mod:`dcnkit.runtime.ort_rewrite`; identical semantics, the file on disk stays standard).
+default on the CPU execution provider, where it is faster: the session is built from an in-memory copy of the
+model with those nodes rewritten (:mod:`dcnkit.runtime.ort_rewrite`; identical semantics, the file on disk stays
+standard). On the CUDA execution provider ONNX Runtime's built-in ``DeformConv`` is faster (measured on an H100)
+and is kept (:data:`KIT_DEFORM_CONV_FASTER`, :func:`rewrites_deform_conv`).
 ``ort_session(..., kit_kernels=False)`` keeps ONNX Runtime's built-in ``DeformConv``.
 """
 from __future__ import annotations
@@ -24,7 +26,8 @@ from pathlib import Path
 
 from dcnkit.runtime.gpu import gpu_present as _gpu_present
 
-__all__ = ["ort_session", "ort_library", "default_providers", "cuda_provider_available"]
+__all__ = ["ort_session", "ort_library", "default_providers", "cuda_provider_available", "rewrites_deform_conv",
+           "KIT_DEFORM_CONV_FASTER"]
 
 CUDA_PROVIDER = "CUDAExecutionProvider"
 CPU_PROVIDER = "CPUExecutionProvider"
@@ -139,12 +142,27 @@ def _load_proto(model):
         return None
 
 
-def _with_kit_kernels(model, kernels_on_cuda: bool, providers: list):
+# Where the kit's DeformConv2d kernel is measured faster than ONNX Runtime's built-in DeformConv, per execution
+# provider (benchmarks/bench_ort_deform_conv.py, IO binding on the GPU). CPU: faster (README). CUDA: slower, measured
+# on an NVIDIA H100 on 2026-11-24 with the kernels of that date (1.9x-3.4x the built-in's time, fp32 and fp16): the
+# rewrite stays off on the CUDA EP until the kit's CUDA kernel is measured faster there.
+KIT_DEFORM_CONV_FASTER = {CPU_PROVIDER: True, CUDA_PROVIDER: False}
+
+
+def rewrites_deform_conv(providers: list) -> bool:
+    """Whether ``ort_session(..., kit_kernels=True)`` runs standard DeformConv nodes on the kit's kernel with these
+    providers: where the kit's kernel is the faster one (:data:`KIT_DEFORM_CONV_FASTER`) on the provider that
+    will run them (the CUDA EP when it is requested and usable, else the CPU EP)."""
+    on_cuda = _wants_cuda(providers) and cuda_provider_available()
+    return KIT_DEFORM_CONV_FASTER[CUDA_PROVIDER if on_cuda else CPU_PROVIDER]
+
+
+def _with_kit_kernels(model, providers: list):
     """``model`` with standard DeformConv nodes on the kit's kernel (bytes), or ``model`` unchanged when
-    it has none, when the kit's kernels would run on another device than the built-in ones, or when the
-    rewrite is not possible (a warning says why)."""
-    if _wants_cuda(providers) and cuda_provider_available() and not kernels_on_cuda:
-        return model  # the kit's kernel would run on the CPU, ONNX Runtime's on the GPU
+    it has none, when ONNX Runtime's built-in kernel is the faster one on the provider that runs them
+    (:func:`rewrites_deform_conv`), or when the rewrite is not possible (a warning says why)."""
+    if not rewrites_deform_conv(providers):
+        return model
     proto = _load_proto(model)
     if proto is None:
         return model
@@ -178,9 +196,10 @@ def ort_session(model, providers=None, kit_kernels: bool = True, **options):
 
     ``model``: a path, serialized bytes or an ``onnx.ModelProto``. ``providers``: as for ONNX Runtime
     (names or ``(name, options)`` tuples); default :func:`default_providers`. ``kit_kernels`` (default True):
-    standard ``DeformConv`` nodes run on the kit's ``DeformConv2d`` kernel (an in-memory rewrite with identical
-    semantics, see :mod:`dcnkit.runtime.ort_rewrite`; the model file is not changed); False keeps ONNX Runtime's
-    built-in kernel. ``options`` set attributes of
+    standard ``DeformConv`` nodes run on the kit's ``DeformConv2d`` kernel where it is the faster one (an
+    in-memory rewrite with identical semantics, see :mod:`dcnkit.runtime.ort_rewrite`; the model file is not
+    changed): on the CPU EP; on the CUDA EP ONNX Runtime's built-in kernel is kept (:func:`rewrites_deform_conv`).
+    False keeps ONNX Runtime's built-in kernel everywhere. ``options`` set attributes of
     ``onnxruntime.SessionOptions`` (``intra_op_num_threads=2``, ``graph_optimization_level="ORT_ENABLE_ALL"``,
     ``log_severity_level=3`` ...); an unknown name is a TypeError listing the valid ones. The CUDA build
     of the library is registered when the CUDA provider is requested and usable.
@@ -208,5 +227,5 @@ def ort_session(model, providers=None, kit_kernels: bool = True, **options):
     so.register_custom_ops_library(library)
     model_arg = _model_arg(model)
     if kit_kernels:
-        model_arg = _with_kit_kernels(model_arg, Path(library).name.startswith("libdcnkit_ort_cuda"), providers)
+        model_arg = _with_kit_kernels(model_arg, providers)
     return ort.InferenceSession(model_arg, sess_options=so, providers=providers)
