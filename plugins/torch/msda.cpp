@@ -92,6 +92,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> multi_scale_deformable_attn_backw
     const at::Tensor& grad_output_, const at::Tensor& value_, const at::Tensor& spatial_shapes_,
     const at::Tensor& level_start_index_, const at::Tensor& sampling_locations_, const at::Tensor& attention_weights_) {
   const char* op = kBackward;
+  alert_atomic_cuda_backward(op, value_);
   const MsdaParams p =
       params_of(op, value_, spatial_shapes_, level_start_index_, sampling_locations_, attention_weights_);
   check_floats(op, value_,

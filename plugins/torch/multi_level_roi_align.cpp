@@ -124,6 +124,7 @@ std::vector<at::Tensor> multi_level_roi_align_backward(const at::Tensor& grad_ou
                                                        int64_t finest_scale, double roi_scale_factor, bool aligned,
                                                        c10::string_view pool_mode) {
   const char* op = kBackward;
+  alert_atomic_cuda_backward(op, rois_);
   const MultiLevelRoIAlignParams p = params_of(op, features_, rois_, pooled_h, pooled_w, featmap_strides,
                                                sampling_ratio, finest_scale, roi_scale_factor, aligned, pool_mode);
   check_tensors(op, features_, {{"rois", &rois_}, {"grad_output", &grad_output_}});

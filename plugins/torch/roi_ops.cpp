@@ -88,6 +88,7 @@ at::Tensor roi_align_backward(const at::Tensor& grad_output_, const at::Tensor& 
                               double spatial_scale, int64_t sampling_ratio, bool aligned,
                               c10::string_view pool_mode) {
   const char* op = "_roi_align_backward";
+  alert_atomic_cuda_backward(op, input_);
   check_inputs(op, input_, true, {{"rois", &rois_}, {"grad_output", &grad_output_}});
   if (computes_in_float32(input_)) {
     return roi_align_backward(to_float32(grad_output_), to_float32(input_), to_float32(rois_),
@@ -182,6 +183,7 @@ std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
     const std::optional<at::Tensor>& offset_, int64_t pooled_h, int64_t pooled_w,
     double spatial_scale, int64_t sampling_ratio, double gamma) {
   const char* op = "_deform_roi_pool_backward";
+  alert_atomic_cuda_backward(op, input_);
   const at::Tensor offset = contiguous_or_undefined(offset_);
   check_inputs(op, input_, true,
                {{"rois", &rois_}, {"offset", &offset}, {"grad_output", &grad_output_}});
@@ -290,6 +292,7 @@ std::tuple<at::Tensor, at::Tensor> deform_psroi_pool_backward(
     int64_t output_size, int64_t output_dim, int64_t group_size, int64_t part_size,
     int64_t sample_per_part, double trans_std) {
   const char* op = "_deform_psroi_pool_backward";
+  alert_atomic_cuda_backward(op, input_);
   const at::Tensor trans = contiguous_or_undefined(trans_);
   check_inputs(op, input_, true,
                {{"rois", &rois_}, {"trans", &trans}, {"grad_output", &grad_output_},

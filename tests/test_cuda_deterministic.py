@@ -1,0 +1,38 @@
+"""torch.use_deterministic_algorithms on CUDA: every CUDA backward of the kit scatters with atomic adds, so under
+deterministic mode it raises torch's standard error (never silently differs), warns with warn_only=True, and the
+forward (no atomics) still runs. On the CPU the kit's backward is deterministic and runs in that mode."""
+import pytest
+import torch
+
+from cuda_op_cases import CASE_NAMES, case, forward_backward
+
+
+@pytest.fixture
+def deterministic():
+    before, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(before, warn_only=warn_only)
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_cpu_backward_runs_in_deterministic_mode(deterministic, name):
+    _, fn, data, diff = case(name, n=2)
+    a = forward_backward(fn, data, diff)
+    b = forward_backward(fn, data, diff)
+    for ga, gb in zip(a[1], b[1]):
+        if ga is not None:
+            assert torch.equal(ga, gb)  # bit for bit
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_cuda_backward_raises_torch_standard_error_in_deterministic_mode(deterministic, name):
+    _, fn, data, diff = case(name, n=2)
+    cuda = [t.cuda() for t in data]
+    fn(*cuda)  # the forward has no atomics: it runs
+    with pytest.raises(RuntimeError, match="does not have a deterministic implementation"):
+        forward_backward(fn, cuda, diff)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    with pytest.warns(UserWarning, match="does not have a deterministic implementation"):
+        forward_backward(fn, cuda, diff)
