@@ -174,3 +174,70 @@ def time_tensorrt(model, feeds: dict, repeat: int, warmup: int) -> float:
 
     with TensorRTRunner(model) as runner:
         return interleaved({"trt": lambda: runner.run(feeds)}, repeat, warmup)["trt"]
+
+
+# Accuracy of a benchmark's implementations against its reference, relative to the reference's largest magnitude
+# (at least 1): what each dtype's / math mode's rounding allows. float32 sums in another order (GPU atomics, other
+# blockings) differ by ~1e-6 relative; TF32 GEMMs / convolutions (ONNX Runtime's CUDA EP and cuDNN by default) keep
+# 10 mantissa bits; float16 / bfloat16 storage 11 / 8 bits. A difference within the tolerance is reported, not an
+# error; only a gross mismatch (a wrong result, not rounding) stops the benchmark.
+TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "tf32": 1e-2, "float16": 1e-2, "bfloat16": 5e-2}
+
+
+def check_accuracy(name: str, got, want, precision: str = "float32") -> dict:
+    """Prints and returns ``{name, precision, max_abs_diff, scale, tolerance, ok}`` for ``got`` vs ``want``
+    (NumPy arrays or tensors); raises SystemExit only when the difference exceeds the precision's tolerance."""
+    import numpy as np
+
+    def arr(a):
+        if hasattr(a, "detach"):
+            a = a.detach().float().cpu().numpy()
+        return np.asarray(a, dtype=np.float64)
+
+    g, w = arr(got), arr(want)
+    if g.shape != w.shape:
+        raise SystemExit(f"accuracy {name}: shape {g.shape} vs the reference's {w.shape}")
+    scale = max(1.0, float(np.abs(w).max()) if w.size else 0.0)
+    err = float(np.abs(g - w).max()) if w.size else 0.0
+    tol = TOLERANCE[precision]
+    ok = bool(err <= tol * scale) and bool(np.isfinite(g).all() == np.isfinite(w).all())
+    print(f"accuracy {name} [{precision}]: max |diff| {err:.3g} (scale {scale:.3g}, tolerance {tol:g} x scale): "
+          + ("ok" if ok else "MISMATCH"))
+    if not ok:
+        raise SystemExit(f"accuracy {name} [{precision}]: max |diff| {err:.3g} exceeds {tol:g} x {scale:.3g}: a wrong "
+                         f"result, not rounding")
+    return {"name": name, "precision": precision, "max_abs_diff": err, "scale": scale, "tolerance": tol, "ok": ok}
+
+
+def ort_providers(device: str, tf32: bool = False) -> list:
+    """ONNX Runtime providers for ``device``: the CUDA EP (TF32 off unless asked, so float32 kernels are exact)
+    when onnxruntime has it, else the CPU EP (with a line saying so)."""
+    if device == "cuda":
+        from dcnkit.runtime.ort import cuda_provider_available
+
+        if cuda_provider_available():
+            return [("CUDAExecutionProvider", {"use_tf32": "1" if tf32 else "0"}), "CPUExecutionProvider"]
+        print("ONNX Runtime: no CUDA execution provider (install onnxruntime-gpu): its sessions run on the CPU")
+    return ["CPUExecutionProvider"]
+
+
+def ort_call(sess, feeds: dict) -> Callable[[], object]:
+    """A zero-argument call running ``sess`` on ``feeds`` for timing. On the CUDA EP with IO binding: the inputs
+    are copied to the GPU once and the outputs stay there, so the time is the session's, not host<->device
+    copies (ONNX Runtime's run returns when its stream is done)."""
+    if "CUDAExecutionProvider" not in sess.get_providers():
+        return lambda: sess.run(None, feeds)
+    import onnxruntime as ort
+
+    binding = sess.io_binding()
+    on_device = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for k, v in feeds.items()}
+    for k, v in on_device.items():
+        binding.bind_ortvalue_input(k, v)
+    for o in sess.get_outputs():
+        binding.bind_output(o.name, "cuda", 0)
+
+    def run():
+        sess.run_with_iobinding(binding)
+        return on_device  # keeps the bound inputs alive with the call
+
+    return run

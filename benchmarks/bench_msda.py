@@ -126,7 +126,7 @@ def main(argv=None) -> dict:
             sessions[name] = ort_session(path, providers=["CPUExecutionProvider"], **opts)
     expected = ref.cpu().numpy()
     for name, s in sessions.items():
-        np.testing.assert_allclose(s.run(None, feeds)[0], expected, rtol=1e-4, atol=1e-4, err_msg=name)
+        C.check_accuracy(f"ORT {name} vs dcnkit, {dev}", s.run(None, feeds)[0], expected)
     ms_ort = C.interleaved({k: (lambda s=s: s.run(None, feeds)) for k, s in sessions.items()}, args.repeat,
                            args.warmup)
 

@@ -19,6 +19,7 @@ Outputs are compared before timing; times are the fastest of interleaved rounds.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -67,7 +68,6 @@ def main(argv=None):
 
     import dcnkit.export
     from dcnkit.runtime import ort_session
-    from dcnkit.runtime.ort import cuda_provider_available
 
     model, count = resnet50_dcn(args.quick)
     size = 64 if args.quick else 224
@@ -79,9 +79,7 @@ def main(argv=None):
     feeds = {sess_probe.get_inputs()[0].name: x.numpy()}
     del sess_probe
 
-    providers = ["CPUExecutionProvider"]
-    if device == "cuda" and cuda_provider_available():
-        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    providers = C.ort_providers(device, tf32=True)  # whole-model runtime as deployed (TF32 on, like cuDNN's)
     opts = dict(intra_op_num_threads=args.threads, inter_op_num_threads=1)
     builtin = ort_session(path, providers=providers, kit_kernels=False, **opts)
     kit = ort_session(path, providers=providers, **opts)
@@ -96,17 +94,17 @@ def main(argv=None):
     ref = eager().float().cpu().numpy()
     y_builtin = builtin.run(None, feeds)[0]
     y_kit = kit.run(None, feeds)[0]
-    scale = float(np.abs(ref).max())
-    for name, y in (("built-in", y_builtin), ("kit", y_kit)):
-        err = float(np.abs(y - ref).max())
-        if err > 1e-3 * max(scale, 1.0):
-            raise SystemExit(f"{name} ORT output differs from PyTorch: max |diff| {err:.3g} (scale {scale:.3g})")
+    # 53 layers deep: float32 sums in another order drift further than one op's; TF32 on the GPU.
+    precision = "tf32" if device == "cuda" else "float32"
+    accuracy = [C.check_accuracy(f"ORT {name} vs PyTorch, {device}", y, ref, precision)
+                for name, y in (("built-in", y_builtin), ("kit", y_kit))]
 
-    fns = {"PyTorch eager": eager, "ORT built-in DeformConv": lambda: builtin.run(None, feeds),
-           "ORT kit kernels": lambda: kit.run(None, feeds)}
+    fns = {"PyTorch eager": eager, "ORT built-in DeformConv": C.ort_call(builtin, feeds),
+           "ORT kit kernels": C.ort_call(kit, feeds)}
     if device == "cuda":
-        m16 = model.half().to(device)
+        m16 = copy.deepcopy(model).half()  # Module.half() converts in place: the float32 model stays float32
         x16 = xd.half()
+        accuracy.append(C.check_accuracy("PyTorch fp16 vs fp32, cuda", eager(m16, x16), ref, "float16"))
         fns["PyTorch eager fp16"] = lambda: eager(m16, x16)
     ms = C.interleaved(fns, args.repeat, args.warmup, C.synchronizer(device))
     reason = C.tensorrt_available()
@@ -122,7 +120,7 @@ def main(argv=None):
                 with TensorRTRunner(src, precision=prec) as r:
                     ms[f"TensorRT {prec or 'fp32'} ({label})"] = C.interleaved(
                         {"t": lambda: r.run(feeds)}, args.repeat, args.warmup)["t"]
-    ort_dev = "CUDA EP" if providers[0].startswith("CUDA") else "CPU"
+    ort_dev = "CPU" if providers == ["CPUExecutionProvider"] else "CUDA EP"
     print(f"ResNet-50 with DCNv2 in layer3 + layer4 ({count} deformable layers), input {tuple(x.shape)}, device "
           f"{device}, ORT {ort.__version__} on {ort_dev}, {args.threads} threads, fastest of {args.repeat} rounds")
     if reason is not None:
@@ -131,7 +129,7 @@ def main(argv=None):
     C.print_table(["runtime", "ms", "vs PyTorch eager"], [[k, f"{v:.1f}", f"{v / base:.2f}x"] for k, v in ms.items()])
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device, "threads": args.threads, "ms": ms}, f, indent=2)
+            json.dump({"device": device, "threads": args.threads, "ms": ms, "accuracy": accuracy}, f, indent=2)
     return ms
 
 

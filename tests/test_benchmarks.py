@@ -42,6 +42,11 @@ def test_bench_ort_deform_conv_quick(tmp_path):
     assert "ORT DeformConv ms" in stdout
     (row,) = res
     assert set(row["ms"]) >= {"kit", "kit (rewrite)", "built-in", "torch"}
+    # Accuracy against the kit's output, per implementation, in the JSON (and printed).
+    assert [a["name"] for a in row["accuracy"]] == ["kit (rewrite) vs kit, cpu", "built-in vs kit, cpu",
+                                                    "torch vs kit, cpu"]
+    assert all(a["ok"] and a["max_abs_diff"] < 1e-4 for a in row["accuracy"])
+    assert "accuracy built-in vs kit, cpu [float32]" in stdout
 
 
 def test_bench_roi_align_quick(tmp_path):
@@ -66,3 +71,26 @@ def test_bench_msda_quick(tmp_path):
     assert [r["case"] for r in res["rows"]] == ["PyTorch forward", "PyTorch forward+backward",
                                                 "ONNX Runtime (CPU EP) forward"]
     assert all(r["dcnkit_ms"] > 0 and r["grid_sample_ms"] > 0 for r in res["rows"])
+
+
+def test_accuracy_within_rounding_is_reported_and_a_wrong_result_stops_the_benchmark(capsys):
+    """A benchmark reports each implementation's difference from its reference per precision: a difference within
+    that precision's rounding (GPU sums in another order, TF32, float16) does not abort it; a wrong result does."""
+    import numpy as np
+
+    sys.path.insert(0, str(BENCH))
+    import _common as C
+
+    want = np.linspace(-3, 3, 1000).astype(np.float32)
+    r = C.check_accuracy("gpu sums", want + 2e-5, want)  # ~2e-5 (the H100's float32 RoIAlign): float32 rounding
+    assert r["ok"] and abs(r["max_abs_diff"] - 2e-5) < 1e-6 and r["scale"] == 3.0
+    assert C.check_accuracy("tf32 conv", want + 6e-4 * 3, want, "tf32")["ok"]  # ORT's TF32 DeformConv on a GPU
+    assert C.check_accuracy("resnet tf32", want * 10.3 / 3 + 0.037, want * 10.3 / 3, "tf32")["ok"]
+    assert C.check_accuracy("fp16", (want.astype(np.float16)).astype(np.float32), want, "float16")["ok"]
+    assert "accuracy gpu sums [float32]: max |diff| 2e-05" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="a wrong result, not rounding"):
+        C.check_accuracy("wrong", want + 0.1, want, "tf32")
+    with pytest.raises(SystemExit, match="wrong result"):
+        C.check_accuracy("float32 off by 1e-3", want + 1e-2, want)
+    with pytest.raises(SystemExit, match="shape"):
+        C.check_accuracy("shape", want[:10], want)
