@@ -1,6 +1,6 @@
 """``python -m dcnkit``: the dcnkit command line (see dcnkit.cli)."""
 import sys
 
-from dcnkit.cli import main
+from dcnkit.cli.parser import main
 
 sys.exit(main())

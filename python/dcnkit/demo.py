@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dcnkit._progress import progress
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="dcnkit-demo", help="folder for the artifacts (default ./dcnkit-demo)")
@@ -71,16 +73,6 @@ def load_digits_split(seed: int = 0):
     return x_tr, y_tr, x_te, y_te
 
 
-def _progress(iterable, **kw):
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover
-        return iterable
-    kw.setdefault("leave", False)
-    kw.setdefault("disable", not sys.stderr.isatty())
-    return tqdm(iterable, **kw)
-
-
 def train(model, x, y, epochs: int, batch_size: int, lr: float, seed: int, log=print):
     import torch
 
@@ -90,7 +82,7 @@ def train(model, x, y, epochs: int, batch_size: int, lr: float, seed: int, log=p
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(epochs, 1))
     loss_fn = torch.nn.CrossEntropyLoss()
     model.train()
-    bar = _progress(range(epochs), desc="train", unit="epoch")
+    bar = progress(range(epochs), desc="train", unit="epoch")
     for _ in bar:
         perm = torch.randperm(len(xt), generator=g)
         total = 0.0
@@ -138,7 +130,7 @@ def _run_demo(out, epochs, batch_size, lr, seed, train_fraction, reference_sampl
 
     import dcnkit.export as dk_export
     from dcnkit.polygraphy_ext import compare_backends
-    from dcnkit.runtime.runners import available_backends, make_runner
+    from dcnkit.runtime.registry import available_backends, make_runner
 
     t_start = time.perf_counter()
     out = Path(out)
@@ -220,15 +212,17 @@ def _run_demo(out, epochs, batch_size, lr, seed, train_fraction, reference_sampl
     return summary
 
 
-def main_from_args(args) -> int:
+def check_arguments(args) -> None:
+    """ValueError (``--option: expected ..., got ...``) for options out of range."""
     if args.epochs < 1:
-        from dcnkit.cli import CliError
-
-        raise CliError("--epochs", f"expected >= 1, got {args.epochs}")
+        raise ValueError(f"--epochs: expected >= 1, got {args.epochs}")
     if not 0 < args.train_fraction <= 1:
-        from dcnkit.cli import CliError
+        raise ValueError(f"--train-fraction: expected a value in (0, 1], got {args.train_fraction}")
 
-        raise CliError("--train-fraction", f"expected a value in (0, 1], got {args.train_fraction}")
+
+def main_from_args(args) -> int:
+    """The demo for parsed arguments (:func:`add_arguments`); exit code 0 when the backends agree."""
+    check_arguments(args)
     s = run_demo(out=args.out, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                  train_fraction=args.train_fraction, reference_samples=args.reference_samples,
                  standard_ops=args.standard_ops, atol=args.atol, rtol=args.rtol, threads=args.threads,
@@ -239,7 +233,12 @@ def main_from_args(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dcnkit.demo", description=__doc__.strip().splitlines()[0])
     add_arguments(p)
-    return main_from_args(p.parse_args(argv))
+    args = p.parse_args(argv)
+    try:
+        check_arguments(args)
+    except ValueError as e:
+        p.error(str(e))
+    return main_from_args(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

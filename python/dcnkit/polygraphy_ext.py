@@ -45,7 +45,7 @@ class SessionFromOnnxWithDcnkit(SessionFromOnnx):
     def call_impl(self):
         import onnxruntime as ort
 
-        from dcnkit.runtime.runners import _make_ort_session
+        from dcnkit.runtime.ort_runner import _make_ort_session
 
         model, _ = util.invoke_if_callable(self._model_bytes_or_path)
         available = ort.get_available_providers()
@@ -160,11 +160,11 @@ def polygraphy_runner(model, backend: str, name: str | None = None, **options):
 
     ``ort-*``: Polygraphy's own ``OnnxrtRunner`` over a session with the kit's library; ``reference``:
     :class:`~dcnkit.runtime.reference_runner.PolygraphyReferenceRunner`; other backends: an adapter over
-    :func:`~dcnkit.runtime.runners.make_runner`. The session / engine is created when the runner activates.
+    :func:`~dcnkit.runtime.registry.make_runner`. The session / engine is created when the runner activates.
     """
     from polygraphy.backend.onnxrt import OnnxrtRunner
 
-    from dcnkit.runtime import runners as R
+    from dcnkit.runtime import registry as R
     from dcnkit.runtime.reference_runner import PolygraphyReferenceRunner
 
     R.check_backend(backend)
@@ -189,7 +189,7 @@ def _adapter_class():
             self._args = (model, backend, options)
 
         def activate_impl(self):
-            from dcnkit.runtime.runners import make_runner
+            from dcnkit.runtime.registry import make_runner
 
             model, backend, options = self._args
             self._runner = make_runner(model, backend, **options)

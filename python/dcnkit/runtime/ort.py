@@ -19,28 +19,15 @@ default: the session is built from an in-memory copy of the model with those nod
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from pathlib import Path
+
+from dcnkit.runtime.gpu import gpu_present as _gpu_present
 
 __all__ = ["ort_session", "ort_library", "default_providers", "cuda_provider_available"]
 
 CUDA_PROVIDER = "CUDAExecutionProvider"
 CPU_PROVIDER = "CPUExecutionProvider"
-
-
-def _gpu_present() -> bool:
-    """An NVIDIA GPU is visible: its device nodes (Linux, WSL), or torch says so when the process has already
-    imported it. torch is never imported for this: the deployment side runs without it."""
-    if any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")):
-        return True
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    try:
-        return bool(torch.cuda.is_available())
-    except Exception:  # pragma: no cover
-        return False
 
 
 def cuda_provider_available() -> bool:

@@ -26,7 +26,7 @@ import numpy as np
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
-from dcnkit.runtime.runners import Runner, TensorInfo, load_model, value_infos
+from dcnkit.runtime.base import Backend, Runner, TensorInfo, load_model, value_infos
 
 DCNKIT_DOMAIN = "dcnkit"
 
@@ -347,6 +347,19 @@ def _polygraphy_runner_class():
             del self._runner
 
     return PolygraphyReferenceRunner
+
+
+def _available_here() -> None:
+    """The reference backend runs wherever this module imports (onnx.reference is its only need)."""
+    return None
+
+
+def _runner(model, kit_kernels: bool = True, **options) -> ReferenceRunner:
+    """The ``reference`` backend's runner (``kit_kernels`` is ONNX Runtime's option: ignored)."""
+    return ReferenceRunner(model, **options)
+
+
+BACKENDS = (Backend("reference", _available_here, _runner),)
 
 
 def __getattr__(name):

@@ -18,7 +18,7 @@
 - Engines run through Polygraphy's ``TrtRunner`` (NumPy in and out, Polygraphy's own CUDA wrapper: no torch, no pycuda).
 
 Nothing here imports ``tensorrt`` at module level; without it every entry point raises
-:class:`~dcnkit.runtime.runners.BackendUnavailable` with one line saying what is missing.
+:class:`~dcnkit.runtime.base.BackendUnavailable` with one line saying what is missing.
 This module has never run against a real TensorRT on this project's machines (none has a GPU or TensorRT);
 it is written against the TensorRT 10/11 Python API and Polygraphy 0.53's loaders.
 """
@@ -31,7 +31,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from dcnkit.runtime.runners import BackendUnavailable, Runner, TensorInfo, load_model, value_infos
+from dcnkit.runtime.base import Backend, BackendUnavailable, Runner, TensorInfo, load_model, value_infos
+from dcnkit.runtime.tensorrt_requirements import tensorrt_reason
 
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 PLUGIN_NAMESPACE = "dcnkit"
@@ -51,9 +52,7 @@ def is_engine_file(path) -> bool:
 
 def require_tensorrt() -> None:
     """Raises BackendUnavailable (one line: what is missing, how to get it) unless TensorRT can run here."""
-    from dcnkit.runtime.runners import _tensorrt_reason
-
-    reason = _tensorrt_reason()
+    reason = tensorrt_reason()
     if reason:
         raise BackendUnavailable(f"tensorrt: {reason}")
 
@@ -450,6 +449,15 @@ class TensorRTRunner(Runner):
             if r.is_active:
                 r.deactivate()
         self._runners, self._fixed = {}, None
+
+
+def _runner(model, kit_kernels: bool = True, **options) -> TensorRTRunner:
+    """The ``tensorrt`` backend's runner (``kit_kernels`` is ONNX Runtime's option: ignored)."""
+    require_tensorrt()
+    return TensorRTRunner(model, **options)
+
+
+BACKENDS = (Backend("tensorrt", tensorrt_reason, _runner),)
 
 
 __all__ = [

@@ -24,6 +24,8 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
+from dcnkit.runtime.triton_config import bundle_library, to_pbtxt
+
 PLAN_FILENAME = "model.plan"
 PLUGIN_FILENAME = "libdcnkit_trt.so"
 _STANDARD_DOMAINS = ("", "ai.onnx")
@@ -57,8 +59,6 @@ def write_tensorrt_repository(
     ``cfg`` is the model config (``model_config(..., platform="tensorrt_plan")``); without ``engine`` the engine
     is built here with :func:`dcnkit.runtime.tensorrt.build_engine_bytes` (BackendUnavailable without TensorRT).
     """
-    from dcnkit.runtime.triton import bundle_library, to_pbtxt
-
     plugin_src = None
     plugin_ref = None
     if needs_plugins(m):

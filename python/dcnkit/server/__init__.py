@@ -11,10 +11,9 @@ FastAPI, uvicorn and prometheus_client are imported only when these are used.
 """
 from __future__ import annotations
 
-__all__ = ["create_app", "serve", "DEFAULTS"]
+from dcnkit.server.defaults import DEFAULTS  # noqa: F401
 
-# Defaults of create_app / serve / `dcnkit serve` (here so that the CLI can show them without importing FastAPI).
-DEFAULTS = dict(max_batch_size=8, max_queue_delay_ms=2.0, max_queue_size=128, max_request_bytes=64 << 20)
+__all__ = ["create_app", "serve", "DEFAULTS"]
 
 
 def __getattr__(name):

@@ -34,8 +34,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dcnkit.runtime.triton import Signature, model_config, v2_datatype, v2_shape
-from dcnkit.server import DEFAULTS
+from dcnkit.runtime.triton_config import Signature, model_config, v2_datatype, v2_shape
+from dcnkit.server.defaults import DEFAULTS
 from dcnkit.server.batcher import Batcher
 from dcnkit.server.protocol import HEADER_LENGTH, ProtocolError, build_infer_response, parse_infer_request
 
@@ -113,7 +113,7 @@ def create_app(
             name = getattr(model, "model_name", None) or "model"
         close_runner = False if close_runner is None else close_runner
     else:
-        from dcnkit.runtime.runners import make_runner
+        from dcnkit.runtime.registry import make_runner
 
         if name is None:
             if isinstance(model, (str, os.PathLike)):

@@ -4,8 +4,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-_BACKENDS = ("ort-cpu", "ort-cuda", "tensorrt", "reference")
-
 
 def _bounded(convert, low: float, what: str):
     """An argparse type: `convert(text)` that must be >= low."""
@@ -28,13 +26,14 @@ _nonneg_float = _bounded(float, 0, "a number")
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    from dcnkit.server import DEFAULTS
+    from dcnkit.runtime.registry import BACKENDS
+    from dcnkit.server.defaults import DEFAULTS
 
     p.add_argument("model", help="ONNX model file (or, with --backend tensorrt, a serialized engine .engine/.plan)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--name", default=None, help="model name in the URLs (default: the file's stem)")
-    p.add_argument("--backend", default="ort-cpu", choices=_BACKENDS, help="runner backend (default ort-cpu)")
+    p.add_argument("--backend", default="ort-cpu", choices=BACKENDS, help="runner backend (default ort-cpu)")
     p.add_argument("--max-batch-size", type=_positive_int, default=DEFAULTS["max_batch_size"],
                    help="rows per model run when batching requests along dim 0; 1 disables batching "
                         "(default %(default)s). Only models whose inputs and outputs share their first "
@@ -91,7 +90,7 @@ def add_triton_repo_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_serve(args) -> int:
-    from dcnkit.runtime.runners import BackendUnavailable
+    from dcnkit.runtime.base import BackendUnavailable
     from dcnkit.server.app import serve
 
     if not 0 <= args.port <= 65535:
@@ -115,7 +114,7 @@ def run_serve(args) -> int:
 
 
 def run_triton_repo(args) -> int:
-    from dcnkit.runtime.runners import BackendUnavailable
+    from dcnkit.runtime.base import BackendUnavailable
     from dcnkit.runtime.triton import check_repository, write_repository
 
     trt_only = [f for f, v in (("--engine", args.engine), ("--shapes", args.shapes), ("--fp16/--bf16", args.precision))

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dcnkit.runtime.triton import V2_UNSUPPORTED, numpy_dtype, v2_datatype
+from dcnkit.runtime.triton_config import V2_UNSUPPORTED, numpy_dtype, v2_datatype
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
