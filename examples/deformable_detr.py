@@ -183,14 +183,13 @@ class DeformableDETR(nn.Module):
         self.class_head = nn.Linear(d_model, num_classes)
         self.box_head = nn.Sequential(nn.Linear(d_model, d_model), nn.ReLU(), nn.Linear(d_model, d_model), nn.ReLU(),
                                       nn.Linear(d_model, 4))
-        self.levels = levels
+        self.levels, self.counts = levels, counts
 
     def forward(self, images):
         feats = self.backbone(images)
         n = images.shape[0]
         src = torch.cat([f.flatten(2).transpose(1, 2) for f in feats], 1)  # (N, S, C)
-        sizes = [f.shape[2] * f.shape[3] for f in feats]
-        pos = self.pos + torch.cat([e[None].expand(s, -1) for e, s in zip(self.level_embed, sizes)])[None]
+        pos = self.pos + torch.cat([e[None].expand(s, -1) for e, s in zip(self.level_embed, self.counts)])[None]
         pos = pos.expand(n, -1, -1)
         ref = self.encoder_reference.expand(n, -1, -1, -1)
         for layer in self.encoder:
@@ -292,7 +291,7 @@ def cli_checks(path: Path, image: np.ndarray, want: dict, out: Path, compare_ref
                 "--atol", f"boxes:{TOLERANCES['boxes'][0]}", "--rtol", f"boxes:{TOLERANCES['boxes'][1]}",
                 in_process=True)
         report["compare"] = "PASSED"
-    report["serve"] = check_outputs(serve_and_query(path, image), want)
+    report["serve"] = check_outputs(serve_and_query(path, image, name="ddetr"), want)
     print(f"dcnkit serve vs eager: {report['serve']}")
     return report
 

@@ -92,7 +92,10 @@ def test_dcnkit_run_compare_and_serve(small, tmp_path, capsys):
     path = ex.export(model, image, tmp_path / "ddetr.onnx")
     report = ex.cli_checks(path, image, want, tmp_path)
     out = capsys.readouterr().out
-    assert "PASSED" in out and report["compare"] == "PASSED"
+    assert "boxes: atol=1e-05, rtol=0.0001; logits: atol=0.0001, rtol=0.001" in out
+    rows = {r[0]: r for r in (line.split() for line in out.splitlines()) if r[1:3] == ["reference", "ort-cpu"]}
+    assert float(rows["logits"][3]) < 1e-4 and float(rows["boxes"][3]) < 1e-5  # max_abs of ORT vs the reference
+    assert report["compare"] == "PASSED" and "--name ddetr" in out
     assert report["serve"]["logits"] <= 1e-3 and report["serve"]["boxes"] <= 1e-4
     with np.load(tmp_path / "outputs.npz") as d:
         assert sorted(d.files) == ["boxes", "logits"]
