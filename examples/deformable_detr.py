@@ -15,7 +15,8 @@ which does what these commands do (the factory ``build`` below works with ``dcnk
 
     dcnkit export examples/deformable_detr.py:build -o ddetr.onnx --input images:1x3x64x96 --no-dynamic-batch
     dcnkit run ddetr.onnx --inputs image.npz -o out.npz
-    dcnkit compare ddetr.onnx --inputs image.npz --backends ort-cpu,reference --atol logits:1e-3 --atol boxes:1e-4
+    dcnkit compare ddetr.onnx --inputs image.npz --backends ort-cpu,reference \\
+        --atol logits:1e-4 --rtol logits:1e-3 --atol boxes:1e-5 --rtol boxes:1e-4
     dcnkit serve ddetr.onnx --port 8000
 
 The detector is untrained (random weights from a fixed seed; the offset and attention-weight projections get
