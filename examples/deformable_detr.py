@@ -103,6 +103,8 @@ def _ffn(d_model: int, d_ffn: int) -> nn.Sequential:
 
 
 class EncoderLayer(nn.Module):
+    """Deformable self-attention over all levels' pixels (post-norm), then an FFN."""
+
     def __init__(self, d_model, heads, levels, points, d_ffn):
         import dcnkit.nn
 
@@ -139,6 +141,9 @@ class SelfAttention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """Self-attention among the queries, deformable cross-attention into the encoder's output at the queries'
+    reference points, an FFN; each followed by a residual and a LayerNorm."""
+
     def __init__(self, d_model, heads, levels, points, d_ffn):
         import dcnkit.nn
 
@@ -185,9 +190,12 @@ class DeformableDETR(nn.Module):
         self.class_head = nn.Linear(d_model, num_classes)
         self.box_head = nn.Sequential(nn.Linear(d_model, d_model), nn.ReLU(), nn.Linear(d_model, d_model), nn.ReLU(),
                                       nn.Linear(d_model, 4))
-        self.levels = levels
+        self.levels, self.image_size = levels, tuple(image_size)
 
     def forward(self, images):
+        if not torch.jit.is_tracing() and (images.dim() != 4 or tuple(images.shape[-2:]) != self.image_size):
+            raise ValueError(f"DeformableDETR: images: expected shape (N, 3, {self.image_size[0]}, "
+                             f"{self.image_size[1]}) (the size given to build), got {tuple(images.shape)}")
         feats = self.backbone(images)
         n = images.shape[0]
         src = torch.cat([f.flatten(2).transpose(1, 2) for f in feats], 1)  # (N, S, C)

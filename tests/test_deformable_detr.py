@@ -53,6 +53,8 @@ def test_eager_outputs_depend_on_the_image_and_offsets(small):
     # The random offset weights make the sampling query-dependent: mmcv's initialisation alone differs.
     plain = ex.eager_outputs(ex.build(SIZE, offset_scale=0.0, **SMALL), image)
     assert np.abs(plain["boxes"] - want["boxes"]).max() > 1e-4
+    with pytest.raises(ValueError, match=r"images: expected shape \(N, 3, 64, 96\).*got \(1, 3, 64, 64\)"):
+        ex.eager_outputs(model, image[..., :64].copy())
 
 
 @pytest.mark.parametrize("dynamo", [pytest.param(True, id="dynamo"), pytest.param(False, id="torchscript")])
