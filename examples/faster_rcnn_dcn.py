@@ -182,13 +182,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_and_query(path: Path, image: np.ndarray, timeout: float = 120.0) -> dict:
+def serve_and_query(path: Path, image: np.ndarray, timeout: float = 120.0, name: str = "frcnn") -> dict:
     """Starts ``dcnkit serve`` on a free port, sends the image as a v2 (KServe / Triton) JSON request, returns
-    the detections and stops the server."""
+    the outputs by name and stops the server (served as model ``name``)."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "dcnkit", "serve", str(path), "--port", str(port), "--name", "frcnn",
+    cmd = [sys.executable, "-m", "dcnkit", "serve", str(path), "--port", str(port), "--name", name,
            "--log-level", "warning"]
-    print(f"$ dcnkit serve {path} --port {port} --name frcnn", flush=True)
+    print(f"$ dcnkit serve {path} --port {port} --name {name}", flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -207,7 +207,7 @@ def serve_and_query(path: Path, image: np.ndarray, timeout: float = 120.0) -> di
             time.sleep(0.3)
         body = json.dumps({"inputs": [{"name": "images", "shape": list(image.shape), "datatype": "FP32",
                                        "data": image.ravel().tolist()}]}).encode()
-        req = urllib.request.Request(f"{base}/v2/models/frcnn/infer", data=body,
+        req = urllib.request.Request(f"{base}/v2/models/{name}/infer", data=body,
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=timeout) as r:
             reply = json.load(r)
