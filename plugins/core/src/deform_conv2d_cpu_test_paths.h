@@ -42,8 +42,8 @@ struct CpuScheduleExec {
     return nb * p.in_channels * p.kernel_size() * p.out_spatial();
   }
   Status im2col(int64_t n0, int64_t nb, T* columns) {
-    for (int64_t i = 0; i < column_elements(nb); ++i)
-      columns[i] = deform_conv2d_im2col_element<T, T>(p, input, offset, mask, n0, i);
+    for (int64_t i = 0; i < nb * p.in_channels * p.out_spatial(); ++i)
+      deform_conv2d_im2col_row<T, T>(p, input, offset, mask, n0, i, columns);
     return Status::Ok();
   }
   Status bias_fill(int64_t n0, int64_t nb) {
