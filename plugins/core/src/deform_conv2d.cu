@@ -90,9 +90,9 @@ __global__ void fill_bias_kernel(DeformConv2dParams p, const T* __restrict__ bia
 // Scatters into grad_input's accumulation buffer (the accumulation type): one thread per (image, input
 // channel, output position), looping over the kernel points (deform_conv2d_col2im_row).
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads) col2im_kernel(DeformConv2dParams p, const T* __restrict__ offset,
-                              const T* __restrict__ mask, const T* __restrict__ grad_columns,
-                              int64_t n0, int64_t total, Acc* __restrict__ grad_input) {
+__global__ void __launch_bounds__(kCudaThreads)
+    col2im_kernel(DeformConv2dParams p, const T* __restrict__ offset, const T* __restrict__ mask,
+                  const T* __restrict__ grad_columns, int64_t n0, int64_t total, Acc* __restrict__ grad_input) {
   DCNKIT_CUDA_KERNEL_LOOP(idx, total) {
     deform_conv2d_col2im_row<Acc, T>(p, offset, mask, grad_columns, n0, idx, grad_input, AtomicAdd());
   }
