@@ -337,7 +337,8 @@ def test_elementwise_path_matches_fast_path(tmp_path, path):
     # DCNKIT_DCN_CPU_PATH=elementwise runs the CUDA kernels' per-element functions (im2col element,
     # atomic-style scatter, offset/mask gradient) on the CPU: the GPU math, checked here without a GPU.
     # DCNKIT_DCN_CPU_PATH=cuda-schedule runs the CUDA launchers themselves (their chunks of images, every
-    # GEMM's arguments, their per-thread index decoding) with the CPU GEMM, in chunks of ceil(N/2) images.
+    # GEMM's arguments, their per-thread index decoding: im2col and col2im one (image, channel, position) per
+    # thread over the kernel points) with the CPU GEMM, in chunks of ceil(N/2) images.
     cases = []
     for i, cfg in enumerate(CONFIGS):
         n, cin, h, w, cout, kh, kw, s, p, d, g, gd, mod, b = cfg

@@ -68,14 +68,16 @@ template <> DType dtype_enum<double>() { return DType::kFloat64; }
 template <> DType dtype_enum<__half>() { return DType::kFloat16; }
 template <> DType dtype_enum<__nv_bfloat16>() { return DType::kBFloat16; }
 
-// One thread per element of a chunk: the element functions of deform_conv2d_kernels.h.
+// One thread per (image of the chunk, input channel, output position), looping over the kernel points
+// (deform_conv2d_im2col_row); the other kernels: one thread per element, the element functions of
+// deform_conv2d_kernels.h.
 template <typename T>
-__global__ void im2col_kernel(DeformConv2dParams p, const T* __restrict__ input,
-                              const T* __restrict__ offset, const T* __restrict__ mask, int64_t n0,
-                              int64_t total, T* __restrict__ columns) {
+__global__ void __launch_bounds__(kCudaThreads)
+    im2col_kernel(DeformConv2dParams p, const T* __restrict__ input, const T* __restrict__ offset,
+                  const T* __restrict__ mask, int64_t n0, int64_t total, T* __restrict__ columns) {
   using Acc = typename AccType<T>::type;
   DCNKIT_CUDA_KERNEL_LOOP(idx, total) {
-    columns[idx] = from_acc<T>(deform_conv2d_im2col_element<Acc, T>(p, input, offset, mask, n0, idx));
+    deform_conv2d_im2col_row<Acc, T>(p, input, offset, mask, n0, idx, columns);
   }
 }
 
@@ -85,13 +87,14 @@ __global__ void fill_bias_kernel(DeformConv2dParams p, const T* __restrict__ bia
   DCNKIT_CUDA_KERNEL_LOOP(idx, total) { deform_conv2d_bias_element(p, bias, n0, idx, output); }
 }
 
-// Scatters into grad_input's accumulation buffer (the accumulation type).
+// Scatters into grad_input's accumulation buffer (the accumulation type): one thread per (image, input
+// channel, output position), looping over the kernel points (deform_conv2d_col2im_row).
 template <typename T, typename Acc>
-__global__ void col2im_kernel(DeformConv2dParams p, const T* __restrict__ offset,
-                              const T* __restrict__ mask, const T* __restrict__ grad_columns,
-                              int64_t n0, int64_t total, Acc* __restrict__ grad_input) {
+__global__ void __launch_bounds__(kCudaThreads)
+    col2im_kernel(DeformConv2dParams p, const T* __restrict__ offset, const T* __restrict__ mask,
+                  const T* __restrict__ grad_columns, int64_t n0, int64_t total, Acc* __restrict__ grad_input) {
   DCNKIT_CUDA_KERNEL_LOOP(idx, total) {
-    deform_conv2d_col2im_element<Acc, T>(p, offset, mask, grad_columns, n0, idx, grad_input, AtomicAdd());
+    deform_conv2d_col2im_row<Acc, T>(p, offset, mask, grad_columns, n0, idx, grad_input, AtomicAdd());
   }
 }
 
@@ -152,11 +155,8 @@ struct CudaExec {
   GradAcc<T> grad_input, grad_weight;
   T* weight_tmp;
 
-  int64_t column_elements(int64_t nb) const {
-    return nb * p.in_channels * p.kernel_size() * p.out_spatial();
-  }
   Status im2col(int64_t n0, int64_t nb, T* columns) {
-    const int64_t total = column_elements(nb);
+    const int64_t total = nb * p.in_channels * p.out_spatial();  // threads: (image, channel, position)
     im2col_kernel<T><<<cuda_blocks(total), kCudaThreads, 0, stream>>>(p, input, offset, mask, n0, total,
                                                                        columns);
     return cuda_launch_status("deform_conv2d_cuda: im2col");
@@ -167,7 +167,7 @@ struct CudaExec {
     return cuda_launch_status("deform_conv2d_cuda: bias");
   }
   Status col2im(int64_t n0, int64_t nb, const T* grad_columns) {
-    const int64_t total = column_elements(nb);
+    const int64_t total = nb * p.in_channels * p.out_spatial();  // threads: (image, channel, position)
     col2im_kernel<T, Acc><<<cuda_blocks(total), kCudaThreads, 0, stream>>>(p, offset, mask, grad_columns, n0,
                                                                             total, grad_input.acc);
     return cuda_launch_status("deform_conv2d_cuda: col2im");

@@ -38,12 +38,9 @@ struct CpuScheduleExec {
   const T *input, *offset, *mask, *bias, *grad_output;
   T *output, *grad_input, *grad_offset, *grad_bias, *grad_mask;
 
-  int64_t column_elements(int64_t nb) const {
-    return nb * p.in_channels * p.kernel_size() * p.out_spatial();
-  }
   Status im2col(int64_t n0, int64_t nb, T* columns) {
-    for (int64_t i = 0; i < column_elements(nb); ++i)
-      columns[i] = deform_conv2d_im2col_element<T, T>(p, input, offset, mask, n0, i);
+    for (int64_t i = 0; i < nb * p.in_channels * p.out_spatial(); ++i)
+      deform_conv2d_im2col_row<T, T>(p, input, offset, mask, n0, i, columns);
     return Status::Ok();
   }
   Status bias_fill(int64_t n0, int64_t nb) {
@@ -52,9 +49,9 @@ struct CpuScheduleExec {
     return Status::Ok();
   }
   Status col2im(int64_t n0, int64_t nb, const T* grad_columns) {
-    for (int64_t i = 0; i < column_elements(nb); ++i)
-      deform_conv2d_col2im_element<T, T>(p, offset, mask, grad_columns, n0, i, grad_input,
-                                         [](T* dst, T v) { *dst += v; });
+    for (int64_t i = 0; i < nb * p.in_channels * p.out_spatial(); ++i)
+      deform_conv2d_col2im_row<T, T>(p, offset, mask, grad_columns, n0, i, grad_input,
+                                     [](T* dst, T v) { *dst += v; });
     return Status::Ok();
   }
   Status offset_mask_grad(int64_t n0, int64_t nb, const T* grad_columns) {

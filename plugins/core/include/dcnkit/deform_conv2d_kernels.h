@@ -192,14 +192,24 @@ DCNKIT_HD ChunkIndex chunk_index(int64_t idx, int64_t rows, int64_t P) {
   return {idx / (P * rows), (idx / P) % rows, idx % P};
 }
 
-// columns element idx (rows c*K + k) of the chunk starting at image n0.
+// The K column elements of one (image b of the chunk starting at image n0, input channel c, output
+// position pos): rows c*K + k for every kernel point k, written to columns[b][c*K + k][pos]. Element idx of
+// (nb, Cin, P) decodes once (pos = idx % P, c = (idx / P) % Cin, b = idx / (P * Cin)), the deformable group
+// once, and each kernel point then costs its offset/mask loads, corner weights and 4 reads only: the work
+// of one CUDA im2col thread (one thread per column element decoded all of that K times).
 template <typename Acc, typename T>
-DCNKIT_HD Acc deform_conv2d_im2col_element(const DeformConv2dParams& p, const T* input, const T* offset,
-                                           const T* mask, int64_t n0, int64_t idx) {
-  const int64_t K = p.kernel_h * p.kernel_w;
-  const ChunkIndex e = chunk_index(idx, p.in_channels * K, p.out_h * p.out_w);
+DCNKIT_HD void deform_conv2d_im2col_row(const DeformConv2dParams& p, const T* input, const T* offset,
+                                        const T* mask, int64_t n0, int64_t idx, T* columns) {
+  const int64_t K = p.kernel_h * p.kernel_w, P = p.out_h * p.out_w;
+  const ChunkIndex e = chunk_index(idx, p.in_channels, P);
   const DcnImage<T> im = deform_conv2d_image(p, input, offset, mask, n0 + e.b);
-  return deform_conv2d_column<Acc, T>(p, im.x, im.offset, im.mask, e.row / K, e.row % K, e.pos);
+  const int64_t g = e.row / (p.in_channels / p.attrs.deformable_groups);
+  const T* img = im.x + e.row * p.height * p.width;
+  T* out = columns + (e.b * p.in_channels + e.row) * K * P + e.pos;
+  for (int64_t k = 0; k < K; ++k) {
+    const SampleTaps<Acc> s = deform_conv2d_sample_taps<Acc, T>(p, im.offset, im.mask, g, k, e.pos);
+    out[k * P] = from_acc<T>(sample_value<Acc, T>(img, s));
+  }
 }
 
 // output[n0 + b][co][pos] = bias[co] for element idx of (nb, Cout, P).
@@ -210,19 +220,27 @@ DCNKIT_HD void deform_conv2d_bias_element(const DeformConv2dParams& p, const T* 
   output[n0 * p.out_channels * P + idx] = bias[(idx / P) % p.out_channels];
 }
 
-// Scatter of grad_columns element idx into grad_input (type G, see sample_scatter) through
-// add(G* dst, Acc v) (atomicAdd on CUDA).
+// Scatter of the K column-gradient elements of one (image b of the chunk, input channel c, output position
+// pos) -- rows c*K + k of grad_columns[b] -- into grad_input (type G, see sample_scatter) through
+// add(G* dst, Acc v) (atomicAdd on CUDA). Element idx of (nb, Cin, P) decodes once, as in
+// deform_conv2d_im2col_row; each kernel point costs its taps and 4 adds only.
 template <typename Acc, typename T, typename Add, typename G>
-DCNKIT_HD void deform_conv2d_col2im_element(const DeformConv2dParams& p, const T* offset, const T* mask,
-                                            const T* grad_columns, int64_t n0, int64_t idx, G* grad_input,
-                                            Add add) {
-  const int64_t K = p.kernel_h * p.kernel_w;
-  const ChunkIndex e = chunk_index(idx, p.in_channels * K, p.out_h * p.out_w);
+DCNKIT_HD void deform_conv2d_col2im_row(const DeformConv2dParams& p, const T* offset, const T* mask,
+                                        const T* grad_columns, int64_t n0, int64_t idx, G* grad_input,
+                                        Add add) {
+  const int64_t K = p.kernel_h * p.kernel_w, P = p.out_h * p.out_w;
+  const ChunkIndex e = chunk_index(idx, p.in_channels, P);
   const int64_t n = n0 + e.b;
   const DcnImage<T> im = deform_conv2d_image<T>(p, nullptr, offset, mask, n);
-  deform_conv2d_scatter_input<Acc, T>(p, im.offset, im.mask, to_acc<Acc>(grad_columns[idx]), e.row / K,
-                                      e.row % K, e.pos,
-                                      grad_input + n * p.in_channels * p.height * p.width, add);
+  const int64_t g = e.row / (p.in_channels / p.attrs.deformable_groups);
+  G* grad_img = grad_input + (n * p.in_channels + e.row) * p.height * p.width;
+  const T* gcol = grad_columns + (e.b * p.in_channels + e.row) * K * P + e.pos;
+  for (int64_t k = 0; k < K; ++k) {
+    const Acc v = to_acc<Acc>(gcol[k * P]);
+    if (v == Acc(0)) continue;
+    const SampleTaps<Acc> s = deform_conv2d_sample_taps<Acc, T>(p, im.offset, im.mask, g, k, e.pos);
+    sample_scatter<Acc, G, Add>(grad_img, s, v, add);
+  }
 }
 
 // grad_offset / grad_mask (either may be null) of element idx of (nb, Gd*K, P): rows g*K + k, computed in
