@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from dcnkit.ops import deform_conv2d, deform_psroi_pool, deform_roi_pool, multi_level_roi_align, roi_align
-from dcnkit.ops import multi_scale_deformable_attn
+from dcnkit.ops import dcnv3, dcnv4, multi_scale_deformable_attn
 
 
 def _rois(g, k, n, h, w):
@@ -70,6 +70,14 @@ def op_cases(seed=0, n=3):
     cases.append(("multi_scale_deformable_attn",
                   lambda v, t, l, a: multi_scale_deformable_attn(v, t[:, :2].long(), t[:, 2].long(), l, a),
                   [value, tables, loc, attn], [True, False, True, True]))
+    # DCNv3: 3x3, stride (2, 1), dilation (1, 2), 2 groups of 3 channels, offset_scale 0.8 (channels-last).
+    v3 = (3, 3, 2, 1, 1, 1, 1, 2, 2, 3, 0.8)
+    x, off = r(n, 8, 7, 6), r(n, 4, 5, 2 * 9 * 2, scale=1.5)
+    mask = torch.rand(n, 4, 5, 2 * 9, generator=g, dtype=torch.float64)
+    cases.append(("dcnv3", lambda x, o, m: dcnv3(x, o, m, *v3), [x, off, mask], [True] * 3))
+    # DCNv4 with softmax and remove_center: K = 8, offset_mask 2 * 3 * 8 = 48 channels.
+    om = r(n, 4, 5, 48, scale=1.5)
+    cases.append(("dcnv4", lambda x, om: dcnv4(x, om, *v3, remove_center=1, softmax=True), [x, om], [True] * 2))
     return cases
 
 

@@ -124,6 +124,34 @@ at::Tensor msda_autocast(const at::Tensor& value, const at::Tensor& spatial_shap
       .to(value.scalar_type());
 }
 
+using Dcnv3Sig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t,
+                            int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t);
+
+template <c10::DeviceType D>
+at::Tensor dcnv3_autocast(const at::Tensor& input, const at::Tensor& offset, const at::Tensor& mask, int64_t kh,
+                          int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
+                          int64_t group, int64_t group_channels, double offset_scale, int64_t remove_center) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  static const auto op = op_handle<Dcnv3Sig>("dcnkit::dcnv3");
+  return op.call(f32<D>(input), f32<D>(offset), f32<D>(mask), kh, kw, sh, sw, ph, pw, dh, dw, group, group_channels,
+                 offset_scale, remove_center)
+      .to(input.scalar_type());
+}
+
+using Dcnv4Sig = at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, int64_t, int64_t,
+                            int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t, bool);
+
+template <c10::DeviceType D>
+at::Tensor dcnv4_autocast(const at::Tensor& value, const at::Tensor& offset_mask, int64_t kh, int64_t kw, int64_t sh,
+                          int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int64_t group,
+                          int64_t group_channels, double offset_scale, int64_t remove_center, bool softmax) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  static const auto op = op_handle<Dcnv4Sig>("dcnkit::dcnv4");
+  return op.call(f32<D>(value), f32<D>(offset_mask), kh, kw, sh, sw, ph, pw, dh, dw, group, group_channels,
+                 offset_scale, remove_center, softmax)
+      .to(value.scalar_type());
+}
+
 template <c10::DeviceType D>
 void register_autocast(torch::Library& m) {
   m.impl("deform_conv2d", TORCH_FN(deform_conv2d_autocast<D>));
@@ -132,6 +160,8 @@ void register_autocast(torch::Library& m) {
   m.impl("deform_psroi_pool", TORCH_FN(deform_psroi_pool_autocast<D>));
   m.impl("multi_level_roi_align", TORCH_FN(multi_level_roi_align_autocast<D>));
   m.impl("multi_scale_deformable_attn", TORCH_FN(msda_autocast<D>));
+  m.impl("dcnv3", TORCH_FN(dcnv3_autocast<D>));
+  m.impl("dcnv4", TORCH_FN(dcnv4_autocast<D>));
 }
 
 }  // namespace

@@ -63,6 +63,23 @@ TORCH_LIBRARY(dcnkit, m) {
   m.def(
       "_multi_scale_deformable_attn_backward(Tensor grad_output, Tensor value, Tensor spatial_shapes, "
       "Tensor level_start_index, Tensor sampling_locations, Tensor attention_weights) -> (Tensor, Tensor, Tensor)");
+
+  // DCNv3 (InternImage): input (N, H, W, C), offset (N, Ho, Wo, G*K*2), mask (N, Ho, Wo, G*K). Returns (N, Ho, Wo, C).
+  m.def(
+      "dcnv3(Tensor input, Tensor offset, Tensor mask, "
+      "int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int group, int group_channels, float offset_scale, int remove_center) -> Tensor");
+  // Returns (grad_input, grad_offset, grad_mask).
+  m.def(
+      "_dcnv3_backward(Tensor grad_output, Tensor input, Tensor offset, Tensor mask, "
+      "int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int group, int group_channels, float offset_scale, int remove_center) -> (Tensor, Tensor, Tensor)");
+  // DCNv4: value (N, H, W, C), offset_mask (N, Ho, Wo, Cp). Returns (N, Ho, Wo, C).
+  m.def(
+      "dcnv4(Tensor value, Tensor offset_mask, "
+      "int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int group, int group_channels, float offset_scale, int remove_center, bool softmax) -> Tensor");
+  // Returns (grad_value, grad_offset_mask).
+  m.def(
+      "_dcnv4_backward(Tensor grad_output, Tensor value, Tensor offset_mask, "
+      "int kernel_h, int kernel_w, int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, int group, int group_channels, float offset_scale, int remove_center, bool softmax) -> (Tensor, Tensor)");
 }
 
 namespace {

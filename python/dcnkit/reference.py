@@ -324,3 +324,59 @@ def multi_scale_deformable_attn(value, spatial_shapes, level_start_index, sampli
                         if -1.0 < py < H and -1.0 < px < W:  # else nothing (its weight is not read)
                             out[n, q, m] += attn[n, q, m, l, p] * _sample_zero(img, py, px)
     return out.reshape(N, Lq, M * D)
+
+
+__all__ += ["dcnv3", "dcnv4"]
+
+
+def _dcnv3_points(kernel_h, kernel_w, remove_center):
+    """The kernel points (i_h, i_w) in the order of the offsets: w-major, the centre left out on request."""
+    pts = [(i_h, i_w) for i_w in range(kernel_w) for i_h in range(kernel_h)]
+    if remove_center:
+        pts.pop((kernel_h * kernel_w - 1) // 2)
+    return pts
+
+
+def dcnv3(x, offset, mask, kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, group,
+          group_channels, offset_scale, remove_center=0):
+    """DCNv3 (docs/operators.md): x (N, H, W, C), offset (N, Ho, Wo, G*K*2) as [g][k][dx, dy], mask (N, Ho, Wo, G*K)
+    -> (N, Ho, Wo, C). Point k = (i_h, i_w) samples group g's channels at
+    x = wo*sw - pw + cw + (i_w*dw - cw + dx) * s, y likewise (cw = (dw*(kw-1))//2), bilinear with zeros outside."""
+    x, offset, mask = _f64(x), _f64(offset), _f64(mask)
+    N, H, W, C = x.shape
+    pts = _dcnv3_points(kernel_h, kernel_w, remove_center)
+    K, gc = len(pts), group_channels
+    Ho = (H + 2 * pad_h - (dilation_h * (kernel_h - 1) + 1)) // stride_h + 1
+    Wo = (W + 2 * pad_w - (dilation_w * (kernel_w - 1) + 1)) // stride_w + 1
+    ch, cw = (dilation_h * (kernel_h - 1)) // 2, (dilation_w * (kernel_w - 1)) // 2
+    off = offset.reshape(N, Ho, Wo, group, K, 2)
+    m = mask.reshape(N, Ho, Wo, group, K)
+    out = np.zeros((N, Ho, Wo, group, gc))
+    for n in range(N):
+        for g in range(group):
+            img = x[n, :, :, g * gc:(g + 1) * gc]
+            for ho in range(Ho):
+                for wo in range(Wo):
+                    for k, (i_h, i_w) in enumerate(pts):
+                        px = wo * stride_w - pad_w + cw + (i_w * dilation_w - cw + off[n, ho, wo, g, k, 0]) * offset_scale
+                        py = ho * stride_h - pad_h + ch + (i_h * dilation_h - ch + off[n, ho, wo, g, k, 1]) * offset_scale
+                        if -1.0 < py < H and -1.0 < px < W:
+                            out[n, ho, wo, g] += m[n, ho, wo, g, k] * _sample_zero(img, py, px)
+    return out.reshape(N, Ho, Wo, C)
+
+
+def dcnv4(value, offset_mask, kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, group,
+          group_channels, offset_scale, remove_center=0, softmax=False):
+    """DCNv4 (docs/operators.md): DCNv3 with offsets and weights in one tensor offset_mask (N, Ho, Wo, Cp): per group
+    2K offsets [k][dx, dy] then K weights (softmax over them when `softmax`), Cp = G*3K rounded up to 8."""
+    om = _f64(offset_mask)
+    N, Ho, Wo, _ = om.shape
+    K = kernel_h * kernel_w - (1 if remove_center else 0)
+    per_group = om[..., :group * 3 * K].reshape(N, Ho, Wo, group, 3 * K)
+    offset = per_group[..., :2 * K].reshape(N, Ho, Wo, group * 2 * K)
+    mask = per_group[..., 2 * K:]
+    if softmax:
+        e = np.exp(mask - mask.max(-1, keepdims=True))
+        mask = e / e.sum(-1, keepdims=True)
+    return dcnv3(value, offset, mask.reshape(N, Ho, Wo, group * K), kernel_h, kernel_w, stride_h, stride_w, pad_h,
+                 pad_w, dilation_h, dilation_w, group, group_channels, offset_scale, remove_center)
