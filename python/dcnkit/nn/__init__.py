@@ -1,6 +1,7 @@
 """dcnkit modules, with mmcv's constructor arguments and parameter names (checkpoints load); FPN RoI poolers
 (torchvision's ``MultiScaleRoIAlign`` drop-in, mmdet's extractor as ``MultiLevelRoIAlign``) and
 ``deformable_resnet`` (mmdet's ``stage_with_dcn`` for torchvision ResNets)."""
+from dcnkit.nn.dcnv3 import DCNv3, DCNv4
 from dcnkit.nn.deform_conv import (
     DeformConv2d,
     DeformConv2dPack,
@@ -19,6 +20,8 @@ from dcnkit.nn.roi_ops import (
 )
 
 __all__ = [
+    "DCNv3",
+    "DCNv4",
     "DeformConv2d",
     "ModulatedDeformConv2d",
     "DeformConv2dPack",
