@@ -94,3 +94,12 @@ def test_accuracy_within_rounding_is_reported_and_a_wrong_result_stops_the_bench
         C.check_accuracy("float32 off by 1e-3", want + 1e-2, want)
     with pytest.raises(SystemExit, match="shape"):
         C.check_accuracy("shape", want[:10], want)
+
+
+def test_bench_dcnv3_quick(tmp_path):
+    stdout, res = _run("bench_dcnv3", tmp_path)
+    assert "dcnv4 / dcnv3" in stdout
+    assert [r["case"] for r in res["rows"]] == ["forward", "forward+backward"]
+    for r in res["rows"]:
+        assert r["dcnv3_ms"] > 0 and r["dcnv4_ms"] > 0 and r["grid_sample_ms"] > 0
+        assert all(a["ok"] for a in r["accuracy"])
