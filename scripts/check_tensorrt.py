@@ -9,8 +9,10 @@ compute-sanitizer, an fp16 FPN detector's RoI level with float32 RoIs, two execu
 each (``--only-tools`` / ``--skip-tools``).
 
 Small models, one node each, in the `dcnkit` domain (DeformConv2d, RoIAlign avg/max, DeformRoIPool,
-DeformPSRoIPool, MultiLevelRoIAlign) and under mmdeploy's names (MMCVModulatedDeformConv2d, MMCVRoiAlign,
-MMCVMultiLevelRoiAlign), with dynamic dims and an optimization profile, are built with ``dcnkit.runtime.tensorrt`` (``--fp16`` as ``dcnkit build --fp16``: converted
+DeformPSRoIPool, MultiLevelRoIAlign, MultiScaleDeformableAttention) and under mmdeploy's names
+(MMCVModulatedDeformConv2d, MMCVRoiAlign, MMCVMultiLevelRoiAlign, MMCVMultiScaleDeformableAttention), and on
+TensorRT only TensorRT's own MultiscaleDeformableAttnPlugin_TRT (int32 level tables, output (N, Lq, M, D); TensorRT's
+plugin serves it where its plugin library is initialised, as the kit's tools do), with dynamic dims and an optimization profile, are built with ``dcnkit.runtime.tensorrt`` (``--fp16`` as ``dcnkit build --fp16``: converted
 ONNX on TensorRT 11, builder flag on TensorRT 10) and run through Polygraphy's TrtRunner. Each output is compared
 with ``dcnkit.reference`` (float64 NumPy loops); on the GPU the RoI inputs include a RoI whose batch index is out
 of range, which must give zeros. Prints a table (max error, tolerance, median run time including host<->device copies) and exits 1
@@ -33,14 +35,14 @@ TOL = {"fp32": (1e-4, 1e-4), "fp16": (2e-2, 2e-2)}  # (atol, rtol) relative to t
 
 def _model(domain, op, inputs, outputs, weights=(), order=None, **attrs):
     """One node; ``inputs`` are graph inputs (name, shape), ``weights`` initializers, ``order`` the node's inputs
-    (default: inputs then weights)."""
+    (default: inputs then weights). Domain "": a TensorRT plugin name (no opset of its own)."""
     names = order or [n for n, _ in inputs] + [n for n, _ in weights]
     node = helper.make_node(op, names, [n for n, _ in outputs], domain=domain, name=op.lower(), **attrs)
     g = helper.make_graph([node], op, [helper.make_tensor_value_info(n, T.FLOAT, s) for n, s in inputs],
                           [helper.make_tensor_value_info(n, T.FLOAT, s) for n, s in outputs],
                           initializer=[numpy_helper.from_array(a, n) for n, a in weights])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)],
-                             ir_version=9)
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    return helper.make_model(g, opset_imports=opsets, ir_version=9)
 
 
 def _rois(rng, k, n, h, w, bad=True):
@@ -67,9 +69,40 @@ def _with_zero_rows(fn, rois, n, *args):
     return outs
 
 
-def cases(rng, bad_roi=True):
+def msda_cases(rng, tensorrt_only=True):
+    """Multi-scale deformable attention: levels 6x5 and 3x3 (S = 39), 2 heads of 4 channels, 2 points, Lq queries
+    with some locations outside [0, 1]; the level tables are initializers (int64; int32 for TensorRT's own name)."""
+    from dcnkit import reference as ref
+
+    n, s, m, d, lq, p = 2, 39, 2, 4, 5, 2
+    shapes = np.array([[6, 5], [3, 3]], np.int64)
+    starts = np.array([0, 30], np.int64)
+    value = rng.standard_normal((n, s, m, d)).astype(np.float32)
+    loc = rng.uniform(-0.1, 1.1, (n, lq, m, 2, p, 2)).astype(np.float32)
+    attn = rng.uniform(0, 1, (n, lq, m, 2, p)).astype(np.float32)
+    want = ref.multi_scale_deformable_attn(value, shapes, starts, loc, attn)
+    inputs = [("value", ["N", s, m, d]), ("loc", ["N", "Q", m, 2, p, 2]), ("attn", ["N", "Q", m, 2, p])]
+    order = ["value", "shapes", "starts", "loc", "attn"]
+    feeds = {"value": value, "loc": loc, "attn": attn}
+    prof = {"value": ((1, s, m, d), (n, s, m, d), (4, s, m, d)), "loc": ((1, 1, m, 2, p, 2), (n, lq, m, 2, p, 2),
+            (4, 64, m, 2, p, 2)), "attn": ((1, 1, m, 2, p), (n, lq, m, 2, p), (4, 64, m, 2, p))}
+    out = []
+    for domain, op in (("dcnkit", "MultiScaleDeformableAttention"), ("mmdeploy", "MMCVMultiScaleDeformableAttention")):
+        extra = {"im2col_step": 64} if domain == "mmdeploy" else {}
+        model = _model(domain, op, inputs, [("y", ["N", "Q", m * d])], [("shapes", shapes), ("starts", starts)],
+                       order=order, **extra)
+        out.append((op, model, dict(feeds), [want], prof))
+    if tensorrt_only:
+        model = _model("", "MultiscaleDeformableAttnPlugin_TRT", inputs, [("y", ["N", "Q", m, d])],
+                       [("shapes", shapes.astype(np.int32)), ("starts", starts.astype(np.int32))], order=order)
+        out.append(("MultiscaleDeformableAttnPlugin_TRT", model, dict(feeds), [want.reshape(n, lq, m, d)], prof))
+    return out
+
+
+def cases(rng, bad_roi=True, tensorrt_only=True):
     """(name, model, feeds, expected outputs, profile shapes) for every plugin checked. ``bad_roi`` adds a RoI
-    with an out-of-range batch index (zeros on the GPU; the CPU kernels reject it with an error instead)."""
+    with an out-of-range batch index (zeros on the GPU; the CPU kernels reject it with an error instead);
+    ``tensorrt_only`` adds the cases only TensorRT runs (TensorRT's own plugin names)."""
     from dcnkit import reference as ref
 
     n, c, h, w = 2, 8, 12, 10
@@ -141,7 +174,7 @@ def cases(rng, bad_roi=True):
                output_width=3, featmap_strides=[4.0, 8.0], sampling_ratio=2, finest_scale=16, roi_scale_factor=1.0,
                aligned=1, pool_mode=1)
     out.append(("MMCVMultiLevelRoiAlign", m, dict(feeds), want, prof))
-    return out
+    return out + msda_cases(rng, tensorrt_only)
 
 
 def _runner(backend, model, precision, shapes):
@@ -186,8 +219,9 @@ def main(argv=None) -> int:
     bad = [s for s in precisions if s not in TOL or (s != "fp32" and args.backend != "tensorrt")]
     if bad:
         p.error(f"--precisions: expected fp32 (and fp16 for tensorrt), got {bad}")
-    print(f"{'case':<28} {'precision':<9} {'max err':>10} {'allowed':>10} {'median ms':>10}  result")
-    for name, model, feeds, want, shapes in cases(np.random.default_rng(0), bad_roi=args.backend != "ort-cpu"):
+    print(f"{'case':<36} {'precision':<9} {'max err':>10} {'allowed':>10} {'median ms':>10}  result")
+    for name, model, feeds, want, shapes in cases(np.random.default_rng(0), bad_roi=args.backend != "ort-cpu",
+                                                  tensorrt_only=args.backend == "tensorrt"):
         for prec in precisions:
             atol, rtol = TOL[prec]
             try:
@@ -200,7 +234,7 @@ def main(argv=None) -> int:
                         times.append(time.perf_counter() - t0)
             except Exception as e:  # one failing plugin must not hide the others
                 failures += 1
-                print(f"{name:<28} {prec:<9} {'-':>10} {'-':>10} {'-':>10}  ERROR {type(e).__name__}: "
+                print(f"{name:<36} {prec:<9} {'-':>10} {'-':>10} {'-':>10}  ERROR {type(e).__name__}: "
                       f"{(str(e).splitlines() or [''])[0]}")
                 continue
             err, allowed = 0.0, np.inf
@@ -213,7 +247,7 @@ def main(argv=None) -> int:
                 if not ok_case:
                     break
             failures += not ok_case
-            print(f"{name:<28} {prec:<9} {err:>10.3g} {allowed:>10.3g} {np.median(times) * 1e3:>10.3f}  "
+            print(f"{name:<36} {prec:<9} {err:>10.3g} {allowed:>10.3g} {np.median(times) * 1e3:>10.3f}  "
                   f"{'ok' if ok_case else 'MISMATCH'}")
     print("PASSED" if failures == 0 else f"FAILED: {failures} case(s)")
     return 1 if failures else 0

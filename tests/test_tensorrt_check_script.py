@@ -28,8 +28,40 @@ def test_gpu_check_script_cases_are_right_on_the_cpu():
     rows = [line for line in p.stdout.splitlines() if line.endswith("  ok")]
     names = [r.split("  ")[0].strip() for r in rows]
     assert names == ["DeformConv2d", "MMCVModulatedDeformConv2d", "RoIAlign avg", "RoIAlign max", "MMCVRoiAlign max",
-                     "DeformRoIPool", "DeformPSRoIPool", "MultiLevelRoIAlign", "MMCVMultiLevelRoiAlign"], p.stdout
+                     "DeformRoIPool", "DeformPSRoIPool", "MultiLevelRoIAlign", "MMCVMultiLevelRoiAlign",
+                     "MultiScaleDeformableAttention", "MMCVMultiScaleDeformableAttention"], p.stdout
     assert p.stdout.strip().endswith("PASSED")
+
+
+def test_gpu_check_script_tensorrt_only_msda_case_is_the_same_problem():
+    """MultiscaleDeformableAttnPlugin_TRT (TensorRT only: no ONNX Runtime kernel) is the kit's case with int32 level
+    tables and the output split per head: the same tables, feeds and expected values."""
+    import onnx
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import check_tensorrt
+    finally:
+        sys.path.pop(0)
+    by_name = {c[0]: c for c in check_tensorrt.msda_cases(np.random.default_rng(0))}
+    assert "MultiscaleDeformableAttnPlugin_TRT" not in {
+        c[0] for c in check_tensorrt.cases(np.random.default_rng(0), tensorrt_only=False)}
+    _, kit, kit_feeds, kit_want, kit_prof = by_name["MultiScaleDeformableAttention"]
+    _, trt, feeds, want, prof = by_name["MultiscaleDeformableAttnPlugin_TRT"]
+    node = trt.graph.node[0]
+    assert (node.op_type, node.domain, list(node.input)) == (
+        "MultiscaleDeformableAttnPlugin_TRT", "", ["value", "shapes", "starts", "loc", "attn"])
+    onnx.checker.check_model(kit)
+    tables = {t.name: onnx.numpy_helper.to_array(t) for t in trt.graph.initializer}
+    kit_tables = {t.name: onnx.numpy_helper.to_array(t) for t in kit.graph.initializer}
+    assert {k: v.dtype for k, v in tables.items()} == {"shapes": np.int32, "starts": np.int32}
+    assert {k: v.dtype for k, v in kit_tables.items()} == {"shapes": np.int64, "starts": np.int64}
+    for k in tables:
+        np.testing.assert_array_equal(tables[k], kit_tables[k])
+    assert prof == kit_prof and all(np.array_equal(feeds[k], kit_feeds[k]) for k in feeds)
+    n, q, m, d = want[0].shape
+    assert kit_want[0].shape == (n, q, m * d)
+    np.testing.assert_array_equal(want[0].reshape(n, q, m * d), kit_want[0])
 
 
 @no_tensorrt

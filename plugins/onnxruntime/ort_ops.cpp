@@ -353,6 +353,7 @@ struct Registry {
   std::vector<std::unique_ptr<CustomOp>> ops;
   Registry() {
     for (const OpVariant& v : op_variants()) {
+      if (v.tensorrt_only) continue;
       ops.push_back(std::make_unique<CustomOp>(make_op(&v, false, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)));
 #ifdef DCNKIT_ORT_CUDA
       ops.push_back(std::make_unique<CustomOp>(make_op(&v, true, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)));
@@ -373,6 +374,7 @@ OrtStatus* register_all(OrtSessionOptions* options) {
   const OrtApi& a = api();
   std::vector<std::string> domains;
   for (const OpVariant& v : op_variants()) {
+    if (v.tensorrt_only) continue;
     bool seen = false;
     for (const auto& d : domains) seen = seen || d == v.domain;
     if (!seen) domains.push_back(v.domain);

@@ -1,6 +1,6 @@
 // The plugin creators and the library's entry points: one creator per operator variant of
-// dcnkit/op_attrs.h -- the kit's ops (namespace "dcnkit") and the names mmdeploy / mmcv export (namespace ""),
-// version "1" -- so models from either exporter build unchanged.
+// dcnkit/op_attrs.h -- the kit's ops (namespace "dcnkit"), the names mmdeploy / mmcv export and TensorRT's own
+// MultiscaleDeformableAttnPlugin_TRT (namespace ""), version "1" -- so models from either exporter build unchanged.
 //
 // getCreators and setLoggerFinder are what IPluginRegistry::loadLibrary calls (trtexec --dynamicPlugins,
 // trt.get_plugin_registry().load_library): they only hand over a static list and a pointer, and never call
@@ -54,21 +54,30 @@ class Creator final : public IPluginCreatorV3One {
   FieldStore fields_;
 };
 
+// Plugin names that TensorRT's own plugin library (libnvinfer_plugin: initLibNvInferPlugins, which trtexec and the
+// kit's tools call) registers with the same version ("1") and namespace (""). IPluginRegistry::loadLibrary fails
+// for the whole library when any creator it gets from getCreators is registered already, so these creators are
+// not in getCreators' list: dcnkit_trt_register_creators (libdcnkit_trt_autoreg.so) offers them, and where the
+// registry holds TensorRT's own creator already, that one serves the nodes.
+bool registered_by_tensorrt_itself(const OpVariant& v) {
+  return std::strcmp(v.op_type, "MultiscaleDeformableAttnPlugin_TRT") == 0;
+}
+
 // The kit's own ops, then the first variant of every other op type (mmdeploy's and mmcv's domains carry
 // the same names; TensorRT has no domains).
 struct Creators {
   std::vector<std::unique_ptr<Creator>> owned;
-  std::vector<IPluginCreatorInterface*> list;
+  std::vector<IPluginCreatorInterface*> list;         // getCreators
+  std::vector<IPluginCreatorInterface*> tensorrt_own;  // registered_by_tensorrt_itself
   Creators() {
     std::vector<std::string> seen;
     for (const OpVariant& v : op_variants()) {
-      if (v.kind == OpKind::kMultiScaleDeformableAttention) continue;  // no TensorRT plugin yet
       bool dup = false;
       for (const auto& s : seen) dup = dup || s == v.op_type;
       if (dup) continue;
       seen.emplace_back(v.op_type);
       owned.push_back(std::make_unique<Creator>(&v));
-      list.push_back(owned.back().get());
+      (registered_by_tensorrt_itself(v) ? tensorrt_own : list).push_back(owned.back().get());
     }
   }
 };
@@ -102,8 +111,9 @@ extern "C" __attribute__((visibility("default"))) int32_t dcnkit_trt_register_cr
               (registry == nullptr ? std::string("no registry") : "TensorRT " + std::to_string(infer_lib_version)));
     return -1;
   }
+  const auto& all = dcnkit::trt::creators();
   int32_t registered = 0;
-  for (IPluginCreatorInterface* c : dcnkit::trt::creators().list) {
+  for (IPluginCreatorInterface* c : all.list) {
     auto* v3 = static_cast<IPluginCreatorV3One*>(c);
     if (registry->registerCreator(*c, v3->getPluginNamespace())) {
       ++registered;
@@ -113,8 +123,18 @@ extern "C" __attribute__((visibility("default"))) int32_t dcnkit_trt_register_cr
                 " (already registered: is libdcnkit_trt.so loaded twice, or another library with this name?)");
     }
   }
+  for (IPluginCreatorInterface* c : all.tensorrt_own) {
+    auto* v3 = static_cast<IPluginCreatorV3One*>(c);
+    if (registry->registerCreator(*c, v3->getPluginNamespace())) {
+      ++registered;
+    } else {
+      log(ILogger::Severity::kINFO, std::string("not registering ") + v3->getPluginName() + " version " +
+                                        v3->getPluginVersion() +
+                                        ": the registry has one (TensorRT's own plugin library's), which serves it");
+    }
+  }
   log(ILogger::Severity::kINFO, "registered " + std::to_string(registered) + " of " +
-                                    std::to_string(dcnkit::trt::creators().list.size()) +
+                                    std::to_string(all.list.size() + all.tensorrt_own.size()) +
                                     " plugin creators through dcnkit_trt_register_creators");
   return registered;
 }

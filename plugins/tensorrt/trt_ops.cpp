@@ -6,35 +6,13 @@
 
 #include "dcnkit/cublas_gemm.h"
 #include "dcnkit/roi_float32_rois.h"
-#include "trt_plugin.h"
+#include "trt_ops_common.h"
 
 using namespace nvinfer1;
 
 namespace dcnkit::trt {
 
 namespace {
-
-// The core's shape rules evaluated on TensorRT's symbolic dimensions (see deform_conv2d_out_size_rule).
-struct ExprArith {
-  IExprBuilder& b;
-  using Value = const IDimensionExpr*;
-  Value op(DimensionOperation o, Value x, Value y) const {
-    return (x != nullptr && y != nullptr) ? b.operation(o, *x, *y) : nullptr;
-  }
-  Value constant(int64_t v) const { return b.constant(v); }
-  Value add(Value x, Value y) const { return op(DimensionOperation::kSUM, x, y); }
-  Value sub(Value x, Value y) const { return op(DimensionOperation::kSUB, x, y); }
-  Value mul(Value x, Value y) const { return op(DimensionOperation::kPROD, x, y); }
-  Value floor_div(Value x, Value y) const { return op(DimensionOperation::kFLOOR_DIV, x, y); }
-};
-
-Status need_rank(const char* op, const char* arg, const DimsExprs* d, int32_t rank) {
-  if (d == nullptr) return arg_error(op, arg, "a tensor", "no input");
-  if (d->nbDims != rank) {
-    return arg_error(op, arg, std::to_string(rank) + "-D tensor", std::to_string(d->nbDims) + "-D tensor");
-  }
-  return Status::Ok();
-}
 
 // (K, C, oh, ow): K RoIs from rois dim 0.
 Status roi_output(const char* op, const DimsExprs* rois, const IDimensionExpr* channels, int64_t oh, int64_t ow,
@@ -46,23 +24,6 @@ Status roi_output(const char* op, const DimsExprs* rois, const IDimensionExpr* c
   out->d[2] = b.constant(oh);
   out->d[3] = b.constant(ow);
   return Status::Ok();
-}
-
-template <typename Params>
-Status params_of(const OpVariant& v, const OpAttrs& a, const CanonicalInputs& in, Params* p) {
-  return make_params(v.op_type, a, in.shapes, p);
-}
-
-CudaContext cuda_context(cudaStream_t stream) {
-  CudaContext ctx;
-  ctx.stream = stream;
-  return ctx;
-}
-
-// Dim d of a canonical input's (max) shape; 0 when absent or of a lower rank.
-int64_t dim(const CanonicalInputs& in, int c, size_t d) {
-  const Shape* s = in.shapes[c];
-  return s != nullptr && d < s->size() && (*s)[d] > 0 ? (*s)[d] : 0;
 }
 
 // The fields every single-map RoI params struct has, from per-dimension maxima (input (N, C, H, W),
@@ -356,7 +317,7 @@ PluginBase* make_plugin(const OpVariant* variant, const OpAttrs& attrs, const st
     case OpKind::kDeformRoIPool: return new DeformRoIPoolPlugin(variant, attrs, name);
     case OpKind::kDeformPSRoIPool: return new DeformPSRoIPoolPlugin(variant, attrs, name);
     case OpKind::kMultiLevelRoIAlign: return new MultiLevelRoIAlignPlugin(variant, attrs, name);
-    case OpKind::kMultiScaleDeformableAttention: return nullptr;  // no TensorRT plugin yet (trt_creators.cpp)
+    case OpKind::kMultiScaleDeformableAttention: return make_msda_plugin(variant, attrs, name);
   }
   return nullptr;
 }

@@ -79,6 +79,10 @@ Status canonical_inputs(const OpVariant& v, const Dims* dims, void const* const*
 
 bool rois_type_fits(DataType rois, DataType features) { return rois == features || rois == DataType::kFLOAT; }
 
+bool index_input(const OpVariant& v, int32_t i) {
+  return i >= 0 && i < max_node_inputs(v) && op_def(v.kind).inputs[input_slot(v, i).canonical].int64;
+}
+
 bool core_dtype(DataType t, DType* out) {
   switch (t) {
     case DataType::kFLOAT: *out = DType::kFloat32; return true;
@@ -151,6 +155,7 @@ int rois_canonical(OpKind kind) {
     case OpKind::kDeformRoIPool: return kDrRois;
     case OpKind::kDeformPSRoIPool: return kPsRois;
     case OpKind::kMultiLevelRoIAlign: return kMlRois;
+    case OpKind::kMultiScaleDeformableAttention: return -1;
   }
   return -1;
 }
@@ -175,6 +180,13 @@ int32_t PluginBase::rois_position(int32_t nb) const {
 bool PluginBase::tensor_types(const DataType* input_types, int32_t nb, TensorTypes* out) const {
   const int32_t f = features_position(nb), r = rois_position(nb);
   if (f < 0 || !core_dtype(input_types[f], &out->features)) return false;
+  int32_t first_index = -1;
+  for (int32_t i = 0; i < nb; ++i) {
+    if (!index_input(*variant_, i)) continue;
+    if (!index_type(input_types[i]) || (first_index >= 0 && input_types[i] != input_types[first_index])) return false;
+    if (first_index < 0) first_index = i;
+  }
+  out->int32_index = first_index >= 0 && input_types[first_index] == DataType::kINT32;
   out->rois = out->features;
   if (r < 0) return true;
   return rois_type_fits(input_types[r], input_types[f]) && core_dtype(input_types[r], &out->rois);
@@ -241,12 +253,18 @@ int32_t PluginBase::getOutputShapes(const DimsExprs* inputs, int32_t nb_inputs, 
 // TensorRT asks position by position and has fixed in_out[0 .. pos-1] when it asks about pos, so each answer
 // looks back only: features (their first map) in a float type the launchers take, RoIs in the features' type
 // or float32 (MultiLevelRoIAlign takes its RoIs first: any float type, checked against the maps at the first
-// map), everything else in the features' type; linear (dense NCHW) only.
+// map), index tables in int32 or int64 (the first table fixes the type of the others), everything else in the
+// features' type; linear (dense, row-major) only.
 bool PluginBase::supportsFormatCombination(int32_t pos, const DynamicPluginTensorDesc* in_out, int32_t nb_inputs,
                                            int32_t nb_outputs) noexcept {
   if (pos < 0 || pos >= nb_inputs + nb_outputs) return false;
   const PluginTensorDesc& d = in_out[pos].desc;
   if (d.format != TensorFormat::kLINEAR) return false;
+  if (pos < nb_inputs && index_input(*variant_, pos)) {
+    for (int32_t i = 0; i < pos; ++i)
+      if (index_input(*variant_, i)) return d.type == in_out[i].desc.type;
+    return index_type(d.type);
+  }
   const int32_t f = features_position(nb_inputs), r = rois_position(nb_inputs);
   DType dt;
   if (f < 0) return false;

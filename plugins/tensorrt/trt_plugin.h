@@ -9,7 +9,8 @@
 // enqueue; PluginBase does the rest of the IPluginV3 lifecycle for all of them.
 //
 // Types: every tensor is in the features' type (float32, float16 or bfloat16), except the RoIs of the RoI
-// operators, which may also be float32 with 16-bit features (dcnkit/roi_float32_rois.h).
+// operators, which may also be float32 with 16-bit features (dcnkit/roi_float32_rois.h), and the index tables
+// (TensorDef.int64: MultiScaleDeformableAttention's level tables), int64 or int32, all of one type.
 #pragma once
 
 #include <NvInferRuntime.h>
@@ -85,15 +86,21 @@ Status canonical_inputs(const OpVariant& v, const nvinfer1::Dims* dims, void con
 // DataType <-> the core's DType (float32, float16, bfloat16: the types the launchers take).
 bool core_dtype(nvinfer1::DataType t, DType* out);
 
-// The types of one call: the features' (and every other tensor's) and the RoIs' (= features, or float32
-// with 16-bit features).
+// The types of one call: the features' (and every other float tensor's), the RoIs' (= features, or float32
+// with 16-bit features) and the index tables' (int64, or int32: widened into the workspace before the kernels).
 struct TensorTypes {
   DType features = DType::kFloat32;
   DType rois = DType::kFloat32;
+  bool int32_index = false;
   bool float32_rois() const { return rois != features; }
 };
 // Whether RoIs of type `rois` go with features of type `features` (the same type, or float32).
 bool rois_type_fits(nvinfer1::DataType rois, nvinfer1::DataType features);
+// Whether node input i of a layer of `v` is an index table (TensorDef.int64), and the types one may have.
+bool index_input(const OpVariant& v, int32_t i);
+inline bool index_type(nvinfer1::DataType t) {
+  return t == nvinfer1::DataType::kINT32 || t == nvinfer1::DataType::kINT64;
+}
 
 // ---------------------------------------------------------------------------------------------
 // The plugin
@@ -194,5 +201,7 @@ class PluginBase : public nvinfer1::IPluginV3,
 
 // The plugin of `variant`'s op kind, with checked attrs (creators call it).
 PluginBase* make_plugin(const OpVariant* variant, const OpAttrs& attrs, const std::string& name);
+// The attention plugins (trt_ops_msda.cpp).
+PluginBase* make_msda_plugin(const OpVariant* variant, const OpAttrs& attrs, const std::string& name);
 
 }  // namespace dcnkit::trt

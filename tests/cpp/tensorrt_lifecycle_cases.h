@@ -28,6 +28,9 @@ struct Case {
   std::vector<BadFields> bad_fields;
   size_t min_workspace;                              // bytes, float32
   std::vector<Field> required = {};                  // fields without a default (the rest may be absent)
+  std::vector<size_t> index_inputs = {};             // int64 or int32 index tables (int64 in the generic walk)
+  bool tensorrt_own_name = false;                    // TensorRT's plugin library has this name: not in getCreators,
+                                                     // registered through dcnkit_trt_register_creators only
 };
 
 const PluginFieldType I32 = PluginFieldType::kINT32, F32 = PluginFieldType::kFLOAT32, CHR = PluginFieldType::kCHAR;
@@ -174,6 +177,15 @@ std::vector<Case> cases() {
                 {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
                0,
                {flts("featmap_strides", {4.f, 8.f, 16.f})}});
+  // Multi-scale deformable attention: value (N, S, M, D), spatial_shapes (L, 2), level_start_index (L),
+  // sampling_locations (N, Lq, M, L, P, 2), attention_weights (N, Lq, M, L, P); no fields. Levels 6x5 and 3x3:
+  // S = 39; M = 4 heads of D = 8; Lq = 7; P = 3. Output (N, Lq, M*D); TensorRT's own name: (N, Lq, M, D).
+  const std::vector<std::vector<int64_t>> msda_in = {{2, 39, 4, 8}, {2, 2}, {2}, {2, 7, 4, 2, 3, 2}, {2, 7, 4, 2, 3}};
+  const std::vector<std::vector<int64_t>> msda_bad = {{2, 39, 4, 8}, {2, 2}, {2}, {2, 7, 4, 2, 3, 2}, {2, 7, 4, 2, 4}};
+  c.push_back({"MultiScaleDeformableAttention", "dcnkit", {}, {}, msda_in, {{2, 7, 32}}, 0, msda_bad, {}, 0, {}, {1, 2}});
+  c.push_back(
+      {"MMCVMultiScaleDeformableAttention", "", {}, {}, msda_in, {{2, 7, 32}}, 0, msda_bad, {}, 0, {}, {1, 2}});
+  c.push_back({"MultiscaleDeformableAttnPlugin_TRT", "", {}, {}, msda_in, {{2, 7, 4, 8}}, 0, msda_bad, {}, 0, {}, {1, 2},
+               true});
   return c;
 }
-

@@ -81,6 +81,22 @@ std::vector<PluginTensorDesc> descs(const std::vector<std::vector<int64_t>>& sha
   return d;
 }
 
+// The case's index tables (Case::index_inputs) in type t; the other descs as they are.
+void set_type(DynamicPluginTensorDesc& d, DataType t) { d.desc.type = t; }
+void set_type(PluginTensorDesc& d, DataType t) { d.type = t; }
+template <typename Desc>
+std::vector<Desc> index_typed(std::vector<Desc> d, const Case& c, DataType t = DataType::kINT64) {
+  for (size_t i : c.index_inputs)
+    if (i < d.size()) set_type(d[i], t);
+  return d;
+}
+
+bool is_index_input(const Case& c, size_t i) {
+  for (size_t x : c.index_inputs)
+    if (x == i) return true;
+  return false;
+}
+
 // Output shapes through the test builder; `symbolic_first`: input batch_source's dim 0 is a symbol.
 bool output_shapes(IPluginV3OneBuild* b, const Case& c, bool symbolic_first, std::vector<DimsExprs>* out,
                    const IDimensionExpr** symbol, BuilderImpl* impl) {
@@ -160,7 +176,8 @@ void run_case(IPluginCreatorV3One* creator, const Case& c) {
           op + ": symbolic dim 0 of input " + std::to_string(c.batch_source) + " is the outputs' dim 0");
   }
 
-  // Formats and types: linear float32/float16/bfloat16, every tensor in the type of input 0.
+  // Formats and types: linear float32/float16/bfloat16, every tensor in the type of input 0; index tables int32
+  // or int64, the first fixing the others' type (int64 here).
   {
     const size_t n = c.inputs.size() + c.outputs.size();
     std::vector<std::vector<int64_t>> all = c.inputs;
@@ -168,9 +185,10 @@ void run_case(IPluginCreatorV3One* creator, const Case& c) {
     size_t first_map = 0;
     while (first_map < c.inputs.size() && c.inputs[first_map].size() != 4) ++first_map;
     for (size_t pos = 0; pos < n; ++pos) {
-      for (DataType t : {DataType::kFLOAT, DataType::kHALF, DataType::kBF16, DataType::kINT32, DataType::kINT8}) {
+      for (DataType t : {DataType::kFLOAT, DataType::kHALF, DataType::kBF16, DataType::kINT32, DataType::kINT64,
+                         DataType::kINT8}) {
         for (TensorFormat f : {TensorFormat::kLINEAR, TensorFormat::kCHW32, TensorFormat::kHWC8}) {
-          auto d = dyn_descs(all, DataType::kFLOAT);
+          auto d = index_typed(dyn_descs(all, DataType::kFLOAT), c);
           d[pos].desc.type = t;
           d[pos].desc.format = f;
           const bool got = build->supportsFormatCombination(static_cast<int32_t>(pos), d.data(),
@@ -178,7 +196,11 @@ void run_case(IPluginCreatorV3One* creator, const Case& c) {
           const bool float_type = t == DataType::kFLOAT || t == DataType::kHALF || t == DataType::kBF16;
           // Position 0 (the features, or MultiLevelRoIAlign's RoIs) and the first map take any float type;
           // then everything else must be in the features' type (float32 here; RoIs: tensorrt_runtime_checks.h).
-          const bool want = f == TensorFormat::kLINEAR && (pos == 0 || pos == first_map ? float_type : t == DataType::kFLOAT);
+          const bool index_type = t == DataType::kINT32 || t == DataType::kINT64;
+          const bool want =
+              f == TensorFormat::kLINEAR &&
+              (is_index_input(c, pos) ? (pos == c.index_inputs[0] ? index_type : t == DataType::kINT64)
+                                      : (pos == 0 || pos == first_map ? float_type : t == DataType::kFLOAT));
           check(got == want, op + ": supportsFormatCombination pos " + std::to_string(pos) + " type " +
                                  std::to_string(static_cast<int>(t)) + " format " + std::to_string(static_cast<int>(f)));
         }
@@ -188,22 +210,22 @@ void run_case(IPluginCreatorV3One* creator, const Case& c) {
 
   // configurePlugin + getWorkspaceSize; bad shapes are rejected with a log line.
   {
-    auto in = dyn_descs(c.inputs, DataType::kFLOAT);
+    auto in = index_typed(dyn_descs(c.inputs, DataType::kFLOAT), c);
     auto out = dyn_descs(c.outputs, DataType::kFLOAT);
     check(build->configurePlugin(in.data(), static_cast<int32_t>(in.size()), out.data(), nout) == 0,
           op + ": configurePlugin with good shapes");
     const size_t ws = build->getWorkspaceSize(in.data(), static_cast<int32_t>(in.size()), out.data(), nout);
     check(ws >= c.min_workspace, op + ": workspace " + std::to_string(ws) + " >= " + std::to_string(c.min_workspace));
-    auto bad = dyn_descs(c.bad_inputs, DataType::kFLOAT);
+    auto bad = index_typed(dyn_descs(c.bad_inputs, DataType::kFLOAT), c);
     const size_t before = g_logger.lines.size();
     check(build->configurePlugin(bad.data(), static_cast<int32_t>(bad.size()), out.data(), nout) != 0,
           op + ": configurePlugin rejects bad shapes");
     check(g_logger.lines.size() == before + 1 && g_logger.lines.back().find(op) != std::string::npos,
           op + ": one log line naming the op for bad shapes");
-    auto rin = descs(c.inputs, DataType::kFLOAT), rout = descs(c.outputs, DataType::kFLOAT);
+    auto rin = index_typed(descs(c.inputs, DataType::kFLOAT), c), rout = descs(c.outputs, DataType::kFLOAT);
     check(runtime->onShapeChange(rin.data(), static_cast<int32_t>(rin.size()), rout.data(), nout) == 0,
           op + ": onShapeChange with good shapes");
-    auto rbad = descs(c.bad_inputs, DataType::kFLOAT);
+    auto rbad = index_typed(descs(c.bad_inputs, DataType::kFLOAT), c);
     check(runtime->onShapeChange(rbad.data(), static_cast<int32_t>(rbad.size()), rout.data(), nout) != 0,
           op + ": onShapeChange rejects bad shapes");
   }
@@ -286,6 +308,7 @@ IPluginCreatorV3One* creator_named(const char* name) {
 }
 
 #include "tensorrt_runtime_checks.h"
+#include "tensorrt_registry_checks.h"
 
 // loadLibrary-style loading through the fake registry: nothing of the library may call the registry while
 // TensorRT's loader runs it (dlopen, setLoggerFinder, getCreators), and getCreators never touches a registry.
@@ -335,8 +358,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::vector<Case> expected = cases();
+  size_t listed = 0;  // the creators of getCreators (TensorRT's own plugin names are not)
+  for (const Case& c : expected) listed += c.tensorrt_own_name ? 0 : 1;
   if (argc > 3 && std::string(argv[2]) == "--nvinfer") {
-    check_registry_loading(argv[1], argv[3], static_cast<int32_t>(expected.size()));
+    check_registry_loading(argv[1], argv[3], static_cast<int32_t>(listed));
   }
   void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
@@ -368,11 +393,20 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  check(n == static_cast<int32_t>(expected.size()), "getCreators returns " + std::to_string(expected.size()) +
-                                                         " creators (got " + std::to_string(n) + ")");
+  check(n == static_cast<int32_t>(listed),
+        "getCreators returns " + std::to_string(listed) + " creators (got " + std::to_string(n) + ")");
+  // Every creator, TensorRT's own plugin names included, through dcnkit_trt_register_creators.
+  auto reg = reinterpret_cast<RegisterCreators>(dlsym(lib, "dcnkit_trt_register_creators"));
+  check(reg != nullptr, "library exports dcnkit_trt_register_creators");
+  if (!reg) return 1;
+  TestRegistry registry;
+  check_registered(reg, &registry, expected.size(), "an empty registry");
   for (const Case& c : expected) {
     IPluginCreatorV3One* found = nullptr;
-    for (int32_t i = 0; i < n; ++i) {
+    if (c.tensorrt_own_name) {
+      found = static_cast<IPluginCreatorV3One*>(registry.getCreator(c.name, "1", c.ns));
+    }
+    for (int32_t i = 0; i < n && !c.tensorrt_own_name; ++i) {
       const InterfaceInfo info = list[i]->getInterfaceInfo();
       if (std::strcmp(info.kind, "PLUGIN CREATOR_V3ONE") != 0) continue;
       auto* cr = static_cast<IPluginCreatorV3One*>(list[i]);
@@ -393,6 +427,8 @@ int main(int argc, char** argv) {
     check_shared_blas(creator_named("DeformConv2d"), creator_named("MMCVModulatedDeformConv2d"),
                       creator_named("RoIAlign"), expected);
     check_timing_cache_ids(&creator_named, expected);
+    check_index_tables(&creator_named, expected);
+    check_tensorrt_own_names(reg, list, n, expected);
   }
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;

@@ -1,7 +1,7 @@
 // Checks of tensorrt_lifecycle_test.cpp beyond the per-creator walk: workspace bounds from inconsistent profile
 // maxima and enqueue's refusal of a missing or short workspace, float32 RoIs with 16-bit features, the cuBLAS
-// handle shared per execution context, and timing-cache IDs. Included once, inside that file's namespace,
-// after run_case.
+// handle shared per execution context, timing-cache IDs, and index tables in int32 or int64. Included once, inside
+// that file's namespace, after run_case.
 #pragma once
 
 // ---------------------------------------------------------------------------------------------
@@ -266,4 +266,69 @@ void check_timing_cache_ids(IPluginCreatorV3One* (*find)(const char*), const std
     check(timing_id(dc, with(df, f)) != timing_id(dc, df), "DeformConv2d: " + f.name + " changes the ID");
   }
   check(timing_id(find("DeformRoIPool"), dr) != rid && timing_id(dc, df) != rid, "different ops: different IDs");
+}
+
+// ---------------------------------------------------------------------------------------------
+
+// Index tables (multi-scale deformable attention's level tables): int32 or int64, both of one type, next to float32,
+// float16 or bfloat16 data, the output in the data's type; no workspace with int64 tables, their int64 copies with
+// int32 ones (3 L values, L the largest of either table's profile maxima), and enqueue refuses int32 tables without
+// that workspace. mmdeploy's node carries an im2col_step attribute: accepted (and ignored).
+void check_index_tables(IPluginCreatorV3One* (*find)(const char*), const std::vector<Case>& cs) {
+  for (const Case& c : cs) {
+    if (c.index_inputs.size() != 2) continue;
+    const std::string op = c.name;
+    const size_t i0 = c.index_inputs[0], i1 = c.index_inputs[1];
+    auto p = make(find(c.name), c.fields, "tables");
+    auto* build = cap<IPluginV3OneBuild>(p.get(), PluginCapabilityType::kBUILD);
+    auto* rt = cap<IPluginV3OneRuntime>(p.get(), PluginCapabilityType::kRUNTIME);
+    const auto nin = static_cast<int32_t>(c.inputs.size()), nout = static_cast<int32_t>(c.outputs.size());
+    std::vector<std::vector<int64_t>> all = c.inputs;
+    all.insert(all.end(), c.outputs.begin(), c.outputs.end());
+    const DataType indexes[] = {DataType::kINT32, DataType::kINT64};
+    for (DataType f : {DataType::kFLOAT, DataType::kHALF, DataType::kBF16}) {
+      for (DataType a : indexes) {
+        for (DataType b : indexes) {
+          auto d = dyn_descs(all, f);
+          d[i0].desc.type = a;
+          d[i1].desc.type = b;
+          bool every = true;
+          for (int32_t pos = 0; pos < nin + nout; ++pos) every = every && build->supportsFormatCombination(pos, d.data(), nin, nout);
+          const std::string combo = " data " + std::to_string(static_cast<int>(f)) + " tables " +
+                                    std::to_string(static_cast<int>(a)) + "/" + std::to_string(static_cast<int>(b));
+          check(every == (a == b), op + ":" + combo + (a == b ? " accepted" : " rejected"));
+          if (a != b) continue;
+          std::vector<DataType> in_types(c.inputs.size(), f), out_types(c.outputs.size(), DataType::kINT8);
+          in_types[i0] = in_types[i1] = a;
+          check(build->getOutputDataTypes(out_types.data(), nout, in_types.data(), nin) == 0 && out_types[0] == f,
+                op + ": output in the data's type with" + combo);
+        }
+      }
+    }
+    // A profile whose spatial_shapes maxima say 5 levels and level_start_index maxima 4.
+    std::vector<std::vector<int64_t>> mx = c.inputs;
+    mx[i0] = {5, 2};
+    mx[i1] = {4};
+    auto out = dyn_descs(c.outputs, DataType::kFLOAT);
+    for (DataType t : indexes) {
+      std::vector<DataType> types(c.inputs.size(), DataType::kFLOAT);
+      types[i0] = types[i1] = t;
+      auto in = profile(c.inputs, mx, types);
+      const size_t ws = build->getWorkspaceSize(in.data(), nin, out.data(), nout);
+      const size_t want = t == DataType::kINT32 ? 3 * 5 * sizeof(int64_t) : 0;
+      check(ws == want, op + ": workspace with tables of type " + std::to_string(static_cast<int>(t)) + ": " +
+                            std::to_string(ws) + " == " + std::to_string(want));
+    }
+    auto call = index_typed(descs(c.inputs, DataType::kFLOAT), c, DataType::kINT32);
+    auto rout = descs(c.outputs, DataType::kFLOAT);
+    check(rt->onShapeChange(call.data(), nin, rout.data(), nout) == 0, op + ": onShapeChange with int32 tables");
+    const void* ins[8] = {};
+    void* outs[1] = {};
+    const size_t before = g_logger.lines.size();
+    check(rt->enqueue(call.data(), rout.data(), ins, outs, nullptr, nullptr) != 0 &&
+              last_log_has(before, "workspace", "got none"),
+          op + ": enqueue with int32 tables and no workspace fails with a log line");
+  }
+  check(make(find("MMCVMultiScaleDeformableAttention"), {ints("im2col_step", {64})}, "mm") != nullptr,
+        "MMCVMultiScaleDeformableAttention: mmdeploy's im2col_step field is accepted");
 }

@@ -98,6 +98,14 @@ std::vector<OpVariant> build_variants() {
     v.push_back({domain, "MMCVMultiScaleDeformableAttention", OpKind::kMultiScaleDeformableAttention,
                  canonical_inputs(op_def(OpKind::kMultiScaleDeformableAttention)), {}, false, false});
   }
+  // TensorRT's own plugin name (no ONNX domain, no fields): the same five inputs (TensorRT's plugin takes the level
+  // tables in int32; the kit's takes int32 or int64), output (N, Lq, M, D). A TensorRT name only: the ONNX Runtime
+  // library does not register it.
+  OpVariant trt_msda{"", "MultiscaleDeformableAttnPlugin_TRT", OpKind::kMultiScaleDeformableAttention,
+                     canonical_inputs(op_def(OpKind::kMultiScaleDeformableAttention)), {}, false, false};
+  trt_msda.tensorrt_only = true;
+  trt_msda.per_head_output = true;
+  v.push_back(trt_msda);
   return v;
 }
 

@@ -163,9 +163,12 @@ struct OpVariant {
   bool empty_input_is_absent;       // mmcv convention: a 0-element optional input means "none"
   bool loose_attrs;                 // accept int for ints (broadcast), 1-element ints, float-valued ints,
                                     // and 4-element symmetric paddings (mmdeploy DeformConv2d)
+  bool tensorrt_only = false;       // a TensorRT plugin name only: the ONNX Runtime library does not register it
+  bool per_head_output = false;     // MultiScaleDeformableAttention: output (N, Lq, M, D), not (N, Lq, M*D)
+                                    // (TensorRT's MultiscaleDeformableAttnPlugin_TRT; the same memory)
 };
 
-// All variants (the kit's four ops first, in op_defs order; then mmdeploy's and mmcv 1.x's names).
+// All variants (the kit's ops first, in op_defs order; then mmdeploy's and mmcv 1.x's names, then TensorRT's own).
 const std::vector<OpVariant>& op_variants();
 
 // One attribute of a variant as written in a model: its name, kind and element count

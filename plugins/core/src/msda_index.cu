@@ -1,0 +1,42 @@
+// MultiScaleDeformableAttention's level tables from int32 to int64 (see msda.h): one grid-stride kernel over
+// the 3L entries of both tables, writing them one after the other into the caller's workspace.
+#include "dcnkit/cuda_utils.cuh"
+#include "dcnkit/msda.h"
+
+namespace dcnkit {
+namespace {
+
+__global__ void widen_levels_kernel(int64_t num_levels, const int32_t* spatial_shapes,
+                                    const int32_t* level_start_index, int64_t* out) {
+  DCNKIT_CUDA_KERNEL_LOOP(i, 3 * num_levels) {
+    out[i] = i < 2 * num_levels ? static_cast<int64_t>(spatial_shapes[i])
+                                : static_cast<int64_t>(level_start_index[i - 2 * num_levels]);
+  }
+}
+
+}  // namespace
+
+size_t msda_int32_levels_workspace_cuda(const MsdaParams& p) {
+  return p.num_levels > 0 ? static_cast<size_t>(3 * p.num_levels) * sizeof(int64_t) : 0;
+}
+
+Status msda_levels_to_int64_cuda(const MsdaParams& p, const int32_t* spatial_shapes, const int32_t* level_start_index,
+                                 void* workspace, const CudaContext& ctx, const int64_t** spatial_shapes64,
+                                 const int64_t** level_start_index64) {
+  const char* where = "msda_levels_to_int64_cuda";
+  if (p.num_levels <= 0) return Status::Invalid(std::string(where) + ": no levels");
+  if (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % alignof(int64_t) != 0) {
+    return Status::Invalid(std::string(where) + ": workspace: expected " +
+                           std::to_string(msda_int32_levels_workspace_cuda(p)) + " bytes, 8-byte aligned");
+  }
+  auto* out = static_cast<int64_t*>(workspace);
+  const int64_t n = 3 * p.num_levels;
+  widen_levels_kernel<<<cuda_blocks(n), kCudaThreads, 0, static_cast<cudaStream_t>(ctx.stream)>>>(
+      p.num_levels, spatial_shapes, level_start_index, out);
+  DCNKIT_RETURN_IF_ERROR(cuda_launch_status(where));
+  *spatial_shapes64 = out;
+  *level_start_index64 = out + 2 * p.num_levels;
+  return Status::Ok();
+}
+
+}  // namespace dcnkit
