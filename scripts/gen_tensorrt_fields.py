@@ -41,7 +41,7 @@ MMDEPLOY = [
 
 
 # Ops of the table that the plugin library does not serve yet (plugins/tensorrt/trt_creators.cpp skips them).
-NO_PLUGIN_YET = {"MultiScaleDeformableAttention"}
+NO_PLUGIN_YET = {"MultiScaleDeformableAttention", "DCNv3", "DCNv4"}
 
 
 def _field(kind: str, extra: str = "") -> str:

@@ -356,7 +356,9 @@ PluginBase* make_plugin(const OpVariant* variant, const OpAttrs& attrs, const st
     case OpKind::kDeformRoIPool: return new DeformRoIPoolPlugin(variant, attrs, name);
     case OpKind::kDeformPSRoIPool: return new DeformPSRoIPoolPlugin(variant, attrs, name);
     case OpKind::kMultiLevelRoIAlign: return new MultiLevelRoIAlignPlugin(variant, attrs, name);
-    case OpKind::kMultiScaleDeformableAttention: return nullptr;  // no TensorRT plugin yet (trt_creators.cpp)
+    case OpKind::kMultiScaleDeformableAttention:
+    case OpKind::kDCNv3:
+    case OpKind::kDCNv4: return nullptr;  // no TensorRT plugin yet (trt_creators.cpp)
   }
   return nullptr;
 }
