@@ -243,14 +243,14 @@ def eager_outputs(model, image: np.ndarray) -> dict:
     return {k: v.numpy() for k, v in zip(OUTPUTS, out)}
 
 
-def export(model, image: np.ndarray, path: Path, dynamo: bool = False) -> Path:
-    """The whole detector with the chosen exporter, input ``images``, outputs ``logits`` and ``boxes``; the
-    batch is dynamic, the image size the one the model was built for."""
+def export(model, image: np.ndarray, path: Path, dynamo: bool = False, outputs=OUTPUTS) -> Path:
+    """The whole model with the chosen exporter, input ``images``, outputs ``outputs`` (the detector's: ``logits``
+    and ``boxes``); the batch is dynamic, the image size the one the model was built for."""
     import dcnkit.export
 
     with torch.no_grad():
         dcnkit.export.to_onnx(model, (torch.from_numpy(image),), path, dynamo=dynamo, dynamic_batch=True,
-                              input_names=["images"], output_names=list(OUTPUTS))
+                              input_names=["images"], output_names=list(outputs))
     return path
 
 
@@ -274,32 +274,34 @@ def ort_outputs(path: Path, image: np.ndarray, providers=("CPUExecutionProvider"
 TOLERANCES = dict(logits=(1e-4, 1e-3), boxes=(1e-5, 1e-4))  # (atol, rtol) of ORT / the reference vs eager
 
 
-def check_outputs(got: dict, want: dict, scale: float = 1.0) -> dict:
-    """``got`` equal to eager ``want`` within ``TOLERANCES`` (times ``scale``); returns the largest differences."""
+def check_outputs(got: dict, want: dict, scale: float = 1.0, tolerances=None) -> dict:
+    """``got`` equal to eager ``want`` within ``tolerances`` (output -> (atol, rtol); default ``TOLERANCES``)
+    times ``scale``; returns the largest differences."""
     diffs = {}
-    for k in OUTPUTS:
-        atol, rtol = TOLERANCES[k]
+    for k, (atol, rtol) in (tolerances or TOLERANCES).items():
         np.testing.assert_allclose(got[k], want[k], atol=atol * scale, rtol=rtol * scale, err_msg=k)
         diffs[k] = float(np.abs(got[k] - want[k]).max())
     return diffs
 
 
-def cli_checks(path: Path, image: np.ndarray, want: dict, out: Path, compare_reference: bool = True) -> dict:
+def cli_checks(path: Path, image: np.ndarray, want: dict, out: Path, compare_reference: bool = True,
+               tolerances=None, name: str = "ddetr") -> dict:
     """``dcnkit run``, ``dcnkit compare`` (ORT vs the NumPy reference runner, per-output tolerances) and
-    ``dcnkit serve`` (one KServe v2 REST request) on the exported detector, checked against eager ``want``."""
+    ``dcnkit serve`` (one KServe v2 REST request, model ``name``) on the exported model, checked against eager
+    ``want`` within ``tolerances`` (default ``TOLERANCES``)."""
+    tolerances = tolerances or TOLERANCES
     report = {}
     inputs = out / "image.npz"
     np.savez(inputs, images=image)
     results = out / "outputs.npz"
     _dcnkit("run", path, "--inputs", inputs, "-o", results, in_process=True)
     with np.load(results) as d:
-        report["cli_run"] = check_outputs({k: d[k] for k in OUTPUTS}, want)
+        report["cli_run"] = check_outputs({k: d[k] for k in tolerances}, want, tolerances=tolerances)
     if compare_reference:
-        tolerances = [a for k, (atol, rtol) in TOLERANCES.items() for a in ("--atol", f"{k}:{atol}", "--rtol",
-                                                                              f"{k}:{rtol}")]
-        _dcnkit("compare", path, "--inputs", inputs, "--backends", "ort-cpu,reference", *tolerances, in_process=True)
+        flags = [a for k, (atol, rtol) in tolerances.items() for a in ("--atol", f"{k}:{atol}", "--rtol", f"{k}:{rtol}")]
+        _dcnkit("compare", path, "--inputs", inputs, "--backends", "ort-cpu,reference", *flags, in_process=True)
         report["compare"] = "PASSED"
-    report["serve"] = check_outputs(serve_and_query(path, image, name="ddetr"), want)
+    report["serve"] = check_outputs(serve_and_query(path, image, name=name), want, tolerances=tolerances)
     print(f"dcnkit serve vs eager: {report['serve']}")
     return report
 

@@ -48,7 +48,7 @@ TENSORRT_NAMES = [
 
 
 # Ops of the table that the plugin library does not serve yet (plugins/tensorrt/trt_creators.cpp skips them).
-NO_PLUGIN_YET: set[str] = set()
+NO_PLUGIN_YET = {"DCNv3", "DCNv4"}
 
 
 def _field(kind: str, extra: str = "") -> str:

@@ -157,6 +157,19 @@ def test_cpu_half_computes_in_float32(dtype):
     torch.testing.assert_close(y, dcnv3(x.float(), off.float(), m.float(), *ATTRS).to(dtype))
 
 
+def test_autocast_runs_in_float32():
+    x, off, m = make_inputs(dtype=torch.float32)
+    om = dcnv4_offset_mask(off, m, ATTRS[8], _k(ATTRS, 0)).float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y3 = dcnv3(x.bfloat16(), off.bfloat16(), m.bfloat16(), *ATTRS)
+        y4 = dcnv4(x.bfloat16(), om.bfloat16(), *ATTRS)
+    assert y3.dtype == y4.dtype == torch.bfloat16
+    expected = dcnv3(x.bfloat16().float(), off.bfloat16().float(), m.bfloat16().float(), *ATTRS)
+    torch.testing.assert_close(y3.float(), expected, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(y4.float(), dcnv4(x.bfloat16().float(), om.bfloat16().float(), *ATTRS), rtol=1e-2,
+                               atol=1e-2)
+
+
 @settings(max_examples=15, deadline=None)
 @given(kh=st.integers(1, 4), kw=st.integers(1, 4), s=st.integers(1, 2), p=st.integers(0, 2), d=st.integers(1, 2),
        g=st.integers(1, 3), gc=st.integers(1, 5), scale=st.floats(0.25, 2.0), seed=st.integers(0, 2**16))
@@ -174,8 +187,8 @@ def test_bad_inputs_name_the_argument():
         (lambda: dcnv3(x[..., :7], off, m, *ATTRS), r"dcnv3: input: expected C = group \* group_channels = 8"),
         (lambda: dcnv3(x, off[..., :-2], m, *ATTRS), r"dcnv3: offset: expected size 36 at dim 3"),
         (lambda: dcnv3(x, off, m[:, :2], *ATTRS), r"dcnv3: mask: expected size 7 at dim 1"),
-        (lambda: dcnv3(x, off, m, 3, 3, 0, 1, 1, 1, 1, 1, 2, 4, 1.0), r"dcnv3: stride_h: expected an int >= 1, got 0"),
-        (lambda: dcnv3(x, off, m, 3, 3, 1, 1, -1, 1, 1, 1, 2, 4, 1.0), r"dcnv3: pad_h: expected an int >= 0, got -1"),
+        (lambda: dcnv3(x, off, m, 3, 3, 0, 1, 1, 1, 1, 1, 2, 4, 1.0), r"dcnv3: stride_h: expected an int in \[1, 2\^24\], got 0"),
+        (lambda: dcnv3(x, off, m, 3, 3, 1, 1, -1, 1, 1, 1, 2, 4, 1.0), r"dcnv3: pad_h: expected an int in \[0, 2\^24\], got -1"),
         (lambda: dcnv3(x, off, m, 2, 3, 1, 1, 1, 1, 1, 1, 2, 4, 1.0, 256, 1),
          r"dcnv3: remove_center: expected odd kernel_h and kernel_w"),
         (lambda: dcnv3(x, off, m, *ATTRS[:-1], math.nan), r"dcnv3: offset_scale: expected a finite number"),

@@ -137,6 +137,19 @@ class MsdaOps(torch.nn.Module):
                 torch.rand(n, k, 2, 2, 2, 2, generator=g), torch.rand(n, k, 2, 2, 2, generator=g))
 
 
+class Dcnv3Ops(torch.nn.Module):
+    """dcnv3 (3x3, 2 groups of 4 channels, k x 5 map) and dcnv4 with softmax on the same sampling."""
+
+    def forward(self, x, offset, mask, offset_mask):
+        attrs = (3, 3, 1, 1, 1, 1, 1, 1, 2, 4, 0.5)
+        return ops.dcnv3(x, offset, mask, *attrs), ops.dcnv4(x, offset_mask, *attrs, softmax=True)
+
+    @staticmethod
+    def inputs(n, k, g):
+        return (torch.randn(n, k, 5, 8, generator=g), torch.randn(n, k, 5, 36, generator=g),
+                torch.rand(n, k, 5, 18, generator=g), torch.randn(n, k, 5, 56, generator=g))
+
+
 OP_MODELS = {
     "deform_conv2d": (DeformConvOps, {"DeformConv"}, {"DeformConv2d"}),
     "roi_align": (RoIAlignOps, {"RoiAlign"}, {"RoIAlign"}),
@@ -227,8 +240,9 @@ def test_custom_nodes_follow_op_table(tmp_path):
     """Input order and attribute names of our nodes come from dcnkit.op_defs()."""
     table = {d["onnx_type"]: d for d in dcnkit.op_defs()["ops"]}
     seen = set()
-    # (MsdaOps: not in OP_MODELS, whose parity test expects RoI-shaped outputs.)
-    for op_name, cls in [(name, c) for name, (c, _, _) in OP_MODELS.items()] + [("msda", MsdaOps)]:
+    # (MsdaOps, Dcnv3Ops: not in OP_MODELS, whose parity test expects RoI-shaped outputs.)
+    extra = [("msda", MsdaOps), ("dcnv3", Dcnv3Ops)]
+    for op_name, cls in [(name, c) for name, (c, _, _) in OP_MODELS.items()] + extra:
         path = tmp_path / f"{op_name}.onnx"
         dcnkit.export.to_onnx(cls().eval(), cls.inputs(2, 3, torch.Generator().manual_seed(1)), path,
                               standard_ops=False, dynamo=False, check=False)

@@ -82,7 +82,8 @@ def test_library_exports_only_the_entry_points():
     defs = json.loads(fn().decode())
     assert defs["domain"] == "dcnkit"
     assert [o["onnx_type"] for o in defs["ops"]] == ["DeformConv2d", "RoIAlign", "DeformRoIPool", "DeformPSRoIPool",
-                                                     "MultiLevelRoIAlign", "MultiScaleDeformableAttention"]
+                                                     "MultiLevelRoIAlign", "MultiScaleDeformableAttention", "DCNv3",
+                                                     "DCNv4"]
     assert hasattr(lib, "RegisterCustomOps")
     # Internal symbols stay hidden (version script).
     for hidden in ("_ZN6dcnkit3ort3apiEv", "_ZN6dcnkit3ort13openblas_gemmEPvRKNS_8GemmArgsE"):

@@ -133,13 +133,16 @@ class GatedRunner:
         self.runner.close()
 
 
-def _metric(text: str, name: str, labels: str = "") -> float:
-    """Value of one sample in Prometheus text format (labels given as in the exposition, e.g. 'le="1.0"')."""
+def _metric(text: str, name: str, labels: str = "", default: float | None = None) -> float:
+    """Value of one sample in Prometheus text format (labels given as in the exposition, e.g. 'le="1.0"');
+    ``default`` when given and the sample is not there yet (a labelled counter appears on first use)."""
     for line in text.splitlines():
         if line.startswith(name) and not line.startswith("#"):
             head, value = line.rsplit(" ", 1)
             if head.split("{")[0] == name and all(part in head for part in labels.split(",") if part):
                 return float(value)
+    if default is not None:
+        return default
     raise AssertionError(f"metric {name}{{{labels}}} not found in:\n{text}")
 
 
@@ -365,8 +368,10 @@ def test_bad_request_through_tritonclient(client):
 
 
 def test_failed_requests_are_counted(live):
+    # One good request first: the test does not depend on which tests ran before it.
+    assert live.http("POST", "/v2/models/ew/infer", content=_body([GOOD])).status_code == 200
     text0 = live.http("GET", "/metrics").text
-    before = _metric(text0, "dcnkit_requests_total", 'model="ew",status="400"')
+    before = _metric(text0, "dcnkit_requests_total", 'model="ew",status="400"', default=0.0)
     live.http("POST", "/v2/models/ew/infer", content=b"{")
     text = live.http("GET", "/metrics").text
     assert _metric(text, "dcnkit_requests_total", 'model="ew",status="400"') == before + 1

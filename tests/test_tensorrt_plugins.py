@@ -188,8 +188,12 @@ def test_exported_custom_nodes_address_a_creator_with_their_fields(lifecycle, tm
     assert seen == _ops_with_plugins()
 
 
+# Ops of the table that have no TensorRT plugin yet (as scripts/gen_tensorrt_fields.py's NO_PLUGIN_YET).
+_NO_PLUGIN_YET = {"DCNv3", "DCNv4"}
+
+
 def _ops_with_plugins() -> set:
-    return {d["onnx_type"] for d in dcnkit.op_defs()["ops"]}
+    return {d["onnx_type"] for d in dcnkit.op_defs()["ops"]} - _NO_PLUGIN_YET
 
 
 def _python(code):

@@ -145,6 +145,13 @@ Status compute_cuda(Kernel& k, OrtKernelContext* ctx) {
                                static_cast<const int64_t*>(ptr(in[kMsdaLevelStart])), ptr(in[kMsdaLocations]),
                                ptr(in[kMsdaWeights]), y, cuda);
     }
+    case OpKind::kDCNv3:
+    case OpKind::kDCNv4: {  // DCNv4 reads its weights from offset_mask (p.fused)
+      Dcnv3Params p;
+      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
+      const void* offset = ptr(in[kD3Offset]);
+      return dcnv3_forward_cuda(p, dt, ptr(in[kD3Input]), offset, p.fused ? offset : ptr(in[kD3Mask]), y, cuda);
+    }
   }
   return Status::Internal("unknown op kind");
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "dcnkit/dcnv3.h"
 #include "dcnkit/deform_conv2d.h"
 #include "dcnkit/deform_psroi_pool.h"
 #include "dcnkit/deform_roi_pool.h"
@@ -48,6 +49,7 @@ Status make_params(const Kernel& k, const TensorView* in, RoIAlignParams* p);
 Status make_params(const Kernel& k, const TensorView* in, DeformRoIPoolParams* p);
 Status make_params(const Kernel& k, const TensorView* in, DeformPSRoIPoolParams* p);
 Status make_params(const Kernel& k, const TensorView* in, MsdaParams* p);
+Status make_params(const Kernel& k, const TensorView* in, Dcnv3Params* p);  // DCNv3 and DCNv4
 
 // Output `index` with `shape`; *data is null when ONNX Runtime gives no tensor.
 Status output_tensor(OrtKernelContext* ctx, size_t index, const Shape& shape, void** data);

@@ -122,6 +122,7 @@ Status make_params(const Kernel& k, const TensorView* in, RoIAlignParams* p) { r
 Status make_params(const Kernel& k, const TensorView* in, DeformRoIPoolParams* p) { return params_from(k, in, p); }
 Status make_params(const Kernel& k, const TensorView* in, DeformPSRoIPoolParams* p) { return params_from(k, in, p); }
 Status make_params(const Kernel& k, const TensorView* in, MsdaParams* p) { return params_from(k, in, p); }
+Status make_params(const Kernel& k, const TensorView* in, Dcnv3Params* p) { return params_from(k, in, p); }
 
 Status output_tensor(OrtKernelContext* ctx, size_t index, const Shape& shape, void** data) {
   OrtValue* out = nullptr;
@@ -233,6 +234,14 @@ Status compute_cpu(Kernel& k, OrtKernelContext* ctx) {
       return msda_forward_cpu<float>(p, ptr<float>(in[kMsdaValue]), ptr<int64_t>(in[kMsdaSpatialShapes]),
                                      ptr<int64_t>(in[kMsdaLevelStart]), ptr<float>(in[kMsdaLocations]),
                                      ptr<float>(in[kMsdaWeights]), static_cast<float*>(y), cpu);
+    }
+    case OpKind::kDCNv3:
+    case OpKind::kDCNv4: {  // DCNv4 reads its weights from offset_mask (p.fused)
+      Dcnv3Params p;
+      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
+      const float* offset = ptr<float>(in[kD3Offset]);
+      return dcnv3_forward_cpu<float>(p, ptr<float>(in[kD3Input]), offset, p.fused ? offset : ptr<float>(in[kD3Mask]),
+                                      static_cast<float*>(y), cpu);
     }
   }
   return Status::Internal("unknown op kind");

@@ -318,6 +318,8 @@ PluginBase* make_plugin(const OpVariant* variant, const OpAttrs& attrs, const st
     case OpKind::kDeformPSRoIPool: return new DeformPSRoIPoolPlugin(variant, attrs, name);
     case OpKind::kMultiLevelRoIAlign: return new MultiLevelRoIAlignPlugin(variant, attrs, name);
     case OpKind::kMultiScaleDeformableAttention: return make_msda_plugin(variant, attrs, name);
+    case OpKind::kDCNv3:
+    case OpKind::kDCNv4: return nullptr;  // no TensorRT plugin yet (trt_creators.cpp)
   }
   return nullptr;
 }

@@ -155,7 +155,9 @@ int rois_canonical(OpKind kind) {
     case OpKind::kDeformRoIPool: return kDrRois;
     case OpKind::kDeformPSRoIPool: return kPsRois;
     case OpKind::kMultiLevelRoIAlign: return kMlRois;
-    case OpKind::kMultiScaleDeformableAttention: return -1;
+    case OpKind::kMultiScaleDeformableAttention:
+    case OpKind::kDCNv3:
+    case OpKind::kDCNv4: return -1;
   }
   return -1;
 }

@@ -13,16 +13,24 @@ namespace {
 // Channels per call of the per-thread functions on the CPU (InternImage's groups have 16 or 32).
 constexpr int kCpuChannelChunk = 32;
 
-Status check_attrs(const char* op, const Dcnv3Attrs& a) {
+constexpr int64_t kMaxAttr = int64_t(1) << 24;
+
+}  // namespace
+
+Status check_dcnv3_attrs(const char* op, const Dcnv3Attrs& a) {
   const std::pair<const char*, int64_t> positive[] = {
       {"kernel_h", a.kernel_h},     {"kernel_w", a.kernel_w},     {"stride_h", a.stride_h},
       {"stride_w", a.stride_w},     {"dilation_h", a.dilation_h}, {"dilation_w", a.dilation_w},
       {"group", a.group},           {"group_channels", a.group_channels}};
   for (const auto& [name, v] : positive) {
-    if (v < 1) return arg_error(op, name, "an int >= 1", std::to_string(v));
+    if (v < 1 || v > kMaxAttr) return arg_error(op, name, "an int in [1, 2^24]", std::to_string(v));
   }
-  if (a.pad_h < 0) return arg_error(op, "pad_h", "an int >= 0", std::to_string(a.pad_h));
-  if (a.pad_w < 0) return arg_error(op, "pad_w", "an int >= 0", std::to_string(a.pad_w));
+  if (a.pad_h < 0 || a.pad_h > kMaxAttr) return arg_error(op, "pad_h", "an int in [0, 2^24]", std::to_string(a.pad_h));
+  if (a.pad_w < 0 || a.pad_w > kMaxAttr) return arg_error(op, "pad_w", "an int in [0, 2^24]", std::to_string(a.pad_w));
+  if (a.kernel_h * a.kernel_w > kMaxAttr) {
+    return arg_error(op, "kernel_h, kernel_w", "at most 2^24 kernel points",
+                     std::to_string(a.kernel_h) + "x" + std::to_string(a.kernel_w));
+  }
   if (a.remove_center != 0 && a.remove_center != 1) {
     return arg_error(op, "remove_center", "0 or 1", std::to_string(a.remove_center));
   }
@@ -37,9 +45,11 @@ Status check_attrs(const char* op, const Dcnv3Attrs& a) {
   return Status::Ok();
 }
 
+namespace {
+
 // Attributes and the input's shape into p (no offset/weight layout yet).
 Status fill(const char* op, const char* input_name, const Dcnv3Attrs& a, const Shape& input, Dcnv3Params* p) {
-  DCNKIT_RETURN_IF_ERROR(check_attrs(op, a));
+  DCNKIT_RETURN_IF_ERROR(check_dcnv3_attrs(op, a));
   DCNKIT_RETURN_IF_ERROR(check_rank(op, input_name, input, 4, "(N, H, W, C), channels last"));
   if (input[3] != a.group * a.group_channels) {
     return arg_error(op, input_name, "C = group * group_channels = " + std::to_string(a.group * a.group_channels) +

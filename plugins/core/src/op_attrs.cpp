@@ -26,7 +26,7 @@ std::vector<OpVariant> build_variants() {
   // The kit's own operators: names, input order and defaults straight from op_defs.h.
   const OpKind kinds[] = {OpKind::kDeformConv2d, OpKind::kRoIAlign, OpKind::kDeformRoIPool,
                           OpKind::kDeformPSRoIPool, OpKind::kMultiLevelRoIAlign,
-                          OpKind::kMultiScaleDeformableAttention};
+                          OpKind::kMultiScaleDeformableAttention, OpKind::kDCNv3, OpKind::kDCNv4};
   for (OpKind k : kinds) {
     const OpDef& d = op_def(k);
     v.push_back({kOnnxDomain, d.onnx_type, k, canonical_inputs(d), {}, false, false});
@@ -98,6 +98,9 @@ std::vector<OpVariant> build_variants() {
     v.push_back({domain, "MMCVMultiScaleDeformableAttention", OpKind::kMultiScaleDeformableAttention,
                  canonical_inputs(op_def(OpKind::kMultiScaleDeformableAttention)), {}, false, false});
   }
+  // InternImage's exporter: mmdeploy::TRTDCNv3 (input, offset, mask) with the canonical attribute names and an
+  // im2col_step that is ignored.
+  v.push_back({"mmdeploy", "TRTDCNv3", OpKind::kDCNv3, canonical_inputs(op_def(OpKind::kDCNv3)), {}, false, false});
   // TensorRT's own plugin name (no ONNX domain, no fields): the same five inputs (TensorRT's plugin takes the level
   // tables in int32; the kit's takes int32 or int64), output (N, Lq, M, D). A TensorRT name only: the ONNX Runtime
   // library does not register it.

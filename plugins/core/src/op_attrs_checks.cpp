@@ -128,6 +128,28 @@ Status check_op_attrs(const OpVariant& variant, const std::vector<AttrValue>& a,
                                                r, &p);
     }
     case OpKind::kMultiScaleDeformableAttention: return Status::Ok();  // no attributes
+    case OpKind::kDCNv3:
+    case OpKind::kDCNv4: {
+      Dcnv3Attrs& d = out->dcnv3;
+      d.kernel_h = a[kD3KernelH].ints[0];
+      d.kernel_w = a[kD3KernelW].ints[0];
+      d.stride_h = a[kD3StrideH].ints[0];
+      d.stride_w = a[kD3StrideW].ints[0];
+      d.pad_h = a[kD3PadH].ints[0];
+      d.pad_w = a[kD3PadW].ints[0];
+      d.dilation_h = a[kD3DilationH].ints[0];
+      d.dilation_w = a[kD3DilationW].ints[0];
+      d.group = a[kD3Group].ints[0];
+      d.group_channels = a[kD3GroupChannels].ints[0];
+      d.offset_scale = a[kD3OffsetScale].f;
+      d.remove_center = a[kD3RemoveCenter].ints[0];
+      if (variant.kind == OpKind::kDCNv4) {
+        const int64_t softmax = a[kD4Softmax].ints[0];
+        if (softmax != 0 && softmax != 1) return arg_error(op, "softmax", "0 or 1", std::to_string(softmax));
+        out->dcnv4_softmax = softmax != 0;
+      }
+      return check_dcnv3_attrs(op, d);
+    }
   }
   return Status::Internal("unknown op kind");
 }
@@ -177,6 +199,15 @@ Status make_params(const char* op, const OpAttrs&, const Shape* const* in, MsdaP
   }
   return make_msda_params(op, *in[kMsdaValue], *in[kMsdaSpatialShapes], *in[kMsdaLevelStart], *in[kMsdaLocations],
                           *in[kMsdaWeights], p);
+}
+
+Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, Dcnv3Params* p) {
+  if (a.kind == OpKind::kDCNv4) {
+    for (int i : {kD4Value, kD4OffsetMask}) DCNKIT_RETURN_IF_ERROR(need(op, in, i, kDcnv4Inputs));
+    return make_dcnv4_params(op, a.dcnv3, a.dcnv4_softmax, *in[kD4Value], *in[kD4OffsetMask], p);
+  }
+  for (int i : {kD3Input, kD3Offset, kD3Mask}) DCNKIT_RETURN_IF_ERROR(need(op, in, i, kDcnv3Inputs));
+  return make_dcnv3_params(op, a.dcnv3, *in[kD3Input], *in[kD3Offset], *in[kD3Mask], p);
 }
 
 std::vector<AttrValue> op_attr_values(const OpAttrs& a) {
@@ -234,6 +265,18 @@ std::vector<AttrValue> op_attr_values(const OpAttrs& a) {
       break;
     }
     case OpKind::kMultiScaleDeformableAttention: break;  // no attributes
+    case OpKind::kDCNv3:
+    case OpKind::kDCNv4: {
+      const Dcnv3Attrs& d = a.dcnv3;
+      const int64_t ints[][2] = {{kD3KernelH, d.kernel_h},     {kD3KernelW, d.kernel_w},   {kD3StrideH, d.stride_h},
+                                 {kD3StrideW, d.stride_w},     {kD3PadH, d.pad_h},         {kD3PadW, d.pad_w},
+                                 {kD3DilationH, d.dilation_h}, {kD3DilationW, d.dilation_w}, {kD3Group, d.group},
+                                 {kD3GroupChannels, d.group_channels}, {kD3RemoveCenter, d.remove_center}};
+      for (const auto& [i, value] : ints) v[i].ints = {value};
+      v[kD3OffsetScale].f = d.offset_scale;
+      if (a.kind == OpKind::kDCNv4) v[kD4Softmax].ints = {a.dcnv4_softmax ? 1 : 0};
+      break;
+    }
   }
   return v;
 }

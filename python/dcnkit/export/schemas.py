@@ -5,7 +5,8 @@ After ``register_onnx_schemas()``, ``onnx.checker.check_model(model, full_check=
 outputs: element type of ``input``; shapes ``(N, Cout, Ho, Wo)`` for DeformConv2d, ``(K, C, oh, ow)``
 for RoIAlign / DeformRoIPool / MultiLevelRoIAlign (whose inputs are ``rois, feat_0 .. feat_{L-1}``, a
 variadic last input), ``(K, output_dim, P, P)`` for DeformPSRoIPool and ``(N, Lq, M*D)`` for
-MultiScaleDeformableAttention (int64 level tables), symbolic dims kept.
+MultiScaleDeformableAttention (int64 level tables), ``(N, Ho, Wo, C)`` for DCNv3 / DCNv4 (channels last),
+symbolic dims kept.
 onnx >= 1.18 runs a Python inference function set with
 ``OpSchema.set_type_and_shape_inference_function`` (also in strict mode); inconsistent inputs raise
 with the core's message format (``<op>: <arg>: expected <x>, got <y>``).
@@ -261,6 +262,46 @@ def _infer_msda(info, ctx, attrs):
     return [[n, lq, md]]
 
 
+def _infer_dcnv3(info, ctx, attrs):
+    """(N, Ho, Wo, C) from input (N, H, W, C), channels last; DCNv3's offset (N, Ho, Wo, G*K*2) and mask
+    (N, Ho, Wo, G*K), DCNv4's offset_mask (N, Ho, Wo, Cp) with Cp = G*3K rounded up to a multiple of 8."""
+    op = info.onnx_type
+    names = [t.name for t in info.inputs]
+    x = _shape(ctx, 0)
+    sites = [(n, _shape(ctx, i)) for i, n in enumerate(names) if i > 0]
+    _check_rank(op, names[0], x, 4)
+    for n, s in sites:
+        _check_rank(op, n, s, 4)
+    for a in ("kernel_h", "kernel_w", "stride_h", "stride_w", "dilation_h", "dilation_w", "group", "group_channels"):
+        if attrs[a] < 1:
+            _fail(op, a, "an int >= 1", attrs[a])
+    for a in ("pad_h", "pad_w"):
+        if attrs[a] < 0:
+            _fail(op, a, "an int >= 0", attrs[a])
+    g, gc = attrs["group"], attrs["group_channels"]
+    k = attrs["kernel_h"] * attrs["kernel_w"] - (1 if attrs["remove_center"] else 0)
+    want = {"offset": g * k * 2, "mask": g * k, "offset_mask": (g * 3 * k + 7) // 8 * 8}
+    n = x[0] if x else None
+    ho = _conv_out(x[1], attrs["kernel_h"], attrs["stride_h"], attrs["pad_h"], attrs["dilation_h"]) if x else None
+    wo = _conv_out(x[2], attrs["kernel_w"], attrs["stride_w"], attrs["pad_w"], attrs["dilation_w"]) if x else None
+    if x:
+        _check_dim(op, f"{names[0]}.shape[3]", x[3], g * gc)
+    for name, s in sites:
+        if not s:
+            continue
+        _check_dim(op, f"{name}.shape[0]", s[0], n if isinstance(n, int) else None)
+        _check_dim(op, f"{name}.shape[1]", s[1], ho)
+        _check_dim(op, f"{name}.shape[2]", s[2], wo)
+        _check_dim(op, f"{name}.shape[3]", s[3], want[name])
+        # Sizes unknown from the input (symbolic H, W) are the offsets'.
+        n = n if n is not None else s[0]
+        ho = ho if ho is not None else s[1]
+        wo = wo if wo is not None else s[2]
+    if isinstance(ho, int) and (ho < 1 or (isinstance(wo, int) and wo < 1)):
+        _fail(op, names[0], "a spatial size giving an output of at least 1x1", f"{ho}x{wo}")
+    return [[n, ho, wo, g * gc]]
+
+
 _INFER = {
     "deform_conv2d": _infer_deform_conv2d,
     "roi_align": _infer_roi_align,
@@ -268,6 +309,8 @@ _INFER = {
     "deform_psroi_pool": _infer_deform_psroi_pool,
     "multi_level_roi_align": _infer_multi_level_roi_align,
     "multi_scale_deformable_attn": _infer_msda,
+    "dcnv3": _infer_dcnv3,
+    "dcnv4": _infer_dcnv3,
 }
 
 

@@ -5,7 +5,7 @@ deformable / RoI nodes run in :mod:`dcnkit.reference`, the slow NumPy loops writ
 the test-suite also uses:
 
 - ``dcnkit`` domain: ``DeformConv2d``, ``RoIAlign``, ``DeformRoIPool``, ``DeformPSRoIPool``,
-  ``MultiLevelRoIAlign``, ``MultiScaleDeformableAttention``;
+  ``MultiLevelRoIAlign``, ``MultiScaleDeformableAttention``, ``DCNv3``, ``DCNv4``; ``mmdeploy::TRTDCNv3``;
 - standard domain: ``DeformConv`` (opset 19) and ``RoiAlign`` (opset 10/16) are replaced too, so a model
   exported with ``standard_ops=True`` is checked against the same contract as one with custom nodes.
 
@@ -186,6 +186,38 @@ class MultiScaleDeformableAttention(OpRun):
         return (np.asarray(out).astype(value.dtype, copy=False),)
 
 
+_DCNV3_ATTRS = (("kernel_h", 3), ("kernel_w", 3), ("stride_h", 1), ("stride_w", 1), ("pad_h", 1), ("pad_w", 1),
+                ("dilation_h", 1), ("dilation_w", 1), ("group", 1), ("group_channels", 1))
+
+
+def _dcnv3_args(node: OpRun) -> list:
+    """DCNv3 / DCNv4's attributes in the reference's argument order (ignoring mmdeploy's im2col_step)."""
+    ints = [int(_attr(node, name, default)) for name, default in _DCNV3_ATTRS]
+    return ints + [float(_attr(node, "offset_scale", 1.0)), int(_attr(node, "remove_center", 0))]
+
+
+class DCNv3(OpRun):
+    op_domain = DCNKIT_DOMAIN
+
+    def _run(self, input, offset, mask, **_):
+        out = _ref().dcnv3(input, offset, mask, *_dcnv3_args(self))
+        return (np.asarray(out).astype(input.dtype, copy=False),)
+
+
+class TRTDCNv3(DCNv3):
+    """InternImage's export: mmdeploy::TRTDCNv3, the same attributes plus an ignored im2col_step."""
+
+    op_domain = "mmdeploy"
+
+
+class DCNv4(OpRun):
+    op_domain = DCNKIT_DOMAIN
+
+    def _run(self, value, offset_mask, **_):
+        out = _ref().dcnv4(value, offset_mask, *_dcnv3_args(self), softmax=bool(_attr(self, "softmax", 0)))
+        return (np.asarray(out).astype(value.dtype, copy=False),)
+
+
 # ------------------------------------------------------------------------------------------------
 # Standard domain replacements (same contract, other attribute spellings)
 # ------------------------------------------------------------------------------------------------
@@ -260,7 +292,7 @@ class RoiAlign(OpRun):
 
 
 CUSTOM_OPS = (DeformConv2d, RoIAlign, DeformRoIPool, DeformPSRoIPool, MultiLevelRoIAlign, DeformConv, RoiAlign)
-CUSTOM_OPS += (MultiScaleDeformableAttention,)
+CUSTOM_OPS += (MultiScaleDeformableAttention, DCNv3, TRTDCNv3, DCNv4)
 
 
 def reference_evaluator(model, verbose: int = 0) -> ReferenceEvaluator:

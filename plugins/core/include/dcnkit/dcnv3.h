@@ -43,6 +43,11 @@ struct Dcnv3Attrs {
   int64_t remove_center;
 };
 
+// Checks the attributes alone: sizes, strides, dilations, group and group_channels >= 1 (each at most 2^24,
+// kernel_h*kernel_w at most 2^24), pads >= 0, remove_center 0 or 1 (with an odd kernel of more than one point),
+// a finite offset_scale.
+Status check_dcnv3_attrs(const char* op, const Dcnv3Attrs& a);
+
 // Checks attributes and shapes once. DCNv3: input (N, H, W, C), offset (N, Ho, Wo, G*K*2), mask (N, Ho, Wo, G*K).
 Status make_dcnv3_params(const char* op, const Dcnv3Attrs& a, const Shape& input, const Shape& offset,
                          const Shape& mask, Dcnv3Params* p);

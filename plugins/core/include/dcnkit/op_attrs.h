@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dcnkit/common.h"
+#include "dcnkit/dcnv3.h"
 #include "dcnkit/deform_conv2d.h"
 #include "dcnkit/deform_psroi_pool.h"
 #include "dcnkit/deform_roi_pool.h"
@@ -111,9 +112,33 @@ constexpr int kMsdaLevelStart = DCNKIT_INDEX(kMsdaInputs, "level_start_index");
 constexpr int kMsdaLocations = DCNKIT_INDEX(kMsdaInputs, "sampling_locations");
 constexpr int kMsdaWeights = DCNKIT_INDEX(kMsdaInputs, "attention_weights");
 
+// DCNv3 and DCNv4 (DCNv4: the same attributes at the same positions, then softmax)
+constexpr int kD3KernelH = DCNKIT_INDEX(kDcnv3Attrs, "kernel_h");
+constexpr int kD3KernelW = DCNKIT_INDEX(kDcnv3Attrs, "kernel_w");
+constexpr int kD3StrideH = DCNKIT_INDEX(kDcnv3Attrs, "stride_h");
+constexpr int kD3StrideW = DCNKIT_INDEX(kDcnv3Attrs, "stride_w");
+constexpr int kD3PadH = DCNKIT_INDEX(kDcnv3Attrs, "pad_h");
+constexpr int kD3PadW = DCNKIT_INDEX(kDcnv3Attrs, "pad_w");
+constexpr int kD3DilationH = DCNKIT_INDEX(kDcnv3Attrs, "dilation_h");
+constexpr int kD3DilationW = DCNKIT_INDEX(kDcnv3Attrs, "dilation_w");
+constexpr int kD3Group = DCNKIT_INDEX(kDcnv3Attrs, "group");
+constexpr int kD3GroupChannels = DCNKIT_INDEX(kDcnv3Attrs, "group_channels");
+constexpr int kD3OffsetScale = DCNKIT_INDEX(kDcnv3Attrs, "offset_scale");
+constexpr int kD3RemoveCenter = DCNKIT_INDEX(kDcnv3Attrs, "remove_center");
+constexpr int kD4Softmax = DCNKIT_INDEX(kDcnv4Attrs, "softmax");
+constexpr int kD3Input = DCNKIT_INDEX(kDcnv3Inputs, "input");
+constexpr int kD3Offset = DCNKIT_INDEX(kDcnv3Inputs, "offset");
+constexpr int kD3Mask = DCNKIT_INDEX(kDcnv3Inputs, "mask");
+constexpr int kD4Value = DCNKIT_INDEX(kDcnv4Inputs, "value");
+constexpr int kD4OffsetMask = DCNKIT_INDEX(kDcnv4Inputs, "offset_mask");
+static_assert(DCNKIT_INDEX(kDcnv4Attrs, "remove_center") == kD3RemoveCenter && kD4Softmax == kD3RemoveCenter + 1,
+              "op_defs.h: DCNv4's attributes are DCNv3's, then softmax");
+
 // The feature map is the first input of every single-map operator; MultiLevelRoIAlign takes rois first
 // (mmdeploy's order) and its maps as the last, variadic input.
-static_assert(kDcInput == 0 && kRaInput == 0 && kDrInput == 0 && kPsInput == 0, "op_defs.h: input order changed");
+static_assert(kDcInput == 0 && kRaInput == 0 && kDrInput == 0 && kPsInput == 0 && kD3Input == 0 && kD4Value == 0 &&
+                  kD4OffsetMask == kD3Offset,
+              "op_defs.h: input order changed");
 static_assert(kMlRois == 0 && kMlFeatures == 1, "op_defs.h: MultiLevelRoIAlign input order changed");
 
 // Inputs of any op (canonical order), an upper bound for fixed-size arrays of them.
@@ -130,6 +155,8 @@ enum class OpKind : int {
   kDeformPSRoIPool = 3,
   kMultiLevelRoIAlign = 4,
   kMultiScaleDeformableAttention = 5,
+  kDCNv3 = 6,
+  kDCNv4 = 7,
 };
 
 const OpDef& op_def(OpKind kind);
@@ -234,6 +261,8 @@ struct OpAttrs {
   DeformRoIPoolAttrs droi;
   DeformPSRoIPoolAttrs psroi;
   MultiLevelRoIAlignAttrs mlroi;
+  Dcnv3Attrs dcnv3{};          // DCNv3 and DCNv4
+  bool dcnv4_softmax = false;  // DCNv4
 };
 Status make_op_attrs(const OpVariant& variant, const std::vector<AttrValue>& values, OpAttrs* out);
 
@@ -250,6 +279,9 @@ Status make_params(const char* op, const OpAttrs& a, const Shape& rois, const st
 
 // MultiScaleDeformableAttention: shapes only (the level tables' values are checked where they are read).
 Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, MsdaParams* p);
+
+// DCNv3 (input, offset, mask) and DCNv4 (value, offset_mask), by a.kind.
+Status make_params(const char* op, const OpAttrs& a, const Shape* const* in, Dcnv3Params* p);
 
 // Back to canonical values (for serialization): the inverse of make_op_attrs.
 std::vector<AttrValue> op_attr_values(const OpAttrs& a);

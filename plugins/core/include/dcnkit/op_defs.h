@@ -137,6 +137,35 @@ constexpr TensorDef kMsdaInputs[] = {
 };
 constexpr TensorDef kMsdaOutputs[] = {{"output", false, "(N, Lq, M*D)"}};
 
+// ---- DCNv3 / DCNv4 -----------------------------------------------------------------------------
+// InternImage's attribute names (its exporter writes them on mmdeploy::TRTDCNv3, with an im2col_step that only
+// batches its CUDA work: ignored). DCNv4 adds softmax. K = kernel_h*kernel_w (minus the centre: remove_center).
+#define DCNKIT_DCNV3_ATTRS                                                                              \
+  {"kernel_h", AttrKind::kInt, "3", "kernel height"}, {"kernel_w", AttrKind::kInt, "3", "kernel width"},  \
+      {"stride_h", AttrKind::kInt, "1", "stride (h)"}, {"stride_w", AttrKind::kInt, "1", "stride (w)"},   \
+      {"pad_h", AttrKind::kInt, "1", "padding (h)"}, {"pad_w", AttrKind::kInt, "1", "padding (w)"},       \
+      {"dilation_h", AttrKind::kInt, "1", "dilation (h)"}, {"dilation_w", AttrKind::kInt, "1", "dilation (w)"}, \
+      {"group", AttrKind::kInt, "1", "G, sampling groups"},                                             \
+      {"group_channels", AttrKind::kInt, "1", "channels per group (C = G * group_channels)"},            \
+      {"offset_scale", AttrKind::kFloat, "1.0", "scale of the offsets"},                                \
+      {"remove_center", AttrKind::kInt, "0", "1: the kernel's centre point is not sampled"}
+constexpr TensorDef kDcnv3Inputs[] = {
+    {"input", false, "(N, H, W, C), channels last"},
+    {"offset", false, "(N, Ho, Wo, G*K*2), per group and point (dx, dy)"},
+    {"mask", false, "(N, Ho, Wo, G*K) weights, normalised by the caller"},
+};
+constexpr TensorDef kDcnv3Outputs[] = {{"output", false, "(N, Ho, Wo, C)"}};
+constexpr AttrDef kDcnv3Attrs[] = {DCNKIT_DCNV3_ATTRS};
+
+constexpr TensorDef kDcnv4Inputs[] = {
+    {"value", false, "(N, H, W, C), channels last"},
+    {"offset_mask", false, "(N, Ho, Wo, Cp): per group 2K offsets (dx, dy) then K weights; Cp = G*3K rounded up to 8"},
+};
+constexpr TensorDef kDcnv4Outputs[] = {{"output", false, "(N, Ho, Wo, C)"}};
+constexpr AttrDef kDcnv4Attrs[] = {DCNKIT_DCNV3_ATTRS,
+                                   {"softmax", AttrKind::kInt, "0", "1: softmax over each group's K weights"}};
+#undef DCNKIT_DCNV3_ATTRS
+
 #define DCNKIT_N(a) (sizeof(a) / sizeof((a)[0]))
 constexpr OpDef kOpDefs[] = {
     {"deform_conv2d", "DeformConv2d", kDeformConv2dInputs, DCNKIT_N(kDeformConv2dInputs),
@@ -155,6 +184,10 @@ constexpr OpDef kOpDefs[] = {
      kMultiLevelRoIAlignAttrs, DCNKIT_N(kMultiLevelRoIAlignAttrs)},
     {"multi_scale_deformable_attn", "MultiScaleDeformableAttention", kMsdaInputs, DCNKIT_N(kMsdaInputs),
      kMsdaOutputs, DCNKIT_N(kMsdaOutputs), nullptr, 0},
+    {"dcnv3", "DCNv3", kDcnv3Inputs, DCNKIT_N(kDcnv3Inputs), kDcnv3Outputs, DCNKIT_N(kDcnv3Outputs), kDcnv3Attrs,
+     DCNKIT_N(kDcnv3Attrs)},
+    {"dcnv4", "DCNv4", kDcnv4Inputs, DCNKIT_N(kDcnv4Inputs), kDcnv4Outputs, DCNKIT_N(kDcnv4Outputs), kDcnv4Attrs,
+     DCNKIT_N(kDcnv4Attrs)},
 };
 constexpr size_t kNumOpDefs = DCNKIT_N(kOpDefs);
 #undef DCNKIT_N
