@@ -9,8 +9,9 @@ compute-sanitizer, an fp16 FPN detector's RoI level with float32 RoIs, two execu
 each (``--only-tools`` / ``--skip-tools``).
 
 Small models, one node each, in the `dcnkit` domain (DeformConv2d, RoIAlign avg/max, DeformRoIPool,
-DeformPSRoIPool, MultiLevelRoIAlign, MultiScaleDeformableAttention) and under mmdeploy's names
-(MMCVModulatedDeformConv2d, MMCVRoiAlign, MMCVMultiLevelRoiAlign, MMCVMultiScaleDeformableAttention), and on
+DeformPSRoIPool, MultiLevelRoIAlign, MultiScaleDeformableAttention, DCNv3, DCNv4) and under mmdeploy's names
+(MMCVModulatedDeformConv2d, MMCVRoiAlign, MMCVMultiLevelRoiAlign, MMCVMultiScaleDeformableAttention, InternImage's
+TRTDCNv3), and on
 TensorRT only TensorRT's own MultiscaleDeformableAttnPlugin_TRT (int32 level tables, output (N, Lq, M, D); TensorRT's
 plugin serves it where its plugin library is initialised, as the kit's tools do), with dynamic dims and an optimization profile, are built with ``dcnkit.runtime.tensorrt`` (``--fp16`` as ``dcnkit build --fp16``: converted
 ONNX on TensorRT 11, builder flag on TensorRT 10) and run through Polygraphy's TrtRunner. Each output is compared
@@ -99,6 +100,38 @@ def msda_cases(rng, tensorrt_only=True):
     return out
 
 
+def dcnv3_cases(rng):
+    """DCNv3 / DCNv4, channels last: a (2, 9, 11, 8) map, 2 groups of 4 channels, 3x3, stride 1, pad 1 (Ho, Wo = H, W),
+    offset_scale 0.5, offsets up to a few pixels; DCNv4 with softmax; InternImage's TRTDCNv3 with its im2col_step."""
+    from dcnkit import reference as ref
+
+    n, h, w, g, gc, k = 2, 9, 11, 2, 4, 9
+    c, cp = g * gc, (g * 3 * k + 7) // 8 * 8
+    attrs = dict(kernel_h=3, kernel_w=3, stride_h=1, stride_w=1, pad_h=1, pad_w=1, dilation_h=1, dilation_w=1,
+                 group=g, group_channels=gc, offset_scale=0.5, remove_center=0)
+    args = list(attrs.values())
+    x = rng.standard_normal((n, h, w, c)).astype(np.float32)
+    off = (rng.standard_normal((n, h, w, g * k * 2)) * 2).astype(np.float32)
+    mask = rng.uniform(0, 1, (n, h, w, g * k)).astype(np.float32)
+    om = rng.standard_normal((n, h, w, cp)).astype(np.float32)
+
+    def prof(ch):
+        return ((1, 4, 4, ch), (n, h, w, ch), (4, 32, 32, ch))
+
+    d3_in = [("x", ["N", "H", "W", c]), ("offset", ["N", "H", "W", g * k * 2]), ("mask", ["N", "H", "W", g * k])]
+    d3_prof = {"x": prof(c), "offset": prof(g * k * 2), "mask": prof(g * k)}
+    want = [ref.dcnv3(x, off, mask, *args)]
+    y = [("y", ["N", "H", "W", c])]
+    return [("DCNv3", _model("dcnkit", "DCNv3", d3_in, y, **attrs), {"x": x, "offset": off, "mask": mask}, want,
+             d3_prof),
+            ("TRTDCNv3", _model("mmdeploy", "TRTDCNv3", d3_in, y, im2col_step=256, **attrs),
+             {"x": x, "offset": off, "mask": mask}, want, d3_prof),
+            ("DCNv4", _model("dcnkit", "DCNv4", [("x", d3_in[0][1]), ("offset_mask", ["N", "H", "W", cp])], y,
+                             softmax=1, **attrs),
+             {"x": x, "offset_mask": om}, [ref.dcnv4(x, om, *args, softmax=True)],
+             {"x": prof(c), "offset_mask": prof(cp)})]
+
+
 def cases(rng, bad_roi=True, tensorrt_only=True):
     """(name, model, feeds, expected outputs, profile shapes) for every plugin checked. ``bad_roi`` adds a RoI
     with an out-of-range batch index (zeros on the GPU; the CPU kernels reject it with an error instead);
@@ -174,7 +207,7 @@ def cases(rng, bad_roi=True, tensorrt_only=True):
                output_width=3, featmap_strides=[4.0, 8.0], sampling_ratio=2, finest_scale=16, roi_scale_factor=1.0,
                aligned=1, pool_mode=1)
     out.append(("MMCVMultiLevelRoiAlign", m, dict(feeds), want, prof))
-    return out + msda_cases(rng, tensorrt_only)
+    return out + msda_cases(rng, tensorrt_only) + dcnv3_cases(rng)
 
 
 def _runner(backend, model, precision, shapes):

@@ -39,6 +39,11 @@ MMDEPLOY = [
       ("sampling_ratio", "int", ""), ("finest_scale", "int", ""), ("roi_scale_factor", "float", ""),
       ("aligned", "int", ""), ("pool_mode", "int", "`0` max, `1` avg")]),
     ("MMCVMultiScaleDeformableAttention", _MSDA_INPUTS, []),
+    # InternImage's exporter (mmdeploy's domain): DCNv3's own attribute names.
+    ("TRTDCNv3", "input, offset, mask",
+     [(f, "int", "") for f in ("kernel_h", "kernel_w", "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h",
+                               "dilation_w", "group", "group_channels")]
+     + [("offset_scale", "float", ""), ("remove_center", "int", "")]),
 ]
 
 # TensorRT's own plugin names that the library also serves (the same inputs as the kit's op; no fields).
@@ -48,7 +53,7 @@ TENSORRT_NAMES = [
 
 
 # Ops of the table that the plugin library does not serve yet (plugins/tensorrt/trt_creators.cpp skips them).
-NO_PLUGIN_YET = {"DCNv3", "DCNv4"}
+NO_PLUGIN_YET: set[str] = set()
 
 
 def _field(kind: str, extra: str = "") -> str:

@@ -29,7 +29,8 @@ def test_gpu_check_script_cases_are_right_on_the_cpu():
     names = [r.split("  ")[0].strip() for r in rows]
     assert names == ["DeformConv2d", "MMCVModulatedDeformConv2d", "RoIAlign avg", "RoIAlign max", "MMCVRoiAlign max",
                      "DeformRoIPool", "DeformPSRoIPool", "MultiLevelRoIAlign", "MMCVMultiLevelRoiAlign",
-                     "MultiScaleDeformableAttention", "MMCVMultiScaleDeformableAttention"], p.stdout
+                     "MultiScaleDeformableAttention", "MMCVMultiScaleDeformableAttention", "DCNv3", "TRTDCNv3",
+                     "DCNv4"], p.stdout
     assert p.stdout.strip().endswith("PASSED")
 
 

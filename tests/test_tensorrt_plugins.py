@@ -157,12 +157,13 @@ def test_exported_custom_nodes_address_a_creator_with_their_fields(lifecycle, tm
     parser maps onto the field's type, and inputs are passed by position (none may be empty)."""
     import onnx
     import torch
-    from test_export import OP_MODELS, MsdaOps
+    from test_export import OP_MODELS, Dcnv3Ops, MsdaOps
 
     creators = _creators(*lifecycle)
     assert len(creators) >= 8
     seen = set()
-    for op_name, cls in [(name, c) for name, (c, _, _) in OP_MODELS.items()] + [("msda", MsdaOps)]:
+    extra = [("msda", MsdaOps), ("dcnv3", Dcnv3Ops)]
+    for op_name, cls in [(name, c) for name, (c, _, _) in OP_MODELS.items()] + extra:
         path = tmp_path / f"{op_name}.onnx"
         dcnkit.export.to_onnx(cls().eval(), cls.inputs(2, 3, torch.Generator().manual_seed(1)), path,
                               standard_ops=False, dynamo=dynamo)
@@ -188,12 +189,8 @@ def test_exported_custom_nodes_address_a_creator_with_their_fields(lifecycle, tm
     assert seen == _ops_with_plugins()
 
 
-# Ops of the table that have no TensorRT plugin yet (as scripts/gen_tensorrt_fields.py's NO_PLUGIN_YET).
-_NO_PLUGIN_YET = {"DCNv3", "DCNv4"}
-
-
 def _ops_with_plugins() -> set:
-    return {d["onnx_type"] for d in dcnkit.op_defs()["ops"]} - _NO_PLUGIN_YET
+    return {d["onnx_type"] for d in dcnkit.op_defs()["ops"]}
 
 
 def _python(code):
@@ -245,7 +242,7 @@ print(";".join(keys()))
     keys = set(r.stdout.strip().splitlines()[-1].split(";"))
     assert {f"dcnkit::{t}" for t in _ops_with_plugins()} <= keys
     assert {"::MMCVModulatedDeformConv2d", "::MMCVDeformConv2d", "::MMCVRoiAlign", "::MMCVMultiLevelRoiAlign",
-            "::MMCVDeformRoIPool", "::MMCVMultiScaleDeformableAttention"} <= keys
+            "::MMCVDeformRoIPool", "::MMCVMultiScaleDeformableAttention", "::TRTDCNv3"} <= keys
     # TensorRT's own plugin name, which getCreators leaves out (loadLibrary would fail where TensorRT registered it)
     assert "::MultiscaleDeformableAttnPlugin_TRT" in keys
     assert f"[fake nvinfer] dcnkit: registered {len(keys)} of {len(keys)} plugin creators" in r.stderr, r.stderr

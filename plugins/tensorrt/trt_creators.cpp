@@ -72,7 +72,6 @@ struct Creators {
   Creators() {
     std::vector<std::string> seen;
     for (const OpVariant& v : op_variants()) {
-      if (v.kind == OpKind::kDCNv3 || v.kind == OpKind::kDCNv4) continue;  // no TensorRT plugin yet
       bool dup = false;
       for (const auto& s : seen) dup = dup || s == v.op_type;
       if (dup) continue;

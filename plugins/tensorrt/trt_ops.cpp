@@ -319,7 +319,7 @@ PluginBase* make_plugin(const OpVariant* variant, const OpAttrs& attrs, const st
     case OpKind::kMultiLevelRoIAlign: return new MultiLevelRoIAlignPlugin(variant, attrs, name);
     case OpKind::kMultiScaleDeformableAttention: return make_msda_plugin(variant, attrs, name);
     case OpKind::kDCNv3:
-    case OpKind::kDCNv4: return nullptr;  // no TensorRT plugin yet (trt_creators.cpp)
+    case OpKind::kDCNv4: return make_dcnv3_plugin(variant, attrs, name);
   }
   return nullptr;
 }

@@ -201,7 +201,8 @@ class PluginBase : public nvinfer1::IPluginV3,
 
 // The plugin of `variant`'s op kind, with checked attrs (creators call it).
 PluginBase* make_plugin(const OpVariant* variant, const OpAttrs& attrs, const std::string& name);
-// The attention plugins (trt_ops_msda.cpp).
+// The attention plugins (trt_ops_msda.cpp) and the DCNv3 / DCNv4 plugin (trt_ops_dcnv3.cpp).
 PluginBase* make_msda_plugin(const OpVariant* variant, const OpAttrs& attrs, const std::string& name);
+PluginBase* make_dcnv3_plugin(const OpVariant* variant, const OpAttrs& attrs, const std::string& name);
 
 }  // namespace dcnkit::trt

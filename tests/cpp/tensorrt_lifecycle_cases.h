@@ -187,5 +187,37 @@ std::vector<Case> cases() {
       {"MMCVMultiScaleDeformableAttention", "", {}, {}, msda_in, {{2, 7, 32}}, 0, msda_bad, {}, 0, {}, {1, 2}});
   c.push_back({"MultiscaleDeformableAttnPlugin_TRT", "", {}, {}, msda_in, {{2, 7, 4, 8}}, 0, msda_bad, {}, 0, {}, {1, 2},
                true});
+  // DCNv3 / DCNv4, channels last, InternImage's attribute names: a (2, 9, 11, 8) map, 2 groups of 4 channels, 3x3,
+  // stride 2, pad 1: Ho = 5, Wo = 6, K = 9. DCNv3: offset (.., G*K*2 = 36), mask (.., G*K = 18); DCNv4: offset_mask
+  // (.., Cp = 54 rounded up to 56). Output (N, Ho, Wo, C).
+  std::vector<FieldDecl> d3_decl;
+  for (const char* f : {"kernel_h", "kernel_w", "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w",
+                        "group", "group_channels"}) {
+    d3_decl.push_back({f, I32, 1});
+  }
+  d3_decl.push_back({"offset_scale", F32, 1});
+  d3_decl.push_back({"remove_center", I32, 1});
+  const std::vector<Field> d3_fields = {ints("kernel_h", {3}), ints("kernel_w", {3}), ints("stride_h", {2}),
+                                        ints("stride_w", {2}), ints("pad_h", {1}), ints("pad_w", {1}),
+                                        ints("dilation_h", {1}), ints("dilation_w", {1}), ints("group", {2}),
+                                        ints("group_channels", {4}), flt("offset_scale", 0.5f), ints("remove_center", {0})};
+  const std::vector<BadFields> d3_bad = {{{ints("group", {0})}, "group"},
+                                         {{ints("kernel_w", {0})}, "kernel_w"},
+                                         {{ints("offset_scale", {1})}, "offset_scale"},
+                                         {{ints("remove_center", {2})}, "remove_center"},
+                                         {{ints("stride_h", {1, 1})}, "stride_h"}};
+  const std::vector<std::vector<int64_t>> d3_in = {{2, 9, 11, 8}, {2, 5, 6, 36}, {2, 5, 6, 18}};
+  const std::vector<std::vector<int64_t>> d3_bad_in = {{2, 9, 11, 8}, {2, 5, 6, 36}, {2, 5, 6, 17}};
+  c.push_back({"DCNv3", "dcnkit", d3_decl, d3_fields, d3_in, {{2, 5, 6, 8}}, 0, d3_bad_in, d3_bad, 0});
+  // InternImage's exporter: mmdeploy::TRTDCNv3, the same inputs and field names.
+  c.push_back({"TRTDCNv3", "", d3_decl, d3_fields, d3_in, {{2, 5, 6, 8}}, 0, d3_bad_in, d3_bad, 0});
+  std::vector<FieldDecl> d4_decl = d3_decl;
+  d4_decl.push_back({"softmax", I32, 1});
+  std::vector<Field> d4_fields = d3_fields;
+  d4_fields.push_back(ints("softmax", {1}));
+  std::vector<BadFields> d4_bad = d3_bad;
+  d4_bad.push_back({{ints("softmax", {2})}, "softmax"});
+  c.push_back({"DCNv4", "dcnkit", d4_decl, d4_fields, {{2, 9, 11, 8}, {2, 5, 6, 56}}, {{2, 5, 6, 8}}, 0,
+               {{2, 9, 11, 8}, {2, 5, 6, 54}}, d4_bad, 0});
   return c;
 }

@@ -428,6 +428,7 @@ int main(int argc, char** argv) {
                       creator_named("RoIAlign"), expected);
     check_timing_cache_ids(&creator_named, expected);
     check_index_tables(&creator_named, expected);
+    check_ignored_fields(&creator_named, expected);
     check_tensorrt_own_names(reg, list, n, expected);
   }
   std::printf("%d passed, %d failed\n", g_passed, g_failed);

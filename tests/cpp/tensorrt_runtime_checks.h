@@ -273,7 +273,7 @@ void check_timing_cache_ids(IPluginCreatorV3One* (*find)(const char*), const std
 // Index tables (multi-scale deformable attention's level tables): int32 or int64, both of one type, next to float32,
 // float16 or bfloat16 data, the output in the data's type; no workspace with int64 tables, their int64 copies with
 // int32 ones (3 L values, L the largest of either table's profile maxima), and enqueue refuses int32 tables without
-// that workspace. mmdeploy's node carries an im2col_step attribute: accepted (and ignored).
+// that workspace.
 void check_index_tables(IPluginCreatorV3One* (*find)(const char*), const std::vector<Case>& cs) {
   for (const Case& c : cs) {
     if (c.index_inputs.size() != 2) continue;
@@ -329,6 +329,18 @@ void check_index_tables(IPluginCreatorV3One* (*find)(const char*), const std::ve
               last_log_has(before, "workspace", "got none"),
           op + ": enqueue with int32 tables and no workspace fails with a log line");
   }
-  check(make(find("MMCVMultiScaleDeformableAttention"), {ints("im2col_step", {64})}, "mm") != nullptr,
-        "MMCVMultiScaleDeformableAttention: mmdeploy's im2col_step field is accepted");
+}
+
+// Fields the exporters write that change nothing (im2col_step only batches mmcv's and InternImage's CUDA work):
+// accepted, ignored, not serialized.
+void check_ignored_fields(IPluginCreatorV3One* (*find)(const char*), const std::vector<Case>& cs) {
+  for (const char* name : {"MMCVMultiScaleDeformableAttention", "TRTDCNv3"}) {
+    std::vector<Field> fields = find_case(cs, name)->fields;
+    fields.push_back(ints("im2col_step", {64}));
+    auto p = make(find(name), fields, "im2col");
+    const PluginFieldCollection* f =
+        p ? cap<IPluginV3OneRuntime>(p.get(), PluginCapabilityType::kRUNTIME)->getFieldsToSerialize() : nullptr;
+    check(f != nullptr && fields_text(f).find("im2col_step") == std::string::npos,
+          std::string(name) + ": the exporter's im2col_step field is accepted and ignored");
+  }
 }
