@@ -189,6 +189,25 @@ def test_exported_custom_nodes_address_a_creator_with_their_fields(lifecycle, tm
     assert seen == _ops_with_plugins()
 
 
+def test_documented_foreign_names_are_the_creators(lifecycle):
+    """docs/tensorrt.md's hand-written tables (scripts/gen_tensorrt_fields.py): every mmdeploy / InternImage name is a
+    creator in namespace "" with exactly those fields and types; TensorRT's own names are not in getCreators."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gen_tensorrt_fields as gen
+    finally:
+        sys.path.pop(0)
+    creators = _creators(*lifecycle)
+    kinds = {"int": 5, "ints": 5, "float": 1, "floats": 1, "string": 6}
+    for name, _, fields in gen.MMDEPLOY:
+        assert (name, "1", "") in creators, name
+        assert {f: kinds[k] for f, k, _ in fields} == {f: t for f, (t, _) in creators[(name, "1", "")].items()}, name
+    for name, _, _ in gen.TENSORRT_NAMES:
+        assert not [k for k in creators if k[0] == name], name
+
+
 def _ops_with_plugins() -> set:
     return {d["onnx_type"] for d in dcnkit.op_defs()["ops"]}
 

@@ -266,6 +266,15 @@ void check_timing_cache_ids(IPluginCreatorV3One* (*find)(const char*), const std
     check(timing_id(dc, with(df, f)) != timing_id(dc, df), "DeformConv2d: " + f.name + " changes the ID");
   }
   check(timing_id(find("DeformRoIPool"), dr) != rid && timing_id(dc, df) != rid, "different ops: different IDs");
+  // InternImage's TRTDCNv3 is DCNv3; DCNv4's softmax and DCNv3's offset_scale change the work.
+  const std::vector<Field>& d3 = find_case(cs, "DCNv3")->fields;
+  const std::vector<Field>& d4 = find_case(cs, "DCNv4")->fields;
+  check(timing_id(find("TRTDCNv3"), d3) == timing_id(find("DCNv3"), d3), "TRTDCNv3 and DCNv3: the same ID");
+  check(timing_id(find("DCNv3"), with(d3, flt("offset_scale", 1.f))) != timing_id(find("DCNv3"), d3),
+        "DCNv3: offset_scale changes the ID");
+  check(timing_id(find("DCNv4"), with(d4, ints("softmax", {0}))) != timing_id(find("DCNv4"), d4),
+        "DCNv4: softmax changes the ID");
+  check(timing_id(find("DCNv4"), d4) != timing_id(find("DCNv3"), d3), "DCNv4 and DCNv3: different IDs");
 }
 
 // ---------------------------------------------------------------------------------------------
