@@ -228,19 +228,28 @@ def build(image_size=(64, 96), seed: int = 0, d_model: int = 256, heads: int = 8
                            d_ffn or 4 * d_model, queries, num_classes)
     import dcnkit.nn
 
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, dcnkit.nn.MultiScaleDeformableAttention):
-                for lin in (m.sampling_offsets, m.attention_weights):
-                    lin.weight.add_(torch.randn(lin.weight.shape, generator=g) * offset_scale)
+    perturb(model, dcnkit.nn.MultiScaleDeformableAttention, ("sampling_offsets", "attention_weights"), offset_scale,
+            seed + 1)
     return model.eval()
 
 
-def eager_outputs(model, image: np.ndarray) -> dict:
+def perturb(model, module_type: type, projections, scale: float, seed: int) -> None:
+    """Adds random weights (standard deviation ``scale``, from ``seed``) to the ``projections`` (attribute names of
+    linear layers) of every ``module_type`` in ``model``: the published initialisations zero or tie them, which
+    would leave the sampling untested."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, module_type):
+                for name in projections:
+                    lin = getattr(m, name)
+                    lin.weight.add_(torch.randn(lin.weight.shape, generator=g) * scale)
+
+
+def eager_outputs(model, image: np.ndarray, outputs=OUTPUTS) -> dict:
     with torch.no_grad():
         out = model(torch.from_numpy(image))
-    return {k: v.numpy() for k, v in zip(OUTPUTS, out)}
+    return {k: v.numpy() for k, v in zip(outputs, out)}
 
 
 def export(model, image: np.ndarray, path: Path, dynamo: bool = False, outputs=OUTPUTS) -> Path:
@@ -284,6 +293,30 @@ def check_outputs(got: dict, want: dict, scale: float = 1.0, tolerances=None) ->
     return diffs
 
 
+def export_and_check(model, image: np.ndarray, want: dict, stem: Path, node: str, outputs=OUTPUTS,
+                     tolerances=None) -> tuple:
+    """Exports with each exporter (``<stem>_dynamo.onnx``, ``<stem>_torchscript.onnx``), counts the ``node``s
+    (``domain::type``), checks ONNX Runtime on the CPU (and with the CUDA provider where it is present, ten times
+    looser: other summation orders, TF32) against eager ``want``. Returns the report and the last file."""
+    import onnxruntime as ort
+
+    providers = ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        providers.insert(0, "CUDAExecutionProvider")
+    report: dict = {}
+    for dynamo in (True, False):
+        name = "dynamo" if dynamo else "torchscript"
+        path = export(model, image, stem.parent / f"{stem.name}_{name}.onnx", dynamo=dynamo, outputs=outputs)
+        count = node_counts(path).get(node, 0)
+        diffs = check_outputs(ort_outputs(path, image, ["CPUExecutionProvider"]), want, tolerances=tolerances)
+        report[name] = dict(nodes=count, ort_cpu=diffs)
+        if len(providers) > 1:
+            report[name]["ort_cuda"] = check_outputs(ort_outputs(path, image, providers), want, scale=10.0,
+                                                     tolerances=tolerances)
+        print(f"{name}: {path}, {count} {node} nodes, ONNX Runtime vs eager {report[name]}")
+    return report, path
+
+
 def cli_checks(path: Path, image: np.ndarray, want: dict, out: Path, compare_reference: bool = True,
                tolerances=None, name: str = "ddetr") -> dict:
     """``dcnkit run``, ``dcnkit compare`` (ORT vs the NumPy reference runner, per-output tolerances) and
@@ -322,21 +355,8 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     want = eager_outputs(model, image)
     print(f"eager: logits {want['logits'].shape}, boxes {want['boxes'].shape} ({time.perf_counter() - t0:.2f} s)")
-    import onnxruntime as ort
-
-    providers = ["CPUExecutionProvider"]
-    if "CUDAExecutionProvider" in ort.get_available_providers():
-        providers.insert(0, "CUDAExecutionProvider")
-    report: dict = {}
-    for dynamo in (True, False):
-        name = "dynamo" if dynamo else "torchscript"
-        path = export(model, image, args.out / f"deformable_detr_{name}.onnx", dynamo=dynamo)
-        n_msda = node_counts(path).get("dcnkit::MultiScaleDeformableAttention", 0)
-        diffs = check_outputs(ort_outputs(path, image, ["CPUExecutionProvider"]), want)
-        report[name] = dict(msda_nodes=n_msda, ort_cpu=diffs)
-        if len(providers) > 1:  # looser on the GPU: other summation orders, TF32 where enabled
-            report[name]["ort_cuda"] = check_outputs(ort_outputs(path, image, providers), want, scale=10.0)
-        print(f"{name}: {path}, {n_msda} MultiScaleDeformableAttention nodes, ONNX Runtime vs eager {report[name]}")
+    report, path = export_and_check(model, image, want, args.out / "deformable_detr",
+                                    "dcnkit::MultiScaleDeformableAttention")
     if not args.skip_cli:
         report.update(cli_checks(path, image, want, args.out))
     (args.out / "report.json").write_text(json.dumps(report, indent=2))

@@ -37,7 +37,10 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from deformable_detr import check_outputs, cli_checks, export, node_counts, ort_outputs  # noqa: E402
+import deformable_detr as ddetr  # noqa: E402
+# The Deformable DETR example's export / check / CLI steps, shared (and used as ex.<name> by the tests).
+from deformable_detr import (check_outputs, cli_checks, export, export_and_check, node_counts,  # noqa: E402,F401
+                             ort_outputs, perturb)
 from faster_rcnn_dcn import make_image  # noqa: E402
 
 OUTPUTS = ("features", "logits")
@@ -181,19 +184,12 @@ def build(image_size=(64, 64), seed: int = 0, channels: int = 64, depths=(2, 2),
     model = InternImage(tuple(image_size), channels, tuple(depths), tuple(groups), num_classes)
     import dcnkit.nn
 
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, dcnkit.nn.DCNv3):
-                for lin in (m.offset, m.mask):
-                    lin.weight.add_(torch.randn(lin.weight.shape, generator=g) * sampling_scale)
+    perturb(model, dcnkit.nn.DCNv3, ("offset", "mask"), sampling_scale, seed + 1)
     return model.eval()
 
 
 def eager_outputs(model, image: np.ndarray) -> dict:
-    with torch.no_grad():
-        out = model(torch.from_numpy(image))
-    return {k: v.numpy() for k, v in zip(OUTPUTS, out)}
+    return ddetr.eager_outputs(model, image, OUTPUTS)
 
 
 def main(argv=None) -> int:
@@ -212,22 +208,8 @@ def main(argv=None) -> int:
     want = eager_outputs(model, image)
     print(f"eager: features {want['features'].shape}, logits {want['logits'].shape} "
           f"({time.perf_counter() - t0:.2f} s)")
-    import onnxruntime as ort
-
-    providers = ["CPUExecutionProvider"]
-    if "CUDAExecutionProvider" in ort.get_available_providers():
-        providers.insert(0, "CUDAExecutionProvider")
-    report: dict = {}
-    for dynamo in (True, False):
-        name = "dynamo" if dynamo else "torchscript"
-        path = export(model, image, args.out / f"internimage_{name}.onnx", dynamo=dynamo, outputs=OUTPUTS)
-        n_dcn = node_counts(path).get("dcnkit::DCNv3", 0)
-        diffs = check_outputs(ort_outputs(path, image, ["CPUExecutionProvider"]), want, tolerances=TOLERANCES)
-        report[name] = dict(dcnv3_nodes=n_dcn, ort_cpu=diffs)
-        if len(providers) > 1:  # looser on the GPU: other summation orders, TF32 where enabled
-            report[name]["ort_cuda"] = check_outputs(ort_outputs(path, image, providers), want, scale=10.0,
-                                                     tolerances=TOLERANCES)
-        print(f"{name}: {path}, {n_dcn} DCNv3 nodes, ONNX Runtime vs eager {report[name]}")
+    report, path = export_and_check(model, image, want, args.out / "internimage", "dcnkit::DCNv3", OUTPUTS,
+                                    TOLERANCES)
     if not args.skip_cli:
         report.update(cli_checks(path, image, want, args.out, tolerances=TOLERANCES, name="internimage"))
     (args.out / "report.json").write_text(json.dumps(report, indent=2))

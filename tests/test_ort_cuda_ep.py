@@ -13,23 +13,11 @@ from onnx import TensorProto, helper
 
 from dcnkit import reference as ref
 from dcnkit.runtime import ort_session
+from ort_cuda_skip import ort_cuda_or_skip
 
 pytestmark = pytest.mark.cuda
 
 F32 = TensorProto.FLOAT
-
-
-def _cuda_or_skip():
-    import onnxruntime as ort
-
-    from dcnkit.runtime.ort import ort_library
-
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        pytest.skip("onnxruntime has no CUDAExecutionProvider here (install onnxruntime-gpu)")
-    try:
-        ort_library(cuda=True)
-    except FileNotFoundError as e:
-        pytest.skip(f"libdcnkit_ort_cuda.so not built: {e}")
 
 
 def _model(cin=32, cout=8, k=3):
@@ -67,7 +55,7 @@ def _session():
 
 
 def test_concurrent_runs_on_one_cuda_session_equal_serial_runs():
-    _cuda_or_skip()
+    ort_cuda_or_skip()
     sess = _session()
     feeds = [_feeds(seed) for seed in range(8)]
     serial = [sess.run(None, f) for f in feeds]
@@ -101,7 +89,7 @@ def test_concurrent_runs_on_one_cuda_session_equal_serial_runs():
 
 
 def test_out_of_range_batch_index_gives_zeros_on_cuda():
-    _cuda_or_skip()
+    ort_cuda_or_skip()
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 3, 8, 9)).astype(np.float32)
     rois = np.array([[0, 1, 1, 6, 5], [5, 1, 1, 6, 5], [np.nan, 0, 0, 3, 3], [1, 0, 2, 7, 7]], np.float32)

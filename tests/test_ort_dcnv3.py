@@ -19,6 +19,7 @@ from dcnkit.ops import dcnv3, dcnv4  # noqa: E402
 from dcnkit.runtime import ort_session  # noqa: E402
 
 from dcnv3_cases import ATTRS, dcnv4_offset_mask, grid_sample_dcnv3, make_inputs  # noqa: E402
+from ort_cuda_skip import ort_cuda_or_skip  # noqa: E402
 
 RTOL, ATOL = 1e-5, 1e-5
 F32 = TensorProto.FLOAT
@@ -196,16 +197,7 @@ def test_reference_runner_runs_the_nodes(tmp_path):
 
 @pytest.mark.cuda
 def test_cuda_ep_equals_op():
-    import onnxruntime as ort
-
-    from dcnkit.runtime.ort import ort_library
-
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        pytest.skip("onnxruntime has no CUDAExecutionProvider here (install onnxruntime-gpu)")
-    try:
-        ort_library(cuda=True)
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"no dcnkit ORT CUDA library: {e}")
+    ort_cuda_or_skip()
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     sess = ort_session(trt_dcnv3_model(STRIDED).SerializeToString(), providers=providers)
     x, off, m = inputs32(STRIDED, seed=6)

@@ -24,6 +24,7 @@ from dcnkit.ops import multi_scale_deformable_attn as msda  # noqa: E402
 from dcnkit.runtime import ort_session  # noqa: E402
 
 from msda_cases import level_tables, make_inputs  # noqa: E402
+from ort_cuda_skip import ort_cuda_or_skip  # noqa: E402
 
 RTOL, ATOL = 1e-5, 1e-6
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -175,16 +176,7 @@ def test_deformable_detr_layer_exported_whole_equals_eager(tmp_path):
 
 @pytest.mark.cuda
 def test_cuda_ep_equals_op():
-    import onnxruntime as ort
-
-    from dcnkit.runtime.ort import ort_library
-
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        pytest.skip("onnxruntime has no CUDAExecutionProvider here (install onnxruntime-gpu)")
-    try:
-        ort_library(cuda=True)
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"no dcnkit ORT CUDA library: {e}")
+    ort_cuda_or_skip()
     model = hand_model("mmdeploy", "MMCVMultiScaleDeformableAttention", im2col_step=64)
     sess = ort_session(model.SerializeToString(), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
     inputs = inputs32(channels=32, seed=6)

@@ -16,6 +16,7 @@ import dcnkit  # noqa: E402
 import dcnkit.export  # noqa: E402
 from dcnkit.ops import multi_level_roi_align  # noqa: E402
 from dcnkit.runtime import ort_session  # noqa: E402
+from ort_cuda_skip import ort_cuda_or_skip  # noqa: E402
 
 STRIDES = [4.0, 8.0, 16.0, 32.0]
 RTOL, ATOL = 1e-5, 1e-6
@@ -206,16 +207,7 @@ def test_bad_nodes():
 @pytest.mark.cuda
 @pytest.mark.parametrize("op", ["dcnkit", "mmdeploy"])
 def test_cuda_ep_equals_op(op):
-    import onnxruntime as ort
-
-    from dcnkit.runtime.ort import ort_library
-
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        pytest.skip("onnxruntime has no CUDAExecutionProvider here (install onnxruntime-gpu)")
-    try:
-        ort_library(cuda=True)
-    except FileNotFoundError as e:
-        pytest.skip(f"libdcnkit_ort_cuda.so not built: {e}")
+    ort_cuda_or_skip()
     if op == "dcnkit":
         model = hand_model("dcnkit", "MultiLevelRoIAlign", 4, output_size=[7, 7], featmap_strides=STRIDES,
                            sampling_ratio=2)

@@ -11,6 +11,19 @@ namespace dcnkit {
 
 namespace {
 Status check_op_attrs(const OpVariant& variant, const std::vector<AttrValue>& a, OpAttrs* out);
+
+// DCNv3 / DCNv4's int attributes (op_defs.h index) and the Dcnv3Attrs field each one sets.
+struct Dcnv3IntField {
+  int index;
+  int64_t Dcnv3Attrs::*field;
+};
+constexpr Dcnv3IntField kDcnv3IntFields[] = {
+    {kD3KernelH, &Dcnv3Attrs::kernel_h},     {kD3KernelW, &Dcnv3Attrs::kernel_w},
+    {kD3StrideH, &Dcnv3Attrs::stride_h},     {kD3StrideW, &Dcnv3Attrs::stride_w},
+    {kD3PadH, &Dcnv3Attrs::pad_h},           {kD3PadW, &Dcnv3Attrs::pad_w},
+    {kD3DilationH, &Dcnv3Attrs::dilation_h}, {kD3DilationW, &Dcnv3Attrs::dilation_w},
+    {kD3Group, &Dcnv3Attrs::group},          {kD3GroupChannels, &Dcnv3Attrs::group_channels},
+    {kD3RemoveCenter, &Dcnv3Attrs::remove_center}};
 }  // namespace
 
 Status make_op_attrs(const OpVariant& variant, const std::vector<AttrValue>& a, OpAttrs* out) {
@@ -131,16 +144,7 @@ Status check_op_attrs(const OpVariant& variant, const std::vector<AttrValue>& a,
     case OpKind::kDCNv3:
     case OpKind::kDCNv4: {
       Dcnv3Attrs& d = out->dcnv3;
-      d.kernel_h = a[kD3KernelH].ints[0];
-      d.kernel_w = a[kD3KernelW].ints[0];
-      d.stride_h = a[kD3StrideH].ints[0];
-      d.stride_w = a[kD3StrideW].ints[0];
-      d.pad_h = a[kD3PadH].ints[0];
-      d.pad_w = a[kD3PadW].ints[0];
-      d.dilation_h = a[kD3DilationH].ints[0];
-      d.dilation_w = a[kD3DilationW].ints[0];
-      d.group = a[kD3Group].ints[0];
-      d.group_channels = a[kD3GroupChannels].ints[0];
+      for (const auto& [i, field] : kDcnv3IntFields) d.*field = a[i].ints[0];
       d.offset_scale = a[kD3OffsetScale].f;
       d.remove_center = a[kD3RemoveCenter].ints[0];
       if (variant.kind == OpKind::kDCNv4) {
@@ -268,11 +272,7 @@ std::vector<AttrValue> op_attr_values(const OpAttrs& a) {
     case OpKind::kDCNv3:
     case OpKind::kDCNv4: {
       const Dcnv3Attrs& d = a.dcnv3;
-      const int64_t ints[][2] = {{kD3KernelH, d.kernel_h},     {kD3KernelW, d.kernel_w},   {kD3StrideH, d.stride_h},
-                                 {kD3StrideW, d.stride_w},     {kD3PadH, d.pad_h},         {kD3PadW, d.pad_w},
-                                 {kD3DilationH, d.dilation_h}, {kD3DilationW, d.dilation_w}, {kD3Group, d.group},
-                                 {kD3GroupChannels, d.group_channels}, {kD3RemoveCenter, d.remove_center}};
-      for (const auto& [i, value] : ints) v[i].ints = {value};
+      for (const auto& [i, field] : kDcnv3IntFields) v[i].ints = {d.*field};
       v[kD3OffsetScale].f = d.offset_scale;
       if (a.kind == OpKind::kDCNv4) v[kD4Softmax].ints = {a.dcnv4_softmax ? 1 : 0};
       break;
