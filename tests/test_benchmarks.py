@@ -103,3 +103,7 @@ def test_bench_dcnv3_quick(tmp_path):
     for r in res["rows"]:
         assert r["dcnv3_ms"] > 0 and r["dcnv4_ms"] > 0 and r["grid_sample_ms"] > 0
         assert all(a["ok"] for a in r["accuracy"])
+    assert "DCNv4 / DCNv3 layer" in stdout
+    assert [r["shape"] for r in res["layer_rows"]] == ["quick"]
+    for r in res["layer_rows"]:
+        assert r["dcnv3_layer_ms"] > 0 and r["dcnv4_layer_ms"] > 0
