@@ -121,6 +121,33 @@ def test_foreign_and_own_nodes_equal_op(domain, op_type, attrs):
         np.testing.assert_allclose(got, msda(*inputs).numpy(), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("domain", ["nvidia", "trt", "TRT"])
+def test_tensorrt_plugin_name_as_torch_symbolics_write_it(domain, tmp_path):
+    """TensorRT's MultiscaleDeformableAttnPlugin_TRT, as the torch symbolics of TensorRT users write it (domain
+    nvidia / trt / TRT, no attributes, int64 tables): output (N, Lq, M, D), the op's values split per head; the
+    reference runner agrees."""
+    from dcnkit.runtime.reference_runner import ReferenceRunner
+
+    model = hand_model(domain, "MultiscaleDeformableAttnPlugin_TRT")
+    sess = session(model)
+    for kw in ({}, {"sizes": ((9, 7), (5, 4), (3, 2), (1, 1)), "channels": 32, "queries": 20, "points": 4, "n": 1}):
+        inputs = inputs32(seed=5, **kw)
+        got = sess.run(None, feeds(inputs))[0]
+        value, loc = inputs[0], inputs[3]
+        assert got.shape == (loc.shape[0], loc.shape[1], value.shape[2], value.shape[3])
+        np.testing.assert_allclose(got.reshape(got.shape[0], got.shape[1], -1), msda(*inputs).numpy(), rtol=RTOL,
+                                   atol=ATOL)
+    path = tmp_path / "trt_msda.onnx"
+    onnx.save(model, str(path))
+    inputs = inputs32(seed=6)
+    with ReferenceRunner(str(path)) as runner:
+        ref = runner.run(feeds(inputs))
+    ref = ref[0] if isinstance(ref, (list, tuple)) else next(iter(ref.values()))
+    np.testing.assert_allclose(ref, sess.run(None, feeds(inputs))[0], rtol=RTOL, atol=ATOL)
+    with pytest.raises(Exception, match=r"INVALID_ARGUMENT|Unexpected input data type"):  # int64 tables, as torch
+        sess.run(None, feeds((inputs[0], inputs[1].int(), inputs[2].int(), *inputs[3:])))
+
+
 def test_bad_inputs_and_level_tables():
     sess = session(hand_model("mmdeploy", "MMCVMultiScaleDeformableAttention", im2col_step=64))
     value, shapes, starts, loc, attn = inputs32()

@@ -35,8 +35,9 @@ def test_gpu_check_script_cases_are_right_on_the_cpu():
 
 
 def test_gpu_check_script_tensorrt_only_msda_case_is_the_same_problem():
-    """MultiscaleDeformableAttnPlugin_TRT (TensorRT only: no ONNX Runtime kernel) is the kit's case with int32 level
-    tables and the output split per head: the same tables, feeds and expected values."""
+    """MultiscaleDeformableAttnPlugin_TRT in domain "" (TensorRT only; ONNX Runtime runs the name in the nvidia / trt
+    / TRT domains) is the kit's case with int32 level tables and the output split per head: the same tables, feeds
+    and expected values."""
     import onnx
 
     sys.path.insert(0, str(ROOT / "scripts"))

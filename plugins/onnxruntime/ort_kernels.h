@@ -56,11 +56,20 @@ Status output_tensor(OrtKernelContext* ctx, size_t index, const Shape& shape, vo
 // Output `index` when the node has that many outputs (else *data = nullptr).
 Status optional_output(OrtKernelContext* ctx, size_t index, const Shape& shape, void** data);
 
-// make_params, then output 0 allocated to the params' output shape.
+// The node's output shape: the params', or (MultiscaleDeformableAttnPlugin_TRT) split per head.
+template <typename Params>
+Shape node_output_shape(const Kernel&, const Params& p) {
+  return p.output_shape();
+}
+inline Shape node_output_shape(const Kernel& k, const MsdaParams& p) {
+  return k.variant->per_head_output ? p.per_head_output_shape() : p.output_shape();
+}
+
+// make_params, then output 0 allocated to the node's output shape.
 template <typename Params>
 Status prepare_run(const Kernel& k, const TensorView* in, OrtKernelContext* ctx, Params* p, void** y) {
   DCNKIT_RETURN_IF_ERROR(make_params(k, in, p));
-  return output_tensor(ctx, 0, p->output_shape(), y);
+  return output_tensor(ctx, 0, node_output_shape(k, *p), y);
 }
 
 Status compute_cpu(Kernel& k, OrtKernelContext* ctx);

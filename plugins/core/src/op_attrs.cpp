@@ -101,14 +101,18 @@ std::vector<OpVariant> build_variants() {
   // InternImage's exporter: mmdeploy::TRTDCNv3 (input, offset, mask) with the canonical attribute names and an
   // im2col_step that is ignored.
   v.push_back({"mmdeploy", "TRTDCNv3", OpKind::kDCNv3, canonical_inputs(op_def(OpKind::kDCNv3)), {}, false, false});
-  // TensorRT's own plugin name (no ONNX domain, no fields): the same five inputs (TensorRT's plugin takes the level
-  // tables in int32; the kit's takes int32 or int64), output (N, Lq, M, D). A TensorRT name only: the ONNX Runtime
-  // library does not register it.
-  OpVariant trt_msda{"", "MultiscaleDeformableAttnPlugin_TRT", OpKind::kMultiScaleDeformableAttention,
-                     canonical_inputs(op_def(OpKind::kMultiScaleDeformableAttention)), {}, false, false};
-  trt_msda.tensorrt_only = true;
-  trt_msda.per_head_output = true;
-  v.push_back(trt_msda);
+  // TensorRT's own plugin name (no fields): the same five inputs (TensorRT's plugin takes the level tables in int32;
+  // the kit's takes int32 or int64), output (N, Lq, M, D). TensorRT has no domains: the variant of domain "" is its
+  // creator, and the ONNX Runtime library does not register it (the default ONNX domain). ONNX Runtime runs the
+  // name in the domains the exporters that write it use (torch symbolics: "nvidia::", "trt::", "TRT::"), with
+  // int64 tables as torch writes them (TensorRT's ONNX parser casts them to int32 for this plugin).
+  for (const char* domain : {"", "nvidia", "trt", "TRT"}) {
+    OpVariant trt_msda{domain, "MultiscaleDeformableAttnPlugin_TRT", OpKind::kMultiScaleDeformableAttention,
+                       canonical_inputs(op_def(OpKind::kMultiScaleDeformableAttention)), {}, false, false};
+    trt_msda.tensorrt_only = domain[0] == '\0';
+    trt_msda.per_head_output = true;
+    v.push_back(trt_msda);
+  }
   return v;
 }
 

@@ -5,7 +5,8 @@ deformable / RoI nodes run in :mod:`dcnkit.reference`, the slow NumPy loops writ
 the test-suite also uses:
 
 - ``dcnkit`` domain: ``DeformConv2d``, ``RoIAlign``, ``DeformRoIPool``, ``DeformPSRoIPool``,
-  ``MultiLevelRoIAlign``, ``MultiScaleDeformableAttention``, ``DCNv3``, ``DCNv4``; ``mmdeploy::TRTDCNv3``;
+  ``MultiLevelRoIAlign``, ``MultiScaleDeformableAttention``, ``DCNv3``, ``DCNv4``; ``mmdeploy::TRTDCNv3``; TensorRT's
+  ``MultiscaleDeformableAttnPlugin_TRT`` in the domains ``nvidia``, ``trt`` and ``TRT``;
 - standard domain: ``DeformConv`` (opset 19) and ``RoiAlign`` (opset 10/16) are replaced too, so a model
   exported with ``standard_ops=True`` is checked against the same contract as one with custom nodes.
 
@@ -186,6 +187,21 @@ class MultiScaleDeformableAttention(OpRun):
         return (np.asarray(out).astype(value.dtype, copy=False),)
 
 
+def _trt_msda(domain: str) -> type:
+    """TensorRT's MultiscaleDeformableAttnPlugin_TRT as the torch symbolics that write it name its domain: the
+    same computation, output split per head (N, Lq, M, D)."""
+
+    def _run(self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights, **_):
+        out = _ref().multi_scale_deformable_attn(value, spatial_shapes, level_start_index, sampling_locations,
+                                                 attention_weights)
+        n, lq = sampling_locations.shape[:2]
+        return (np.asarray(out).astype(value.dtype, copy=False).reshape(n, lq, value.shape[2], value.shape[3]),)
+
+    return type("MultiscaleDeformableAttnPlugin_TRT", (OpRun,), {"op_domain": domain, "_run": _run})
+
+
+TRT_MSDA_OPS = tuple(_trt_msda(d) for d in ("nvidia", "trt", "TRT"))
+
 _DCNV3_ATTRS = (("kernel_h", 3), ("kernel_w", 3), ("stride_h", 1), ("stride_w", 1), ("pad_h", 1), ("pad_w", 1),
                 ("dilation_h", 1), ("dilation_w", 1), ("group", 1), ("group_channels", 1))
 
@@ -292,7 +308,7 @@ class RoiAlign(OpRun):
 
 
 CUSTOM_OPS = (DeformConv2d, RoIAlign, DeformRoIPool, DeformPSRoIPool, MultiLevelRoIAlign, DeformConv, RoiAlign)
-CUSTOM_OPS += (MultiScaleDeformableAttention, DCNv3, TRTDCNv3, DCNv4)
+CUSTOM_OPS += (MultiScaleDeformableAttention, DCNv3, TRTDCNv3, DCNv4) + TRT_MSDA_OPS
 
 
 def reference_evaluator(model, verbose: int = 0) -> ReferenceEvaluator:

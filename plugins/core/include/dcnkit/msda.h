@@ -22,6 +22,8 @@ struct MsdaParams {
   int64_t num_levels = 0;   // L
   int64_t num_points = 0;   // P, sampling points per level and head
   Shape output_shape() const { return {batch, num_queries, heads * channels}; }
+  // The same output split per head (TensorRT's MultiscaleDeformableAttnPlugin_TRT).
+  Shape per_head_output_shape() const { return {batch, num_queries, heads, channels}; }
   Shape value_shape() const { return {batch, num_values, heads, channels}; }
   Shape locations_shape() const { return {batch, num_queries, heads, num_levels, num_points, 2}; }
   Shape weights_shape() const { return {batch, num_queries, heads, num_levels, num_points}; }

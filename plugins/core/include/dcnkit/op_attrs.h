@@ -190,7 +190,7 @@ struct OpVariant {
   bool empty_input_is_absent;       // mmcv convention: a 0-element optional input means "none"
   bool loose_attrs;                 // accept int for ints (broadcast), 1-element ints, float-valued ints,
                                     // and 4-element symmetric paddings (mmdeploy DeformConv2d)
-  bool tensorrt_only = false;       // a TensorRT plugin name only: the ONNX Runtime library does not register it
+  bool tensorrt_only = false;       // a TensorRT plugin name only (domain ""): the ONNX Runtime library skips it
   bool per_head_output = false;     // MultiScaleDeformableAttention: output (N, Lq, M, D), not (N, Lq, M*D)
                                     // (TensorRT's MultiscaleDeformableAttnPlugin_TRT; the same memory)
 };
