@@ -196,10 +196,16 @@ def test_reference_runner_runs_the_nodes(tmp_path):
 
 
 @pytest.mark.cuda
-def test_cuda_ep_equals_op():
+def test_cuda_ep_equals_op(tmp_path):
     ort_cuda_or_skip()
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     sess = ort_session(trt_dcnv3_model(STRIDED).SerializeToString(), providers=providers)
     x, off, m = inputs32(STRIDED, seed=6)
     got = sess.run(None, {"input": x.numpy(), "offset": off.numpy(), "mask": m.numpy()})[0]
     np.testing.assert_allclose(got, dcnv3(x, off, m, *STRIDED).numpy(), rtol=RTOL, atol=ATOL)
+    path = tmp_path / "dcnv4.onnx"  # DCNv4 with softmax, exported
+    args = v4_inputs(STRIDED, 1)
+    dcnkit.export.to_onnx(V4(STRIDED, 1).eval(), args, path, input_names=["value", "offset_mask"])
+    got = ort_session(str(path), providers=providers).run(None, {"value": args[0].numpy(),
+                                                                 "offset_mask": args[1].numpy()})[0]
+    np.testing.assert_allclose(got, V4(STRIDED, 1)(*args).numpy(), rtol=RTOL, atol=ATOL)
