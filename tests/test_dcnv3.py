@@ -18,7 +18,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:Futu
 
 # (kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, group, group_channels, offset_scale)
 ATTR_CASES = [ATTRS, (3, 3, 2, 1, 1, 0, 1, 2, 2, 3, 0.7), (5, 3, 1, 2, 2, 1, 2, 1, 1, 5, 1.3),
-              (1, 1, 1, 1, 0, 0, 1, 1, 3, 2, 1.0)]
+              (1, 1, 1, 1, 0, 0, 1, 1, 3, 2, 1.0),
+              (3, 3, 1, 1, 1, 1, 1, 1, 2, 35, 0.9)]  # 35 channels a group: runs of 32 and 3 (the launch grid)
 
 
 def _k(attrs, rc):

@@ -132,14 +132,12 @@ Status make_dcnv4_params(const char* op, const Dcnv3Attrs& a, bool softmax, cons
 template <typename T>
 Status dcnv3_forward_cpu(const Dcnv3Params& p, const T* input, const T* offset, const T* mask, T* output,
                          const CpuContext& ctx) {
-  const int64_t G = p.groups, gc = p.group_channels, Ho = p.out_h, Wo = p.out_w;
-  parallel_for(ctx, sites(p) * G, [&](int64_t b, int64_t e) {
+  // The CUDA kernels' launch grid (dcnv3_thread), with runs of kCpuChannelChunk channels.
+  parallel_for(ctx, dcnv3_thread_count<kCpuChannelChunk>(p), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const int64_t g = i % G, wo = (i / G) % Wo, ho = (i / (G * Wo)) % Ho, n = i / (G * Wo * Ho);
-      for (int64_t c0 = 0; c0 < gc; c0 += kCpuChannelChunk) {
-        const int count = static_cast<int>(std::min<int64_t>(gc - c0, kCpuChannelChunk));
-        dcnv3_forward_channels<kCpuChannelChunk, T, T>(p, input, offset, mask, n, ho, wo, g, c0, count, output);
-      }
+      const Dcnv3Thread t = dcnv3_thread<kCpuChannelChunk>(p, i);
+      dcnv3_forward_channels<kCpuChannelChunk, T, T>(p, input, offset, mask, t.n, t.ho, t.wo, t.g, t.run.c0,
+                                                     t.run.count, output);
     }
   });
   return Status::Ok();

@@ -13,43 +13,13 @@ namespace {
 constexpr int kForwardChunk = 8;
 constexpr int kBackwardChunk = 4;
 
-template <int kChunk>
-DCNKIT_HD int64_t channel_runs(const Dcnv3Params& p) { return (p.group_channels + kChunk - 1) / kChunk; }
-
-template <int kChunk>
-int64_t thread_count(const Dcnv3Params& p) {
-  return p.batch * p.out_h * p.out_w * p.groups * channel_runs<kChunk>(p);
-}
-
-struct ThreadSite {
-  int64_t n, ho, wo, g, c0;
-  int count;
-};
-
-template <int kChunk>
-__device__ __forceinline__ ThreadSite thread_site(const Dcnv3Params& p, int64_t i, int64_t runs) {
-  ThreadSite t;
-  const int64_t r = i % runs;
-  int64_t rest = i / runs;
-  t.g = rest % p.groups;
-  rest /= p.groups;
-  t.wo = rest % p.out_w;
-  rest /= p.out_w;
-  t.ho = rest % p.out_h;
-  t.n = rest / p.out_h;
-  t.c0 = r * kChunk;
-  const int64_t left = p.group_channels - t.c0;
-  t.count = static_cast<int>(left < kChunk ? left : kChunk);
-  return t;
-}
-
 template <typename T, typename Acc>
 __global__ void dcnv3_forward_kernel(Dcnv3Params p, const T* input, const T* offset, const T* mask, T* output) {
-  const int64_t runs = channel_runs<kForwardChunk>(p);
-  DCNKIT_CUDA_KERNEL_LOOP(i, p.batch * p.out_h * p.out_w * p.groups * runs) {
-    const ThreadSite t = thread_site<kForwardChunk>(p, i, runs);
-    dcnv3_forward_channels<kForwardChunk, Acc, T>(p, input, offset, mask, t.n, t.ho, t.wo, t.g, t.c0, t.count,
-                                                  output);
+  const int64_t total = dcnv3_thread_count<kForwardChunk>(p);
+  DCNKIT_CUDA_KERNEL_LOOP(i, total) {
+    const Dcnv3Thread t = dcnv3_thread<kForwardChunk>(p, i);
+    dcnv3_forward_channels<kForwardChunk, Acc, T>(p, input, offset, mask, t.n, t.ho, t.wo, t.g, t.run.c0,
+                                                  t.run.count, output);
   }
 }
 
@@ -73,13 +43,13 @@ struct PointAtomicAdd {
 template <typename T, typename Acc>
 __global__ void dcnv3_backward_kernel(Dcnv3Params p, const T* grad_output, const T* input, const T* offset,
                                       const T* mask, Acc* grad_input, Acc* grad_offset, Acc* grad_mask) {
-  const int64_t runs = channel_runs<kBackwardChunk>(p);
   InputAtomicAdd<Acc> add_input{grad_input};
   PointAtomicAdd<Acc> add_point{grad_offset, grad_mask};
-  DCNKIT_CUDA_KERNEL_LOOP(i, p.batch * p.out_h * p.out_w * p.groups * runs) {
-    const ThreadSite t = thread_site<kBackwardChunk>(p, i, runs);
-    dcnv3_backward_channels<kBackwardChunk, Acc, T>(p, grad_output, input, offset, mask, t.n, t.ho, t.wo, t.g, t.c0,
-                                                    t.count, add_input, add_point);
+  const int64_t total = dcnv3_thread_count<kBackwardChunk>(p);
+  DCNKIT_CUDA_KERNEL_LOOP(i, total) {
+    const Dcnv3Thread t = dcnv3_thread<kBackwardChunk>(p, i);
+    dcnv3_backward_channels<kBackwardChunk, Acc, T>(p, grad_output, input, offset, mask, t.n, t.ho, t.wo, t.g,
+                                                    t.run.c0, t.run.count, add_input, add_point);
   }
 }
 
@@ -96,7 +66,7 @@ size_t dcnv3_backward_workspace_cuda(const Dcnv3Params& p, DType dtype) {
 
 Status dcnv3_forward_cuda(const Dcnv3Params& p, DType dtype, const void* input, const void* offset, const void* mask,
                           void* output, const CudaContext& ctx) {
-  const int64_t n = thread_count<kForwardChunk>(p);
+  const int64_t n = dcnv3_thread_count<kForwardChunk>(p);
   if (n == 0) return Status::Ok();
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
@@ -126,7 +96,7 @@ Status dcnv3_backward_cuda(const Dcnv3Params& p, DType dtype, const void* grad_o
       gm = grad_acc(static_cast<T*>(grad_mask), mask_elements(p), &ws);
       DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gm, s, where));
     }
-    const int64_t n = thread_count<kBackwardChunk>(p);
+    const int64_t n = dcnv3_thread_count<kBackwardChunk>(p);
     if (n > 0) {
       dcnv3_backward_kernel<T, Acc><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
           p, static_cast<const T*>(grad_output), static_cast<const T*>(input), static_cast<const T*>(offset),

@@ -87,16 +87,12 @@ Status msda_forward_cpu(const MsdaParams& p, const T* value, const int64_t* spat
                         const int64_t* level_start_index, const T* sampling_locations, const T* attention_weights,
                         T* output, const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_msda_levels("multi_scale_deformable_attn", p, spatial_shapes, level_start_index));
-  const int64_t M = p.heads, Lq = p.num_queries, D = p.channels;
-  parallel_for(ctx, p.batch * Lq * M, [&](int64_t b, int64_t e) {
+  // The CUDA kernels' launch grid (msda_thread), with runs of kCpuChannelChunk channels.
+  parallel_for(ctx, msda_thread_count<kCpuChannelChunk>(p), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const int64_t m = i % M, q = (i / M) % Lq, n = i / (M * Lq);
-      for (int64_t d0 = 0; d0 < D; d0 += kCpuChannelChunk) {
-        const int count = static_cast<int>(D - d0 < kCpuChannelChunk ? D - d0 : kCpuChannelChunk);
-        msda_forward_channels<kCpuChannelChunk, T, T>(p, value, spatial_shapes, level_start_index,
-                                                      sampling_locations, attention_weights, n, q, m, d0, count,
-                                                      output);
-      }
+      const MsdaThread t = msda_thread<kCpuChannelChunk>(p, i);
+      msda_forward_channels<kCpuChannelChunk, T, T>(p, value, spatial_shapes, level_start_index, sampling_locations,
+                                                    attention_weights, t.n, t.q, t.m, t.run.c0, t.run.count, output);
     }
   });
   return Status::Ok();

@@ -17,41 +17,15 @@ namespace {
 constexpr int kForwardChunk = 8;
 constexpr int kBackwardChunk = 4;
 
-template <int kChunk>
-DCNKIT_HD int64_t channel_runs(const MsdaParams& p) { return (p.channels + kChunk - 1) / kChunk; }
-
-template <int kChunk>
-int64_t thread_count(const MsdaParams& p) { return p.batch * p.num_queries * p.heads * channel_runs<kChunk>(p); }
-
-struct ThreadSite {
-  int64_t n, q, m, d0;
-  int count;
-};
-
-template <int kChunk>
-__device__ __forceinline__ ThreadSite thread_site(const MsdaParams& p, int64_t i, int64_t runs) {
-  ThreadSite t;
-  const int64_t r = i % runs;
-  int64_t rest = i / runs;
-  t.m = rest % p.heads;
-  rest /= p.heads;
-  t.q = rest % p.num_queries;
-  t.n = rest / p.num_queries;
-  t.d0 = r * kChunk;
-  const int64_t left = p.channels - t.d0;
-  t.count = static_cast<int>(left < kChunk ? left : kChunk);
-  return t;
-}
-
 template <typename T, typename Acc>
 __global__ void msda_forward_kernel(MsdaParams p, const T* value, const int64_t* spatial_shapes,
                                     const int64_t* level_start_index, const T* sampling_locations,
                                     const T* attention_weights, T* output) {
-  const int64_t runs = channel_runs<kForwardChunk>(p);
-  DCNKIT_CUDA_KERNEL_LOOP(i, p.batch * p.num_queries * p.heads * runs) {
-    const ThreadSite t = thread_site<kForwardChunk>(p, i, runs);
+  const int64_t total = msda_thread_count<kForwardChunk>(p);
+  DCNKIT_CUDA_KERNEL_LOOP(i, total) {
+    const MsdaThread t = msda_thread<kForwardChunk>(p, i);
     msda_forward_channels<kForwardChunk, Acc, T>(p, value, spatial_shapes, level_start_index, sampling_locations,
-                                                     attention_weights, t.n, t.q, t.m, t.d0, t.count, output);
+                                                 attention_weights, t.n, t.q, t.m, t.run.c0, t.run.count, output);
   }
 }
 
@@ -77,14 +51,14 @@ __global__ void msda_backward_kernel(MsdaParams p, const T* grad_output, const T
                                      const int64_t* spatial_shapes, const int64_t* level_start_index,
                                      const T* sampling_locations, const T* attention_weights, Acc* grad_value,
                                      Acc* grad_locations, Acc* grad_weights) {
-  const int64_t runs = channel_runs<kBackwardChunk>(p);
   ValueAtomicAdd<Acc> add_value{grad_value};
   PointAtomicAdd<Acc> add_point{grad_locations, grad_weights};
-  DCNKIT_CUDA_KERNEL_LOOP(i, p.batch * p.num_queries * p.heads * runs) {
-    const ThreadSite t = thread_site<kBackwardChunk>(p, i, runs);
+  const int64_t total = msda_thread_count<kBackwardChunk>(p);
+  DCNKIT_CUDA_KERNEL_LOOP(i, total) {
+    const MsdaThread t = msda_thread<kBackwardChunk>(p, i);
     msda_backward_channels<kBackwardChunk, Acc, T>(p, grad_output, value, spatial_shapes, level_start_index,
-                                                      sampling_locations, attention_weights, t.n, t.q, t.m, t.d0,
-                                                      t.count, add_value, add_point);
+                                                   sampling_locations, attention_weights, t.n, t.q, t.m, t.run.c0,
+                                                   t.run.count, add_value, add_point);
   }
 }
 
@@ -104,7 +78,7 @@ size_t msda_backward_workspace_cuda(const MsdaParams& p, DType dtype) {
 Status msda_forward_cuda(const MsdaParams& p, DType dtype, const void* value, const int64_t* spatial_shapes,
                          const int64_t* level_start_index, const void* sampling_locations,
                          const void* attention_weights, void* output, const CudaContext& ctx) {
-  const int64_t n = thread_count<kForwardChunk>(p);
+  const int64_t n = msda_thread_count<kForwardChunk>(p);
   if (n == 0) return Status::Ok();
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
@@ -133,7 +107,7 @@ Status msda_backward_cuda(const MsdaParams& p, DType dtype, const void* grad_out
     DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gv, s, where));
     DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gl, s, where));
     DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gw, s, where));
-    const int64_t n = thread_count<kBackwardChunk>(p);
+    const int64_t n = msda_thread_count<kBackwardChunk>(p);
     if (n > 0) {
       msda_backward_kernel<T, Acc><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
           p, static_cast<const T*>(grad_output), static_cast<const T*>(value), spatial_shapes, level_start_index,

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "dcnkit/bilinear.h"
+#include "dcnkit/channel_runs.h"
 #include "dcnkit/dcnv3.h"
 
 namespace dcnkit {
@@ -40,6 +41,32 @@ DCNKIT_HD Dcnv3Site dcnv3_site(const Dcnv3Params& p, int64_t n, int64_t ho, int6
   s.out0 = s.pos * C + g * p.group_channels;
   s.image0 = n * p.height * p.width * C + g * p.group_channels;
   return s;
+}
+
+// The launch grid of the CUDA kernels, which the CPU forward runs too: thread i covers the site (n, ho, wo, g) and
+// one run of kChunk of the group's channels (dcnkit/channel_runs.h).
+struct Dcnv3Thread {
+  int64_t n, ho, wo, g;
+  ChannelRun run;
+};
+
+template <int kChunk>
+DCNKIT_HD int64_t dcnv3_thread_count(const Dcnv3Params& p) {
+  return p.batch * p.out_h * p.out_w * p.groups * channel_run_count<kChunk>(p.group_channels);
+}
+
+template <int kChunk>
+DCNKIT_HD Dcnv3Thread dcnv3_thread(const Dcnv3Params& p, int64_t i) {
+  Dcnv3Thread t;
+  t.run = channel_run<kChunk>(i, channel_run_count<kChunk>(p.group_channels), p.group_channels);
+  int64_t rest = t.run.site;
+  t.g = rest % p.groups;
+  rest /= p.groups;
+  t.wo = rest % p.out_w;
+  rest /= p.out_w;
+  t.ho = rest % p.out_h;
+  t.n = rest / p.out_h;
+  return t;
 }
 
 // The sampling location (y, x) of point k (pixel coordinates of the unpadded map).

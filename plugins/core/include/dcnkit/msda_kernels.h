@@ -10,6 +10,7 @@
 #pragma once
 
 #include "dcnkit/bilinear.h"
+#include "dcnkit/channel_runs.h"
 #include "dcnkit/msda.h"
 
 namespace dcnkit {
@@ -57,6 +58,28 @@ DCNKIT_HD MsdaSite msda_site(const MsdaParams& p, int64_t n, int64_t q, int64_t 
 
 // f(c) for c in [0, count), count <= kChunk: loops of constant length kChunk (unrolled, vectorised; on CUDA the
 // per-channel arrays stay in registers, never indexed at run time).
+// The launch grid of the CUDA kernels, which the CPU forward runs too: thread i covers the site (n, q, m) and one
+// run of kChunk of the head's channels (dcnkit/channel_runs.h).
+struct MsdaThread {
+  int64_t n, q, m;
+  ChannelRun run;
+};
+
+template <int kChunk>
+DCNKIT_HD int64_t msda_thread_count(const MsdaParams& p) {
+  return p.batch * p.num_queries * p.heads * channel_run_count<kChunk>(p.channels);
+}
+
+template <int kChunk>
+DCNKIT_HD MsdaThread msda_thread(const MsdaParams& p, int64_t i) {
+  MsdaThread t;
+  t.run = channel_run<kChunk>(i, channel_run_count<kChunk>(p.channels), p.channels);
+  t.m = t.run.site % p.heads;
+  t.q = (t.run.site / p.heads) % p.num_queries;
+  t.n = t.run.site / (p.heads * p.num_queries);
+  return t;
+}
+
 template <int kChunk, typename F>
 DCNKIT_HD void for_channels(int count, F&& f) {
   if (count == kChunk) {
