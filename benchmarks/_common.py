@@ -137,6 +137,16 @@ def mib(b: int | None) -> str:
     return "-" if b is None else f"{b / 2**20:.1f}"
 
 
+def write_json(args, result, default=None):
+    """Writes ``result`` to ``--json`` when given (``default``: json.dump's, for values it cannot write); returns it."""
+    if args.json:
+        import json
+
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2, default=default)
+    return result
+
+
 def print_table(header: list[str], rows: list[list], widths: list[int] | None = None) -> None:
     """A Markdown table (copy-paste into the README)."""
     cells = [[str(c) for c in r] for r in rows]

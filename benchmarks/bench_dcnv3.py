@@ -13,7 +13,6 @@ round; each reports its fastest round. A second table times the whole layers (``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -114,10 +113,7 @@ def main(argv=None) -> dict:
                   [[r["shape"], f"{r['dcnv3_layer_ms']:.2f}", f"{r['dcnv4_layer_ms']:.2f}",
                     f"{r['dcnv4_over_dcnv3_layer']:.2f}"] for r in layer_rows])
     result = {"device": dev, "threads": args.threads, "rows": rows, "layer_rows": layer_rows}
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
-    return result
+    return C.write_json(args, result)
 
 
 if __name__ == "__main__":

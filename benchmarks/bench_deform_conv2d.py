@@ -194,10 +194,7 @@ def main(argv=None):
                                    + [C.mib(m[f"{n}_fwd_bytes"]) for n in names]
                                    + [C.mib(m[f"{n}_fwdbwd_bytes"]) for n in names] for m in mem])
             result["memory"] = {"shape": list(shape), "rows": mem}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    return result
+    return C.write_json(args, result)
 
 
 if __name__ == "__main__":

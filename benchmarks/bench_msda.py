@@ -16,7 +16,6 @@ The implementations of a case run interleaved, round after round; each reports i
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -143,10 +142,7 @@ def main(argv=None) -> dict:
     result = {"device": dev, "threads": args.threads, "shape": {"N": N, "S": S, "M": M, "D": D, "L": L, "P": P,
                                                                 "Lq": Lq, "levels": [list(s) for s in sizes]},
               "rows": [dict(case=r[0], dcnkit_ms=r[1], grid_sample_ms=r[2], ratio=r[1] / r[2]) for r in rows]}
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
-    return result
+    return C.write_json(args, result)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ are built-in / kit and torch / kit (> 1: the kit is faster).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -120,10 +119,7 @@ def main(argv=None) -> list[dict]:
     if trt_reason is None:
         header += ["TensorRT fp32 ms", "TensorRT fp16 ms"]
     C.print_table(header, table)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-    return results
+    return C.write_json(args, results)
 
 
 if __name__ == "__main__":

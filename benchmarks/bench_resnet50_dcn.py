@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import sys
 import tempfile
@@ -127,9 +126,7 @@ def main(argv=None):
         print(f"TensorRT skipped: {reason}")
     base = ms["PyTorch eager"]
     C.print_table(["runtime", "ms", "vs PyTorch eager"], [[k, f"{v:.1f}", f"{v / base:.2f}x"] for k, v in ms.items()])
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": device, "threads": args.threads, "ms": ms, "accuracy": accuracy}, f, indent=2)
+    C.write_json(args, {"device": device, "threads": args.threads, "ms": ms, "accuracy": accuracy})
     return ms
 
 

@@ -15,7 +15,6 @@ torch ops run on the GPU and ONNX Runtime uses its CUDA execution provider when 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -178,10 +177,7 @@ def main(argv=None) -> dict:
     result = {"device": dev, "threads": args.threads,
               "rows": [dict(case=r[0], dcnkit_ms=r[1], torchvision_ms=r[2], ort_kit_ms=r[3], ort_builtin_ms=r[4],
                             **{f"{k} ms": v for k, v in r[5].items()}) for r in rows]}
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2, default=lambda v: None)
-    return result
+    return C.write_json(args, result, default=lambda v: None)
 
 
 if __name__ == "__main__":
