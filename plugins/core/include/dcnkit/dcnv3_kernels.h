@@ -82,6 +82,15 @@ DCNKIT_HD void dcnv3_location(const Dcnv3Params& p, const T* offset, const Dcnv3
   *y = Acc(ho * p.stride_h - p.pad_h + ch) + (Acc(i_h * p.dilation_h - ch) + to_acc<Acc>(o[1])) * scale;
 }
 
+// Point k's bilinear taps (dcn_taps of its location; not inside: it samples 0).
+template <typename Acc, typename T>
+DCNKIT_HD Taps<Acc> dcnv3_point_taps(const Dcnv3Params& p, const T* offset, const Dcnv3Site& s, int64_t ho,
+                                     int64_t wo, int64_t k) {
+  Acc y, x;
+  dcnv3_location<Acc, T>(p, offset, s, ho, wo, k, &y, &x);
+  return dcn_taps<Acc>(y, x, p.height, p.width);
+}
+
 // The weights of one (n, ho, wo, g) as used: as given, or softmax over the K points (DCNv4's `softmax`). With
 // softmax, weight(k) = exp(m_k - max) / sum.
 template <typename Acc, typename T>
@@ -115,9 +124,7 @@ DCNKIT_HD void dcnv3_forward_channels(const Dcnv3Params& p, const T* input, cons
   const int64_t C = p.groups * p.group_channels;
   const T* img = input + s.image0 + c0;
   for (int64_t k = 0; k < p.points; ++k) {
-    Acc y, x;
-    dcnv3_location<Acc, T>(p, offset, s, ho, wo, k, &y, &x);
-    const Taps<Acc> t = dcn_taps<Acc>(y, x, p.height, p.width);
+    const Taps<Acc> t = dcnv3_point_taps<Acc, T>(p, offset, s, ho, wo, k);
     if (!t.inside) continue;
     const Acc m = weight(k);
     for (int q = 0; q < 4; ++q) {
@@ -149,9 +156,7 @@ DCNKIT_HD void dcnv3_backward_channels(const Dcnv3Params& p, const T* grad_outpu
   const Acc scale = Acc(p.offset_scale);
   Acc weighted_sum = Acc(0);  // softmax: sum_j s_j g_j
   for (int64_t k = 0; k < p.points; ++k) {
-    Acc y, x;
-    dcnv3_location<Acc, T>(p, offset, s, ho, wo, k, &y, &x);
-    const Taps<Acc> t = dcn_taps<Acc>(y, x, p.height, p.width);
+    const Taps<Acc> t = dcnv3_point_taps<Acc, T>(p, offset, s, ho, wo, k);
     if (!t.inside) continue;
     const Acc m = weight(k);
     Acc gm = Acc(0), gy = Acc(0), gx = Acc(0);
