@@ -107,3 +107,11 @@ def test_bench_dcnv3_quick(tmp_path):
     assert [r["shape"] for r in res["layer_rows"]] == ["quick"]
     for r in res["layer_rows"]:
         assert r["dcnv3_layer_ms"] > 0 and r["dcnv4_layer_ms"] > 0
+
+
+def test_bench_int8_quick(tmp_path):
+    pytest.importorskip("onnxscript")
+    stdout, res = _run("bench_int8", tmp_path, "--calibration", "2")
+    assert "int8 / fp32" in stdout
+    assert set(res["ms"]) == {"ResNet-50-DCN fp32", "ResNet-50-DCN int8"}
+    assert all(0.9 < c <= 1.0 + 1e-9 for c in res["cosine_min"].values())
