@@ -17,11 +17,8 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import zipfile
 from email.parser import Parser
@@ -29,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from server_process import free_port, serving
 
 pytestmark = pytest.mark.wheel
 
@@ -156,12 +154,6 @@ def _constraints(path: Path) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def dcn_model(tmp_path_factory) -> tuple[Path, dict, np.ndarray]:
     """A DCNv2 layer exported by this test as the kit's node (dcnkit::DeformConv2d), its inputs, and the
@@ -231,42 +223,17 @@ def test_installed_wheel_runs_an_exported_model(deploy_venv, dcn_model, tmp_path
         np.testing.assert_allclose(z["output"], want, rtol=1e-4, atol=1e-4)
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        assert proc.poll() is None, proc.communicate()[0]
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, f"{url} not ready after {timeout:.0f} s"
-        time.sleep(0.2)
-
-
 def test_installed_wheel_serves_one_request(deploy_venv, dcn_model, tmp_path):
     venv, env = deploy_venv
     path, feeds, want = dcn_model
-    port = _free_port()
-    proc = subprocess.Popen([str(venv / "bin" / "dcnkit"), "serve", str(path), "--host", "127.0.0.1", "--port",
-                             str(port), "--log-level", "warning"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        _wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", proc)
+    port = free_port()
+    with serving([venv / "bin" / "dcnkit", "serve", path, "--host", "127.0.0.1", "--port", port, "--log-level",
+                  "warning"], port, env=env, cwd=tmp_path):
         body = {"inputs": [{"name": k, "shape": list(a.shape), "datatype": "FP32", "data": a.ravel().tolist()}
                            for k, a in feeds.items()]}
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/{path.stem}/infer",
                                      data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
             (out,) = json.loads(r.read())["outputs"]
-        assert out["name"] == "output" and out["shape"] == list(want.shape)
-        np.testing.assert_allclose(np.asarray(out["data"], np.float32).reshape(want.shape), want, rtol=1e-4,
-                                   atol=1e-4)
-        proc.send_signal(signal.SIGTERM)
-        log, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 0, log
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    assert out["name"] == "output" and out["shape"] == list(want.shape)
+    np.testing.assert_allclose(np.asarray(out["data"], np.float32).reshape(want.shape), want, rtol=1e-4, atol=1e-4)
