@@ -2,8 +2,8 @@
 
 TensorRT 11 builds strongly typed networks only (its FP16/BF16 builder flags are gone): the precision of every
 layer follows the types written in the ONNX file. :func:`convert_float_tensors` rewrites a float32 model into one
-float type, the kit's ``dcnkit``-domain nodes included, so the plugins see float16 (or bfloat16) features, weights,
-offsets and RoIs alike (the plugins take RoIs in the feature dtype):
+float type, the kit's ``dcnkit``-domain nodes included, so the plugins see float16 (or bfloat16) features, weights
+and offsets, **but float32 RoIs**:
 
 - float32 initializers, ``Constant`` / ``ConstantOfShape`` values, ``Cast(to=FLOAT)`` targets and value infos
   become the target type (initializers are clipped to the target's finite range first);
@@ -13,6 +13,12 @@ offsets and RoIs alike (the plugins take RoIs in the feature dtype):
 - an input or output of a node whose ONNX schema does not accept the target type (``Resize`` scales,
   ``Range``, ``NonMaxSuppression``...) stays float32, with a ``Cast`` around it. The schemas decide, so the result
   passes ``onnx.checker`` wherever the original did.
+- the RoI input of every RoI operator the plugins run (``dcnkit`` RoIAlign, DeformRoIPool, DeformPSRoIPool,
+  MultiLevelRoIAlign; mmcv's / mmdeploy's MMCVRoiAlign, MMCVDeformRoIPool, MMCVMultiLevelRoiAlign) stays float32
+  (a float16 box coordinate steps by 1 px above 1024 px: boxes move and FPN levels flip). A float32 graph input or
+  initializer feeds it as it is; RoIs computed inside the graph get a ``Cast`` to float32 in front of the node
+  (the arithmetic that made them ran in the target type). ONNX's own ``RoiAlign`` takes its RoIs in the type of
+  its features (its schema), so those follow the features.
 
 Polygraphy's ``ConvertToFp16`` (onnxconverter-common) is not used: it has no bfloat16, and with ``keep_io_types``
 a graph output that later nodes consume feeds them float32, so a model leaves it with mixed float types.
@@ -43,7 +49,7 @@ class ConversionReport:
         text = (f"converted to {self.dtype}: {self.initializers} initializers ({self.clipped} values clipped to the "
                 f"{self.dtype} range), {self.constants} constants, {self.casts} casts inserted")
         if self.kept_float32:
-            text += f"; kept float32 where the ONNX schema requires it: {', '.join(self.kept_float32)}"
+            text += f"; kept float32 (RoIs, and where the ONNX schema requires it): {', '.join(self.kept_float32)}"
         return text
 
 
@@ -104,6 +110,26 @@ def _float32_only(node, opset: dict, target: int) -> tuple[set[int], set[int]]:
     return fixed(list(schema.inputs), len(node.input)), fixed(list(schema.outputs), len(node.output))
 
 
+# mmcv's / mmdeploy's names of the kit's RoI operators (any domain) -> the kit's op type (its input order).
+_ROI_ALIASES = {"MMCVRoiAlign": "RoIAlign", "MMCVDeformRoIPool": "DeformRoIPool",
+                "MMCVMultiLevelRoiAlign": "MultiLevelRoIAlign"}
+
+
+def _roi_positions() -> dict[str, int]:
+    """The kit's op type -> the position of its ``rois`` input (from the op table)."""
+    from dcnkit.export import _table
+
+    return {info.onnx_type: [t.name for t in info.inputs].index("rois")
+            for info in _table.ops().values() if any(t.name == "rois" for t in info.inputs)}
+
+
+def _roi_input(node, positions: dict[str, int], domain: str) -> set[int]:
+    """{the node's RoI input position} for a RoI operator of the plugins, else an empty set."""
+    kind = node.op_type if node.domain == domain else _ROI_ALIASES.get(node.op_type)
+    pos = positions.get(kind) if kind else None
+    return {pos} if pos is not None and pos < len(node.input) else set()
+
+
 def _float_names(graph) -> set[str]:
     """Names of the graph's float32 tensors: inputs, initializers, value infos (after shape inference), outputs,
     and the outputs of float constants and casts to float."""
@@ -122,13 +148,16 @@ def _float_names(graph) -> set[str]:
     return names
 
 
-def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level):
+def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level, rois):
     from onnx import helper
 
     floats = _float_names(graph)
     init_names = {t.name for t in graph.initializer}
     out_names = {v.name for v in graph.output}
-    keep = [_float32_only(n, opset, target) for n in graph.node]
+    keep = []
+    for n in graph.node:
+        keep_in, keep_out = _float32_only(n, opset, target)
+        keep.append((keep_in | _roi_input(n, *rois), keep_out))
 
     # An initializer used only where float32 is required stays float32 (no precision lost to a round trip).
     uses: dict[str, list[bool]] = {}
@@ -136,6 +165,9 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
         for i, name in enumerate(n.input):
             uses.setdefault(name, []).append(i in keep_in)
     stay32 = {name for name in init_names if uses.get(name) and all(uses[name])}
+    # Likewise a float32 graph input used only there (RoIs fed by the caller): no Cast, not retyped.
+    stay32 |= {v.name for v in graph.input if v.name not in init_names and v.name not in out_names
+               and uses.get(v.name) and all(uses[v.name])}
 
     converted = set()
     for i, t in enumerate(list(graph.initializer)):
@@ -154,7 +186,7 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
     renames: dict[str, str] = {}  # float32 graph I/O -> the target-typed tensor used inside the graph
     produced = {o for n in graph.node for o in n.output}
     for v in graph.input:
-        if v.type.tensor_type.elem_type != _FLOAT or v.name in init_names:
+        if v.type.tensor_type.elem_type != _FLOAT or v.name in init_names or v.name in stay32:
             continue
         if keep_io_types and top_level:
             renames[v.name] = f"{v.name}__{dtype}"
@@ -177,9 +209,9 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
     for k, n in enumerate(graph.node):
         for a in n.attribute:  # sub-graphs (If / Loop / Scan bodies): same conversion, their I/O included
             if a.type == a.GRAPH:
-                _convert_graph(a.g, opset, dtype, target, report, keep_io_types, False)
+                _convert_graph(a.g, opset, dtype, target, report, keep_io_types, False, rois)
             for g in a.graphs:
-                _convert_graph(g, opset, dtype, target, report, keep_io_types, False)
+                _convert_graph(g, opset, dtype, target, report, keep_io_types, False, rois)
         if n.op_type == "Cast":
             for a in n.attribute:
                 if a.name == "to" and a.i == _FLOAT:
@@ -261,7 +293,10 @@ def convert_float_tensors(model, dtype: str = "float16", keep_io_types: bool = T
         out.CopyFrom(model)
     opset = {o.domain if o.domain != "ai.onnx" else "": o.version for o in out.opset_import}
     report = ConversionReport(dtype)
-    _convert_graph(out.graph, opset, dtype, target, report, keep_io_types, True)
+    from dcnkit.export import _table
+
+    rois = (_roi_positions(), _table.domain())
+    _convert_graph(out.graph, opset, dtype, target, report, keep_io_types, True, rois)
     return out, report
 
 
