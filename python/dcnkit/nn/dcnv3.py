@@ -8,7 +8,7 @@ through ``output_proj``. ``DCNv4``: input (N, L, C) with ``shape=(H, W)`` (squar
 ``offset_mask`` predicts offsets and weights together (no softmax), ``value_proj`` / ``output_proj`` around the op.
 
 Both predict the offsets at the input's resolution, so the sampling keeps it: every argument is checked when the
-layer is built (docs/operators.md, "The layers against InternImage and DCNv4").
+layer is built (docs/operators.md, "The layers against InternImage, DCNv4 and mmcv").
 """
 from __future__ import annotations
 
