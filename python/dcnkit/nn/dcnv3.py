@@ -92,8 +92,8 @@ def _check_geometry(cls: str, channels, group, kernel_size, stride, pad, dilatio
             or not math.isfinite(offset_scale):
         raise ValueError(f"{cls}: offset_scale: expected a finite number, got {offset_scale!r}")
     if dw_kernel_size is not None and (_check_int(cls, "dw_kernel_size", dw_kernel_size, 1) % 2 == 0):
-        raise ValueError(f"{cls}: dw_kernel_size: expected an odd int (the depthwise conv keeps the map's size), "
-                         f"got {dw_kernel_size!r}")
+        raise ValueError(f"{cls}: dw_kernel_size: expected an odd int (the depthwise conv keeps the map's size; "
+                         f"DCNv3 uses kernel_size when it is None), got {dw_kernel_size!r}")
     return channels // group
 
 
