@@ -60,12 +60,13 @@ def test_rois_of_every_roi_operator_stay_float32(dtype, elem):
         assert f"{n.op_type} {name}: input {rois_at}" in report.kept_float32
     for name in ("ra", "dr", "ps", "ml"):  # the kit's outputs take the features' type, not the RoIs'
         assert types[nodes[name].output[0]] == elem, name
-    # The caller's RoIs are used as they are (no Cast to 16 bits and back); computed RoIs get a Cast to float32.
+    # The caller's RoIs are used as they are (no Cast to 16 bits and back), and RoIs computed from them are
+    # computed in float32 (rois_in * one: graph input and initializer stay float32).
     assert nodes["ra"].input[1] == "rois" and nodes["mmdeploy_ml"].input[0] == "rois"
-    assert not any(n.op_type == "Cast" and n.input[0] == "rois" for n in conv.graph.node)
-    for name, at in (("dr", 1), ("ml", 0)):
-        cast = next(n for n in conv.graph.node if n.output[0] == nodes[name].input[at])
-        assert cast.op_type == "Cast" and cast.attribute[0].i == T.FLOAT and types[cast.input[0]] == elem
+    assert nodes["dr"].input[1] == nodes["ml"].input[0] == "rois_calc" == nodes["calc"].output[0]
+    assert list(nodes["calc"].input) == ["rois_in", "one"]
+    assert types["rois_in"] == T.FLOAT and next(t for t in conv.graph.initializer if t.name == "one").data_type == T.FLOAT
+    assert not any(n.op_type == "Cast" and n.input[0] in ("rois", "rois_in") for n in conv.graph.node)
     onnx.checker.check_model(onnx.shape_inference.infer_shapes(_only_kit_nodes(conv)), full_check=True)
 
 
@@ -81,6 +82,65 @@ def _only_kit_nodes(model):
     del out.graph.output[:]
     out.graph.output.extend(outputs)
     return out
+
+
+def _decoded_rois_model(anchors):
+    """RoIs decoded in the graph: rois = Concat(0, anchors + Relu(deltas) * 0.5) -> RoIAlign(Relu(x), rois); the
+    decoded boxes also feed a converted node (Relu -> graph output ``boxes_relu``)."""
+    register_onnx_schemas()
+    k = anchors.shape[0]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["f"], name="relu_x"),
+        helper.make_node("Relu", ["deltas"], ["d"], name="relu_d"),  # a converted tensor entering the RoI work
+        helper.make_node("Constant", [], ["half"], name="half", value_float=0.5),
+        helper.make_node("Mul", ["d", "half"], ["scaled"], name="scale"),
+        helper.make_node("Add", ["anchors", "scaled"], ["boxes"], name="decode"),
+        helper.make_node("Concat", ["batch", "boxes"], ["rois"], name="concat", axis=1),
+        helper.make_node("RoIAlign", ["f", "rois"], ["y"], domain="dcnkit", name="ra", output_size=[3, 3],
+                         spatial_scale=1.0, sampling_ratio=2, aligned=1),
+        helper.make_node("Relu", ["boxes"], ["boxes_relu"], name="relu_boxes"),
+    ]
+    inits = [onnx.numpy_helper.from_array(anchors, "anchors"),
+             onnx.numpy_helper.from_array(np.zeros((k, 1), np.float32), "batch")]
+    graph = helper.make_graph(nodes, "g", [_vi("x", T.FLOAT, [1, 2, 8, 1340]), _vi("deltas", T.FLOAT, [k, 4])],
+                              [_vi("y", T.FLOAT, [k, 2, 3, 3]), _vi("boxes_relu", T.FLOAT, [k, 4])],
+                              initializer=inits)
+    return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17),
+                                                                  helper.make_opsetid("dcnkit", 1)])
+
+
+def test_rois_decoded_in_the_graph_are_decoded_in_float32():
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    from dcnkit.runtime.reference_runner import ReferenceRunner
+
+    x1 = np.array([1100.3, 1203.7, 1290.45, 1311.2], np.float32)
+    anchors = np.stack([x1, np.full(4, 1.25), x1 + 2.6, np.full(4, 6.5)], 1).astype(np.float32)
+    conv, report = precision.convert_float_tensors(_decoded_rois_model(anchors), "float16")
+    onnx.checker.check_model(conv, full_check=True)
+    inferred = onnx.shape_inference.infer_shapes(conv, strict_mode=True)
+    types = {v.name: v.type.tensor_type.elem_type for v in list(inferred.graph.value_info) + list(inferred.graph.input)}
+    nodes = {n.name: n for n in conv.graph.node}
+    for t in ("half", "scaled", "boxes", "rois"):  # the decoding runs in float32...
+        assert types[t] == T.FLOAT, t
+    assert {t.name: t.data_type for t in conv.graph.initializer} == {"anchors": T.FLOAT, "batch": T.FLOAT}
+    assert types[nodes["relu_d"].output[0]] == T.FLOAT16 and types[nodes["relu_x"].output[0]] == T.FLOAT16
+    entering = next(n for n in conv.graph.node if n.output[0] == nodes["scale"].input[0])  # ...from a Cast in
+    assert entering.op_type == "Cast" and entering.input[0] == nodes["relu_d"].output[0]
+    leaving = next(n for n in conv.graph.node if n.output[0] == nodes["relu_boxes"].input[0])  # ...and a Cast out
+    assert leaving.op_type == "Cast" and leaving.input[0] == "boxes" and types[leaving.output[0]] == T.FLOAT16
+    assert "Mul scale: input 0" in report.kept_float32 and "RoIAlign ra: input 1" in report.kept_float32
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 2, 8, 1340)).astype(np.float32)
+    deltas = rng.uniform(0.1, 0.9, (4, 4)).astype(np.float32)
+    with ReferenceRunner(conv) as r:
+        got = r.run({"x": x, "deltas": deltas})["y"]
+    # The decoding in float32 of the float16 deltas (what the converted Relu gives), on the float16 Relu(x).
+    boxes = torch.from_numpy(anchors) + torch.from_numpy(deltas).half().float() * 0.5
+    rois = torch.cat([torch.zeros(4, 1), boxes], 1)
+    want = torchvision.ops.roi_align(torch.from_numpy(x).half().float().relu(), rois, (3, 3), 1.0, 2, aligned=True)
+    np.testing.assert_allclose(got, want.half().float().numpy(), rtol=0, atol=2e-3)
 
 
 def test_float16_engine_pools_boxes_of_a_large_image_at_their_float32_place():

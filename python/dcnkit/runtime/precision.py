@@ -16,9 +16,11 @@ and offsets, **but float32 RoIs**:
 - the RoI input of every RoI operator the plugins run (``dcnkit`` RoIAlign, DeformRoIPool, DeformPSRoIPool,
   MultiLevelRoIAlign; mmcv's / mmdeploy's MMCVRoiAlign, MMCVDeformRoIPool, MMCVMultiLevelRoiAlign) stays float32
   (a float16 box coordinate steps by 1 px above 1024 px: boxes move and FPN levels flip). A float32 graph input or
-  initializer feeds it as it is; RoIs computed inside the graph get a ``Cast`` to float32 in front of the node
-  (the arithmetic that made them ran in the target type). ONNX's own ``RoiAlign`` takes its RoIs in the type of
-  its features (its schema), so those follow the features.
+  initializer feeds it as it is. RoIs computed inside the graph are computed in float32: the nodes of box
+  arithmetic and data movement (``_BOX_OPS``: Add, Mul, Concat, Gather, Reshape, Constant...) that lead to a RoI
+  input stay float32, with a ``Cast`` to float32 where a converted tensor (a Conv's deltas) enters them and a
+  ``Cast`` to the target type where one of their results leaves for a converted node. ONNX's own ``RoiAlign``
+  takes its RoIs in the type of its features (its schema), so those follow the features.
 
 Polygraphy's ``ConvertToFp16`` (onnxconverter-common) is not used: it has no bfloat16, and with ``keep_io_types``
 a graph output that later nodes consume feeds them float32, so a model leaves it with mixed float types.
@@ -130,6 +132,29 @@ def _roi_input(node, positions: dict[str, int], domain: str) -> set[int]:
     return {pos} if pos is not None and pos < len(node.input) else set()
 
 
+# Box arithmetic and data movement: the nodes computing RoIs from anchors and deltas (decoding, clipping, scaling,
+# concatenating batch indices) stay float32 when they lead to a RoI input. Anything else (Conv, MatMul, ...) ends
+# the float32 region: its result is cast to float32 where the region reads it.
+_BOX_OPS = frozenset({
+    "Abs", "Add", "Cast", "Ceil", "Clip", "Concat", "Constant", "ConstantOfShape", "Div", "Exp", "Expand", "Flatten",
+    "Floor", "Gather", "GatherElements", "GatherND", "Identity", "Log", "Max", "Min", "Mul", "Neg", "Reciprocal",
+    "Reshape", "Round", "Slice", "Split", "Sqrt", "Squeeze", "Sub", "Tile", "Transpose", "Unsqueeze", "Where"})
+
+
+def _roi_region(graph, roi_in: list, floats: set) -> set[int]:
+    """Indices of the nodes (of _BOX_OPS) whose float results reach a RoI input through _BOX_OPS only."""
+    producer = {o: k for k, n in enumerate(graph.node) for o in n.output if o}
+    stack = [graph.node[k].input[i] for k, positions in enumerate(roi_in) for i in positions]
+    region: set[int] = set()
+    while stack:
+        k = producer.get(stack.pop())
+        if k is None or k in region or graph.node[k].op_type not in _BOX_OPS:
+            continue
+        region.add(k)
+        stack.extend(x for x in graph.node[k].input if x in floats)
+    return region
+
+
 def _float_names(graph) -> set[str]:
     """Names of the graph's float32 tensors: inputs, initializers, value infos (after shape inference), outputs,
     and the outputs of float constants and casts to float."""
@@ -154,10 +179,18 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
     floats = _float_names(graph)
     init_names = {t.name for t in graph.initializer}
     out_names = {v.name for v in graph.output}
+    roi_in = [_roi_input(n, *rois) for n in graph.node]
+    region = _roi_region(graph, roi_in, floats)  # float32 nodes computing RoIs
+    region_out = {o for k in region for o in graph.node[k].output if o in floats}
     keep = []
-    for n in graph.node:
+    for k, n in enumerate(graph.node):
         keep_in, keep_out = _float32_only(n, opset, target)
-        keep.append((keep_in | _roi_input(n, *rois), keep_out))
+        if k in region:
+            keep_in, keep_out = {i for i, x in enumerate(n.input) if x in floats}, set()
+        keep.append((keep_in | roi_in[k], keep_out))
+    # Results of the region read by converted nodes: a Cast to the target type after their producer.
+    leaving = {x for (keep_in, _), n in zip(keep, graph.node) for i, x in enumerate(n.input)
+               if x in region_out and i not in keep_in}
 
     # An initializer used only where float32 is required stays float32 (no precision lost to a round trip).
     uses: dict[str, list[bool]] = {}
@@ -179,7 +212,7 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
         if v.name in converted:
             v.type.tensor_type.elem_type = target
     for v in graph.value_info:
-        if v.type.tensor_type.elem_type == _FLOAT:
+        if v.type.tensor_type.elem_type == _FLOAT and v.name not in region_out:
             v.type.tensor_type.elem_type = target
 
     head, tail = [], []
@@ -195,8 +228,8 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
         else:
             v.type.tensor_type.elem_type = target
     for v in graph.output:
-        if v.type.tensor_type.elem_type != _FLOAT or v.name not in produced:
-            continue  # an output that is a graph input or an initializer passes through unchanged
+        if v.type.tensor_type.elem_type != _FLOAT or v.name not in produced or v.name in region_out:
+            continue  # an output that is a graph input or an initializer, or float32 RoI work, stays as it is
         if keep_io_types and top_level:
             renames[v.name] = f"{v.name}__{dtype}"
             tail.append(helper.make_node("Cast", [renames[v.name]], [v.name], to=_FLOAT, name=f"{v.name}__cast_out"))
@@ -212,18 +245,21 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
                 _convert_graph(a.g, opset, dtype, target, report, keep_io_types, False, rois)
             for g in a.graphs:
                 _convert_graph(g, opset, dtype, target, report, keep_io_types, False, rois)
-        if n.op_type == "Cast":
+        in_region = k in region
+        if n.op_type == "Cast" and not in_region:
             for a in n.attribute:
                 if a.name == "to" and a.i == _FLOAT:
                     a.i = target
-        if n.op_type in ("Constant", "ConstantOfShape"):
+        if n.op_type in ("Constant", "ConstantOfShape") and not in_region:
             _convert_constant(n, dtype, target, report)
         keep_in, keep_out = keep[k]
         label = f"{n.op_type} {n.name or '(unnamed)'}"
         for i, name in enumerate(n.input):
             if name in floats and i in keep_in:
-                report.kept_float32.append(f"{label}: input {i}")
-                if name in inputs32 or name in stay32:  # a float32 graph input / initializer: used as it is
+                as_is = name in inputs32 or name in stay32 or name in region_out  # float32 already
+                if not (in_region and as_is):  # (not every step inside the region)
+                    report.kept_float32.append(f"{label}: input {i}")
+                if as_is:
                     continue
                 cast = f"{name}__float32_{n.name or n.op_type}_{i}"
                 body.append(helper.make_node("Cast", [renames.get(name, name)], [cast], to=_FLOAT, name=cast))
@@ -232,7 +268,13 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
             else:
                 n.input[i] = renames.get(name, name)
         after = []
-        for i, original in enumerate(n.output):
+        for original in n.output if in_region else ():
+            if original in leaving:
+                renames[original] = f"{original}__{dtype}"
+                after.append(helper.make_node("Cast", [original], [renames[original]], to=target,
+                                              name=f"{original}__cast_{dtype}"))
+                report.casts += 1
+        for i, original in enumerate(n.output if not in_region else ()):
             name = renames.get(original, original)
             n.output[i] = name
             if name and i in keep_out and original in floats:
