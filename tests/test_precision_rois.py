@@ -84,6 +84,34 @@ def _only_kit_nodes(model):
     return out
 
 
+def test_roi_work_read_by_a_subgraph_is_left_to_the_conversion():
+    """An If branch reads the computed RoIs (torchvision's batched NMS does): the branch is converted on its own,
+    reading the target type, so that result stays converted (a Cast to float32 in front of the RoI node)."""
+    register_onnx_schemas()
+
+    def branch(out):
+        return helper.make_graph([helper.make_node("Add", ["rois_calc", "rois_calc"], [out])], out, [],
+                                 [_vi(out, T.FLOAT, None)])
+
+    nodes = [
+        helper.make_node("Relu", ["x"], ["f"], name="relu"),
+        helper.make_node("Mul", ["rois_in", "one"], ["rois_calc"], name="calc"),
+        helper.make_node("RoIAlign", ["f", "rois_calc"], ["a"], domain="dcnkit", name="ra", output_size=[2, 2]),
+        helper.make_node("If", ["cond"], ["z"], name="if", then_branch=branch("t"), else_branch=branch("e")),
+    ]
+    graph = helper.make_graph(nodes, "g", [_vi("x", T.FLOAT, [1, 4, 16, 16]), _vi("rois_in", T.FLOAT, [3, 5]),
+                                           _vi("cond", T.BOOL, [])],
+                              [_vi("a", T.FLOAT, [3, 4, 2, 2]), _vi("z", T.FLOAT, [3, 5])],
+                              initializer=[helper.make_tensor("one", T.FLOAT, [], [1.0])])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17),
+                                                                   helper.make_opsetid("dcnkit", 1)])
+    conv, _ = precision.convert_float_tensors(model, "float16")
+    onnx.checker.check_model(conv, full_check=True)
+    ra = next(n for n in conv.graph.node if n.name == "ra")
+    cast = next(n for n in conv.graph.node if n.output[0] == ra.input[1])
+    assert cast.op_type == "Cast" and cast.input[0] == "rois_calc" and cast.attribute[0].i == T.FLOAT
+
+
 def _decoded_rois_model(anchors):
     """RoIs decoded in the graph: rois = Concat(0, anchors + Relu(deltas) * 0.5) -> RoIAlign(Relu(x), rois); the
     decoded boxes also feed a converted node (Relu -> graph output ``boxes_relu``)."""

@@ -141,14 +141,28 @@ _BOX_OPS = frozenset({
     "Reshape", "Round", "Slice", "Split", "Sqrt", "Squeeze", "Sub", "Tile", "Transpose", "Unsqueeze", "Where"})
 
 
+def _subgraph_inputs(graph) -> set[str]:
+    """Every tensor name read inside the graph's sub-graphs (If / Loop / Scan bodies, nested ones too)."""
+    names: set[str] = set()
+    for n in graph.node:
+        for a in n.attribute:
+            for g in ([a.g] if a.type == a.GRAPH else []) + list(a.graphs):
+                names.update(x for m in g.node for x in m.input)
+                names |= _subgraph_inputs(g)
+    return names
+
+
 def _roi_region(graph, roi_in: list, floats: set) -> set[int]:
-    """Indices of the nodes (of _BOX_OPS) whose float results reach a RoI input through _BOX_OPS only."""
+    """Indices of the nodes (of _BOX_OPS) whose float results reach a RoI input through _BOX_OPS only. A node whose
+    result a sub-graph reads stays out (sub-graphs are converted on their own, reading the target type)."""
     producer = {o: k for k, n in enumerate(graph.node) for o in n.output if o}
+    in_subgraphs = _subgraph_inputs(graph)
     stack = [graph.node[k].input[i] for k, positions in enumerate(roi_in) for i in positions]
     region: set[int] = set()
     while stack:
         k = producer.get(stack.pop())
-        if k is None or k in region or graph.node[k].op_type not in _BOX_OPS:
+        if k is None or k in region or graph.node[k].op_type not in _BOX_OPS \
+                or in_subgraphs.intersection(graph.node[k].output):
             continue
         region.add(k)
         stack.extend(x for x in graph.node[k].input if x in floats)
