@@ -54,6 +54,9 @@ from dcnkit.runtime.triton_config import (  # noqa: F401  (this module's public 
 )
 
 
+BACKENDS = ("onnxruntime", "tensorrt", "python")
+
+
 # ------------------------------------------------------------------------------------------------
 # Repository writer
 # ------------------------------------------------------------------------------------------------
@@ -77,6 +80,8 @@ def write_repository(
     shapes=None,
     precision: str | None = None,
     plugins: Sequence = (),
+    runner_backend: str = "ort-cpu",
+    kit_kernels: bool = True,
 ) -> Path:
     """Writes ``output_dir/<name>/{config.pbtxt, 1/model.onnx[, libdcnkit_ort.so]}``; returns the model dir.
 
@@ -89,13 +94,17 @@ def write_repository(
     serialized engine, copied as it is) or an engine built here from the ONNX (``shapes``, ``precision``,
     ``plugins`` as in ``dcnkit build``; needs TensorRT), with the kit's plugin library (``libdcnkit_trt.so``)
     copied beside the config or ``library_path`` referenced.
+
+    ``backend="python"``: Triton's Python backend running the kit's ``runner_backend`` (``ort-cpu`` or
+    ``ort-cuda``; ``kit_kernels`` as in ``dcnkit run``) on ``1/model.onnx`` (:mod:`dcnkit.runtime.triton_python`);
+    instances on the CPU unless ``instance_kind`` says otherwise.
     """
     import onnx
 
     from dcnkit.runtime.base import load_model, uses_custom_ops
 
-    if backend not in ("onnxruntime", "tensorrt"):
-        raise ValueError(f"backend: expected 'onnxruntime' or 'tensorrt', got {backend!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
     if name is None:
         if isinstance(model, (str, os.PathLike)):
             name = Path(os.fspath(model)).stem
@@ -130,6 +139,20 @@ def write_repository(
             m, signature, model_dir, cfg, name=name, version=version, container_repository=container_repository,
             library_path=library_path, engine=engine, shapes=shapes, precision=precision, plugins=plugins,
         )
+    if backend == "python":
+        from dcnkit.runtime.triton_python import python_backend_config, write_python_repository
+
+        cfg = python_backend_config(model_config(
+            signature, name, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
+            preferred_batch_sizes=preferred_batch_sizes, max_queue_size=max_queue_size,
+            instance_kind=instance_kind, instance_count=instance_count,
+        ), runner_backend, kit_kernels)
+        model_dir = Path(output_dir) / name
+        if model_dir.exists():
+            if not overwrite:
+                raise FileExistsError(f"output: {model_dir} exists (pass overwrite=True / --overwrite to replace it)")
+            shutil.rmtree(model_dir)
+        return write_python_repository(m, model_dir, cfg, version=version)
     custom = uses_custom_ops(m)
     libs: list[str] = []
     lib_src = None
@@ -179,7 +202,9 @@ def parse_config(text: str):
 
 
 def check_repository(model_dir) -> list[str]:
-    """Problems Triton would report when loading ``model_dir`` with the onnxruntime or TensorRT backend ([] if none)."""
+    """Problems Triton would report when loading ``model_dir`` ([] if none): the config against Triton's schema and
+    what the onnxruntime, TensorRT or Python backend (with the kit's ``model.py``) needs. Loading it in a real server
+    is the final check: :func:`dcnkit.runtime.triton_server.check_loads`."""
     model_dir = Path(model_dir)
     problems = []
     cfg_path = model_dir / "config.pbtxt"
@@ -192,16 +217,18 @@ def check_repository(model_dir) -> list[str]:
     if cfg.name and cfg.name != model_dir.name:
         problems.append(f"name: expected the directory name {model_dir.name!r}, got {cfg.name!r}")
     tensorrt = cfg.platform == "tensorrt_plan" or cfg.backend == "tensorrt"
-    if not tensorrt and cfg.platform != "onnxruntime_onnx" and cfg.backend != "onnxruntime":
-        problems.append(f"platform/backend: expected onnxruntime_onnx / onnxruntime or tensorrt_plan / tensorrt, "
-                        f"got {cfg.platform!r} / {cfg.backend!r}")
-    default_file = "model.plan" if tensorrt else "model.onnx"
+    python = cfg.backend == "python"
+    if not (tensorrt or python) and cfg.platform != "onnxruntime_onnx" and cfg.backend != "onnxruntime":
+        problems.append(f"platform/backend: expected onnxruntime_onnx / onnxruntime, tensorrt_plan / tensorrt or "
+                        f"python, got {cfg.platform!r} / {cfg.backend!r}")
+    default_file = "model.plan" if tensorrt else "model.py" if python else "model.onnx"
     versions = [p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
     if not versions:
         problems.append(f"{model_dir}: no numeric version directory")
     for v in versions:
-        if not (v / (cfg.default_model_filename or default_file)).is_file():
-            problems.append(f"{v}: missing {cfg.default_model_filename or default_file}")
+        for f in [cfg.default_model_filename or default_file] + (["model.onnx"] if python else []):
+            if not (v / f).is_file():
+                problems.append(f"{v}: missing {f}")
     if tensorrt and any(g.kind == 2 for g in cfg.instance_group):  # KIND_CPU
         problems.append("instance_group: TensorRT engines run on GPUs, got KIND_CPU")
     for kind, items in (("input", cfg.input), ("output", cfg.output)):
