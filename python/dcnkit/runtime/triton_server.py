@@ -13,7 +13,8 @@ The stub embeds the first ``libpython3.x.so`` the dynamic loader finds. When thi
 the system one (a pyenv build) that is the wrong one, and model loading fails with ``'_thread.RLock' object has no
 attribute '_recursion_count'``: :func:`server_environment` puts ``sysconfig``'s ``LIBDIR`` first on
 ``LD_LIBRARY_PATH``, this interpreter's ``bin`` first on ``PATH`` (the embedded Python finds its virtual
-environment from there) and this process's ``sys.path`` on ``PYTHONPATH`` (so the stub imports the same dcnkit).
+environment from there) and the folder this dcnkit comes from on ``PYTHONPATH`` (so the stub imports the same
+dcnkit; the stub's interpreter is isolated, the repository's ``model.py`` reads ``PYTHONPATH`` itself).
 
 The server runs in a process group of its own; :meth:`TritonServer.stop` sends it SIGTERM (Triton finishes what
 is in flight, at most ``exit_timeout_s``), then SIGKILLs whatever of the group is left, stubs included.
@@ -95,10 +96,24 @@ def server_environment(base: dict | None = None) -> dict:
     libs = [str(python_library_dir()), str(_libs_dir(dist))]
     env["LD_LIBRARY_PATH"] = os.pathsep.join(libs + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    import dcnkit
+
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    paths += [p for p in sys.path if p and os.path.isdir(p) and p not in paths]
-    env["PYTHONPATH"] = os.pathsep.join(paths)
+    here = str(Path(dcnkit.__file__).resolve().parents[1])  # the folder this dcnkit is imported from
+    env["PYTHONPATH"] = os.pathsep.join(paths + ([here] if here not in paths else []))
     return env
+
+
+def server_command_line(repository) -> str:
+    """A shell line that serves ``repository`` here (the environment of :func:`server_environment` spelled out)."""
+    from shlex import quote
+
+    env = server_environment({})
+    cmd = [str(distribution_dir() / "bin" / "tritonserver"), f"--model-repository={Path(repository).resolve()}",
+           f"--backend-directory={backend_directory()}"]
+    return " ".join([f"LD_LIBRARY_PATH={quote(env['LD_LIBRARY_PATH'])}",
+                     f"PATH={quote(str(Path(sys.executable).parent))}:\"$PATH\"",
+                     f"PYTHONPATH={quote(env['PYTHONPATH'])}"] + [quote(c) for c in cmd])
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -138,6 +153,7 @@ class TritonServer:
     def __init__(self, repository, *, host: str = "127.0.0.1", http_port: int | None = None,
                  grpc_port: int | None = None, metrics_port: int | None = None, exit_timeout_s: int = 8,
                  log_file=None, extra: Sequence[str] = ()):
+        """Ports left out (or 0) are picked free now; ``log_file`` receives the server's output (default: ours)."""
         self.host = host
         self.http_port = http_port or free_port(host)
         self.grpc_port = grpc_port or free_port(host)
@@ -158,12 +174,13 @@ class TritonServer:
         return f"{self.host}:{self.grpc_port}"
 
     def start(self) -> "TritonServer":
-        out = open(self.log_file, "wb") if self.log_file else subprocess.DEVNULL
+        out = open(self.log_file, "wb") if self.log_file else None  # None: this process's stdout / stderr
         try:
-            self.process = subprocess.Popen(self.command, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+            self.process = subprocess.Popen(self.command, env=self.env, stdout=out,
+                                            stderr=subprocess.STDOUT if out else None,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
-            if self.log_file:
+            if out is not None:
                 out.close()
         return self
 
@@ -238,4 +255,4 @@ class TritonServer:
 
 
 __all__ = ["PYTRITON_REQUIREMENT", "TritonServer", "backend_directory", "distribution_dir", "free_port",
-           "python_library_dir", "server_command", "server_environment"]
+           "python_library_dir", "server_command", "server_command_line", "server_environment"]
