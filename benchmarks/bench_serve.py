@@ -46,6 +46,22 @@ def export_demo(path: Path) -> Path:
     return path
 
 
+def tiny_model(path: Path) -> Path:
+    """--quick: a stand-in with the demo model's interface (Flatten + Gemm), built without torch."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).standard_normal((64, 10)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Flatten", ["input"], ["flat"]), helper.make_node("Gemm", ["flat", "w"], ["output"])],
+        "tiny", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 1, 8, 8])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 10])], [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 9
+    onnx.save(m, str(path))
+    return path
+
+
 def start(engine: str, model: Path, workdir: Path, threads: int):
     from dcnkit.runtime.triton_server import free_port
 
@@ -110,12 +126,12 @@ def main(argv=None) -> int:
     C.add_common_args(ap, repeat=5)
     args = ap.parse_args(argv)
     if args.quick:
-        args.concurrency, args.requests, args.repeat, args.warmup = [1, 4], 16, 1, 0
+        args.concurrency, args.requests, args.repeat, args.warmup = [1, 4], 16, 1, 0  # and tiny_model
     from dcnkit.runtime.registry import make_runner
 
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         tmp = Path(tmp)
-        model = Path(args.model) if args.model else export_demo(tmp / f"{NAME}.onnx")
+        model = Path(args.model) if args.model else (tiny_model if args.quick else export_demo)(tmp / f"{NAME}.onnx")
         images = np.random.default_rng(0).random((args.requests, 1, 8, 8), dtype=np.float32)
         with make_runner(model, "ort-cpu") as runner:
             want = runner.run({"input": images})["output"]
@@ -146,7 +162,8 @@ def main(argv=None) -> int:
                      f"{tri['rps']:.0f}", f"{tri['p50_ms']:.2f}", f"{tri['p99_ms']:.2f}",
                      f"{tri['rps'] / light['rps']:.2f}"])
         out.append({"concurrency": conc, "light": light, "triton": tri, "triton_over_light": tri["rps"] / light["rps"]})
-    print(f"demo model, {args.requests} requests of one image per round, best of {args.repeat} rounds")
+    what = args.model or ("a tiny stand-in (--quick)" if args.quick else "demo model")
+    print(f"{what}, {args.requests} requests of one image per round, best of {args.repeat} rounds")
     C.print_table(["clients", "light req/s", "light p50 ms", "light p99 ms", "triton req/s", "triton p50 ms",
                    "triton p99 ms", "triton/light"], rows)
     C.write_json(args, {"requests": args.requests, "rounds": args.repeat, "rows": out})

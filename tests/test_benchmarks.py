@@ -120,14 +120,10 @@ def test_bench_int8_quick(tmp_path):
 def test_bench_serve_quick(tmp_path):
     """The light server vs --engine triton (skipped where tritonserver cannot run)."""
     pytest.importorskip("tritonclient.http")
-    from dcnkit.runtime.base import BackendUnavailable
-    from dcnkit.runtime.triton_server import backend_directory, python_library_dir
+    from dcnkit.runtime.triton_server import unavailable_reason
 
-    try:
-        backend_directory()
-        python_library_dir()
-    except BackendUnavailable as e:
-        pytest.skip(f"tritonserver cannot run here: {e}")
+    if unavailable_reason():
+        pytest.skip(f"tritonserver cannot run here: {unavailable_reason()}")
     stdout, res = _run("bench_serve", tmp_path)
     assert "triton/light" in stdout
     assert [r["concurrency"] for r in res["rows"]] == [1, 4]

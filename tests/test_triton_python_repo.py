@@ -25,26 +25,8 @@ from dcnkit.server.cli import main as cli_main  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_triton_repo import _batch_model, _roi_model  # noqa: E402
+from test_server_dcnkit_ops import needs_ort_lib  # noqa: E402
 from test_triton_server import server_processes  # noqa: E402
-
-
-def _no_triton() -> str | None:
-    try:
-        triton_server.backend_directory()
-        triton_server.python_library_dir()
-        return None
-    except BackendUnavailable as e:
-        return str(e)
-
-
-def _have_ort_library() -> bool:
-    import dcnkit
-
-    try:
-        dcnkit.ort_library()
-        return True
-    except FileNotFoundError:
-        return False
 
 
 def test_python_backend_repository(tmp_path):
@@ -65,8 +47,6 @@ def test_python_backend_repository(tmp_path):
     assert triton.check_repository(d) == [f"{d / '1'}: missing model.onnx"]
     with pytest.raises(ValueError, match="runner_backend: expected one of ort-cpu, ort-cuda, got 'tensorrt'"):
         triton.write_repository(_batch_model(), tmp_path, name="n", backend="python", runner_backend="tensorrt")
-    with pytest.raises(ValueError, match="backend: expected one of onnxruntime, tensorrt, python, got 'tf'"):
-        triton.write_repository(_batch_model(), tmp_path, name="n", backend="tf")
 
 
 def test_run_requests_batches_and_isolates_failures():
@@ -92,8 +72,9 @@ def test_run_requests_batches_and_isolates_failures():
     assert len(run_requests(run, feeds[:1] + feeds[2:], batching=False)) == 2 and calls == [1, 3]
 
 
-@pytest.mark.skipif(_no_triton() is not None, reason=f"tritonserver cannot run here: {_no_triton()}")
-@pytest.mark.skipif(not _have_ort_library(), reason="the kit's ONNX Runtime library is not built")
+@pytest.mark.skipif(triton_server.unavailable_reason() is not None,
+                    reason=f"tritonserver cannot run here: {triton_server.unavailable_reason()}")
+@needs_ort_lib
 def test_plain_tritonserver_loads_a_written_repository(tmp_path, capsys):
     from dcnkit.runtime.registry import make_runner
 

@@ -24,15 +24,9 @@ httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is not installed")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from dcnkit.runtime.base import BackendUnavailable  # noqa: E402
-from dcnkit.runtime.triton_server import backend_directory, free_port, python_library_dir  # noqa: E402
+from dcnkit.runtime.triton_server import free_port, unavailable_reason  # noqa: E402
 
-try:
-    backend_directory()
-    python_library_dir()
-    _NO_TRITON = None
-except BackendUnavailable as e:
-    _NO_TRITON = str(e)
+_NO_TRITON = unavailable_reason()
 pytestmark = pytest.mark.skipif(_NO_TRITON is not None, reason=f"tritonserver cannot run here: {_NO_TRITON}")
 
 NAME = "digits"

@@ -89,6 +89,16 @@ def backend_directory(cache_dir=None) -> Path:
     return out
 
 
+def unavailable_reason() -> str | None:
+    """Why ``tritonserver`` cannot run here (no wheel, no stub for this Python, no shared libpython), or None."""
+    try:
+        backend_directory()
+        python_library_dir()
+    except BackendUnavailable as e:
+        return str(e)
+    return None
+
+
 def server_environment(base: dict | None = None) -> dict:
     """The environment for ``tritonserver``: this Python's libpython, virtual environment and ``sys.path``."""
     env = dict(os.environ if base is None else base)
@@ -255,4 +265,5 @@ class TritonServer:
 
 
 __all__ = ["PYTRITON_REQUIREMENT", "TritonServer", "backend_directory", "distribution_dir", "free_port",
-           "python_library_dir", "server_command", "server_command_line", "server_environment"]
+           "python_library_dir", "server_command", "server_command_line", "server_environment",
+           "unavailable_reason"]
