@@ -82,7 +82,10 @@ def test_plain_tritonserver_loads_a_written_repository(tmp_path, capsys):
     repo = tmp_path / "repo"
     for name, m in models.items():
         onnx.save(m, str(tmp_path / f"{name}.onnx"))
-        assert cli_main(["triton-repo", str(tmp_path / f"{name}.onnx"), "-o", str(repo), "--backend", "python"]) == 0
+    assert cli_main(["triton-repo", str(tmp_path / "boxes.onnx"), "-o", str(repo), "--backend", "python"]) == 0
+    assert "loaded by tritonserver here: boxes READY" in capsys.readouterr().out  # checked in a real server
+    assert cli_main(["triton-repo", str(tmp_path / "relu.onnx"), "-o", str(repo), "--backend", "python",
+                     "--no-load-check"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("run here: ") and "tritonserver --model-repository=" in line
     ports = [triton_server.free_port() for _ in range(3)]
@@ -161,3 +164,14 @@ def test_triton_engine_errors_are_one_line(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nvidia-pytriton wheel is not installed" in err
     assert "pip install --no-deps nvidia-pytriton==0.7.0" in err
+
+
+@pytest.mark.skipif(triton_server.unavailable_reason() is not None,
+                    reason=f"tritonserver cannot run here: {triton_server.unavailable_reason()}")
+def test_check_loads_reports_what_triton_refuses(tmp_path):
+    d = triton.write_repository(_batch_model(), tmp_path, name="broken", backend="python")
+    (d / "1" / "model.onnx").write_bytes(b"not an onnx file")
+    assert triton.check_repository(d) == []  # the files are all there: only loading finds it
+    problems = triton_server.check_loads(tmp_path)
+    assert len(problems) == 1 and "failed to load 'broken'" in problems[0] and "INVALID_PROTOBUF" in problems[0]
+    assert server_processes(str(tmp_path)) == []

@@ -204,7 +204,8 @@ def parse_config(text: str):
 def check_repository(model_dir) -> list[str]:
     """Problems Triton would report when loading ``model_dir`` ([] if none): the config against Triton's schema and
     what the onnxruntime, TensorRT or Python backend (with the kit's ``model.py``) needs. Loading it in a real server
-    is the final check: :func:`dcnkit.runtime.triton_server.check_loads`."""
+    is the final check where it can run: :func:`dcnkit.runtime.triton_server.check_loads` (``dcnkit triton-repo
+    --backend python`` does it)."""
     model_dir = Path(model_dir)
     problems = []
     cfg_path = model_dir / "config.pbtxt"

@@ -264,6 +264,34 @@ class TritonServer:
         return False
 
 
-__all__ = ["PYTRITON_REQUIREMENT", "TritonServer", "backend_directory", "distribution_dir", "free_port",
+def check_loads(repository, models: Sequence[str] | None = None, timeout: float = 180.0) -> list[str]:
+    """Loads ``models`` (default: every model) of ``repository`` in a ``tritonserver`` here, on 127.0.0.1, then
+    stops it; returns Triton's reasons for the models that did not load ([] when all did)."""
+    import json
+    import tempfile
+    import urllib.request
+
+    repository = Path(repository)
+    if models is None:
+        models = sorted(p.name for p in repository.iterdir() if (p / "config.pbtxt").is_file())
+    extra = ["--model-control-mode=explicit", *(f"--load-model={m}" for m in models)]
+    with tempfile.TemporaryDirectory(prefix="dcnkit-triton-check-") as tmp:
+        with TritonServer(repository, log_file=Path(tmp) / "server.log", exit_timeout_s=2, extra=extra) as server:
+            try:
+                server.wait_ready(timeout)
+            except RuntimeError as e:
+                text = Path(tmp, "server.log").read_text(errors="replace") if Path(tmp, "server.log").exists() else ""
+                # Triton's error lines: E<date> <time> <pid> <file>:<line>] "failed to load '<m>' version 1: <why>\n..."
+                failed = [ln.split("] ", 1)[-1].strip('"').split("\\n")[0] for ln in text.splitlines()
+                          if ln.startswith("E") and "failed to load" in ln]
+                return failed or [str(e).splitlines()[0]]
+            req = urllib.request.Request(f"http://{server.http_url}/v2/repository/index", data=b"{}", method="POST")
+            index = json.loads(urllib.request.urlopen(req, timeout=10).read())
+    states = {m["name"]: m for m in index}
+    return [f"{m}: {states.get(m, {}).get('state', 'not found')} {states.get(m, {}).get('reason', '')}".strip()
+            for m in models if states.get(m, {}).get("state") != "READY"]
+
+
+__all__ = ["PYTRITON_REQUIREMENT", "TritonServer", "backend_directory", "check_loads", "distribution_dir", "free_port",
            "python_library_dir", "server_command", "server_command_line", "server_environment",
            "unavailable_reason"]

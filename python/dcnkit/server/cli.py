@@ -102,6 +102,9 @@ def add_triton_repo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--library-path", default=None,
                    help="reference this op library path verbatim instead of copying the kit's library")
     p.add_argument("--overwrite", action="store_true", help="replace an existing <output>/<name>")
+    p.add_argument("--no-load-check", dest="load_check", action="store_false",
+                   help="python: do not load the written model in tritonserver here (default: loaded, then stopped, "
+                        "where the nvidia-pytriton wheel can run)")
 
 
 def run_serve(args) -> int:
@@ -206,6 +209,15 @@ def run_triton_repo(args) -> int:
         return 1
     if args.backend == "python":
         print(f"wrote {model_dir} (config.pbtxt, 1/model.py, 1/model.onnx)")
+        from dcnkit.runtime.triton_server import check_loads, unavailable_reason
+
+        if args.load_check and unavailable_reason() is None:
+            failed = check_loads(model_dir.parent, [model_dir.name])
+            if failed:
+                print("dcnkit triton-repo: tritonserver could not load the written model:\n  " + "\n  ".join(failed),
+                      file=sys.stderr)
+                return 1
+            print(f"loaded by tritonserver here: {model_dir.name} READY")
         print(f"run here: {_python_backend_hint(model_dir.parent)}")
         return 0
     if args.backend == "tensorrt":
