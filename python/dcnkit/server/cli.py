@@ -136,7 +136,6 @@ def run_serve(args) -> int:
 
 
 def _run_serve_triton(args) -> int:
-    from dcnkit.runtime.base import BackendUnavailable
     from dcnkit.server.triton_engine import serve_triton
 
     if args.max_request_bytes != DEFAULTS["max_request_bytes"]:
@@ -150,13 +149,10 @@ def _run_serve_triton(args) -> int:
             max_batch_size=args.max_batch_size, max_queue_delay_ms=args.max_queue_delay_ms,
             max_queue_size=args.max_queue_size, kit_kernels=args.kit_kernels,
         )
-    except BackendUnavailable as e:  # no wheel, or the stub cannot start: what is missing, one line
-        print(f"dcnkit serve: {e}", file=sys.stderr)
-        return 1
     except (FileNotFoundError, ValueError) as e:
         print(f"dcnkit serve: {e}", file=sys.stderr)
         return 2
-    except RuntimeError as e:  # the server exited before the model was ready
+    except RuntimeError as e:  # BackendUnavailable (no wheel, no stub, no libpython), or no ready model: one line
         print(f"dcnkit serve: {e}", file=sys.stderr)
         return 1
 
