@@ -82,7 +82,10 @@ def backend_directory(cache_dir=None) -> Path:
         python.mkdir(parents=True, exist_ok=True)
         for f in (dist / "backends" / "python").iterdir():
             if f.is_file() and not (python / f.name).exists():
-                (python / f.name).symlink_to(f)
+                try:
+                    (python / f.name).symlink_to(f)
+                except FileExistsError:  # another process laid it out at the same moment
+                    pass
         tmp = python / f".stub.{os.getpid()}"
         shutil.copy2(stub, tmp)  # a copy: $ORIGIN in the stub's RPATH is then this folder; LD_LIBRARY_PATH covers it
         os.replace(tmp, target)
@@ -100,7 +103,8 @@ def unavailable_reason() -> str | None:
 
 
 def server_environment(base: dict | None = None) -> dict:
-    """The environment for ``tritonserver``: this Python's libpython, virtual environment and ``sys.path``."""
+    """The environment for ``tritonserver`` (``base``: default ``os.environ``) with this Python's libpython, its
+    virtual environment and the folder of this dcnkit (the module docstring says why)."""
     env = dict(os.environ if base is None else base)
     dist = distribution_dir()
     libs = [str(python_library_dir()), str(_libs_dir(dist))]

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from dcnkit.server.defaults import DEFAULTS
 
-ENGINES = ("light", "triton")
 TRITON_DEFAULT_GRACE_S = 5.0  # Triton's --exit-timeout-secs: a stop takes at most this + 2 s
 
 
@@ -101,4 +100,4 @@ def serve_triton(model, host: str = "127.0.0.1", port: int = 8000, name: str | N
             signal.signal(sig, handler)
 
 
-__all__ = ["ENGINES", "serve_triton", "triton_repository"]
+__all__ = ["serve_triton", "triton_repository"]
