@@ -54,7 +54,9 @@ def distribution_dir() -> Path:
 def python_library_dir() -> Path:
     """The folder of this Python's ``libpython3.x.so``, which the backend stub must load; BackendUnavailable if none."""
     libdir = sysconfig.get_config_var("LIBDIR") or ""
-    name = sysconfig.get_config_var("LDLIBRARY") or f"libpython{sys.version_info[0]}.{sys.version_info[1]}.so"
+    # The stub links the soname (libpython3.x.so.1.0), which is there without the -dev symlink.
+    name = (sysconfig.get_config_var("INSTSONAME") or sysconfig.get_config_var("LDLIBRARY")
+            or f"libpython{sys.version_info[0]}.{sys.version_info[1]}.so.1.0")
     if not sysconfig.get_config_var("Py_ENABLE_SHARED") or not (Path(libdir) / name).is_file():
         raise BackendUnavailable(
             f"Triton: the Python backend stub cannot start: it needs this Python's shared library, tried "
