@@ -60,6 +60,16 @@ BACKENDS = ("onnxruntime", "tensorrt", "python")
 # ------------------------------------------------------------------------------------------------
 # Repository writer
 # ------------------------------------------------------------------------------------------------
+def _fresh_model_dir(output_dir, name: str, overwrite: bool) -> Path:
+    """``output_dir/name``, removed first when it exists and ``overwrite`` (else FileExistsError); not created."""
+    model_dir = Path(output_dir) / name
+    if model_dir.exists():
+        if not overwrite:
+            raise FileExistsError(f"output: {model_dir} exists (pass overwrite=True / --overwrite to replace it)")
+        shutil.rmtree(model_dir)
+    return model_dir
+
+
 def write_repository(
     model,
     output_dir,
@@ -147,12 +157,7 @@ def write_repository(
             preferred_batch_sizes=preferred_batch_sizes, max_queue_size=max_queue_size,
             instance_kind=instance_kind, instance_count=instance_count,
         ), runner_backend, kit_kernels)
-        model_dir = Path(output_dir) / name
-        if model_dir.exists():
-            if not overwrite:
-                raise FileExistsError(f"output: {model_dir} exists (pass overwrite=True / --overwrite to replace it)")
-            shutil.rmtree(model_dir)
-        return write_python_repository(m, model_dir, cfg, version=version)
+        return write_python_repository(m, _fresh_model_dir(output_dir, name, overwrite), cfg, version=version)
     custom = uses_custom_ops(m)
     libs: list[str] = []
     lib_src = None
@@ -171,11 +176,7 @@ def write_repository(
         op_libraries=libs, instance_kind=instance_kind, instance_count=instance_count,
     )
 
-    model_dir = Path(output_dir) / name
-    if model_dir.exists():
-        if not overwrite:
-            raise FileExistsError(f"output: {model_dir} exists (pass overwrite=True / --overwrite to replace it)")
-        shutil.rmtree(model_dir)
+    model_dir = _fresh_model_dir(output_dir, name, overwrite)
     (model_dir / str(version)).mkdir(parents=True)
     onnx.save_model(m, str(model_dir / str(version) / "model.onnx"))
     if lib_src is not None:
