@@ -115,3 +115,18 @@ def test_bench_int8_quick(tmp_path):
     assert "int8 / fp32" in stdout
     assert set(res["ms"]) == {"ResNet-50-DCN fp32", "ResNet-50-DCN int8"}
     assert all(0.9 < c <= 1.0 + 1e-9 for c in res["cosine_min"].values())
+
+
+def test_bench_serve_quick(tmp_path):
+    """The light server vs --engine triton (skipped where tritonserver cannot run)."""
+    pytest.importorskip("tritonclient.http")
+    from dcnkit.runtime.triton_server import unavailable_reason
+
+    if unavailable_reason():
+        pytest.skip(f"tritonserver cannot run here: {unavailable_reason()}")
+    stdout, res = _run("bench_serve", tmp_path)
+    assert "triton/light" in stdout
+    assert [r["concurrency"] for r in res["rows"]] == [1, 4]
+    for r in res["rows"]:
+        for engine in ("light", "triton"):
+            assert r[engine]["rps"] > 0 and 0 < r[engine]["p50_ms"] <= r[engine]["p99_ms"]
