@@ -14,7 +14,7 @@ size_t deform_conv2d_forward_workspace_cpu(const DeformConv2dParams& p, DType dt
 template <typename T>
 Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, const T* offset,
                                  const T* weight, const T* bias, const T* mask, T* output,
-                                 void* workspace, const CpuContext& ctx) {
+                                 void* workspace, const CpuContext& ctx, const T* weight_kc) {
   const int64_t N = p.batch, P = p.out_spatial();
   if (N == 0 || p.out_channels == 0 || P == 0) return Status::Ok();
   if (elementwise_path()) {
@@ -34,12 +34,15 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
   const ForwardLayout l = forward_layout(p, dt, ctx);
   char* ws = static_cast<char*>(workspace);
   T* x_hwc = reinterpret_cast<T*>(ws);
-  T* wt = reinterpret_cast<T*>(ws + l.x_hwc);
+  T* wt_own = reinterpret_cast<T*>(ws + l.x_hwc);
   char* slots = ws + l.x_hwc + l.weight_t;
 
   // (Cout, K, Cin_g) weight; per image, its channels-last copy, then its tiles (the workspace holds one image,
   // so it does not grow with the batch).
-  weight_to_kc(p, weight, wt);
+  if (weight_kc == nullptr) {
+    parallel_for(ctx, Cout, [&](int64_t b, int64_t e) { weight_to_kc(cin_g, K, weight, wt_own, b, e); });
+  }
+  const T* wt = weight_kc != nullptr ? weight_kc : wt_own;
   constexpr int64_t kPixBlock = 256;
   const int64_t pblocks = (HW + kPixBlock - 1) / kPixBlock;
   const int64_t tile = forward_tile(p, sizeof(T), ctx);
@@ -96,10 +99,19 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
   return first_error(statuses);
 }
 
+template <typename T>
+void deform_conv2d_weight_kc_cpu(int64_t out_channels, int64_t in_per_group, int64_t kernel_size, const T* weight,
+                                 T* weight_kc) {
+  weight_to_kc(in_per_group, kernel_size, weight, weight_kc, 0, out_channels);
+}
+
 template Status deform_conv2d_forward_cpu<float>(const DeformConv2dParams&, const float*, const float*, const float*,
-                                                 const float*, const float*, float*, void*, const CpuContext&);
+                                                 const float*, const float*, float*, void*, const CpuContext&,
+                                                 const float*);
 template Status deform_conv2d_forward_cpu<double>(const DeformConv2dParams&, const double*, const double*,
                                                   const double*, const double*, const double*, double*, void*,
-                                                  const CpuContext&);
+                                                  const CpuContext&, const double*);
+template void deform_conv2d_weight_kc_cpu<float>(int64_t, int64_t, int64_t, const float*, float*);
+template void deform_conv2d_weight_kc_cpu<double>(int64_t, int64_t, int64_t, const double*, double*);
 
 }  // namespace dcnkit

@@ -191,7 +191,17 @@ def _with_kit_kernels(model, providers: list):
         return model
 
 
-def ort_session(model, providers=None, kit_kernels: bool = True, **options):
+def _set_config(so, config) -> None:
+    """``SessionOptions.add_session_config_entry`` for each item of ``config`` (str -> str)."""
+    if not isinstance(config, dict):
+        raise TypeError(f"ort_session: session_config: expected a dict of str to str, got {type(config).__name__}")
+    for key, value in config.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"ort_session: session_config: expected str keys and values, got {key!r}: {value!r}")
+        so.add_session_config_entry(key, value)
+
+
+def ort_session(model, providers=None, kit_kernels: bool = True, session_config=None, **options):
     """An ``onnxruntime.InferenceSession`` for ``model`` with the kit's custom-op library registered.
 
     ``model``: a path, serialized bytes or an ``onnx.ModelProto``. ``providers``: as for ONNX Runtime
@@ -201,7 +211,8 @@ def ort_session(model, providers=None, kit_kernels: bool = True, **options):
     changed): on the CPU EP; on the CUDA EP ONNX Runtime's built-in kernel is kept (:func:`rewrites_deform_conv`).
     False keeps ONNX Runtime's built-in kernel everywhere. ``options`` set attributes of
     ``onnxruntime.SessionOptions`` (``intra_op_num_threads=2``, ``graph_optimization_level="ORT_ENABLE_ALL"``,
-    ``log_severity_level=3`` ...); an unknown name is a TypeError listing the valid ones. The CUDA build
+    ``log_severity_level=3`` ...); an unknown name is a TypeError listing the valid ones. ``session_config``: session
+    configuration entries (``{"session.intra_op.allow_spinning": "0"}``). The CUDA build
     of the library is registered when the CUDA provider is requested and usable.
     """
     import onnxruntime as ort
@@ -220,6 +231,8 @@ def ort_session(model, providers=None, kit_kernels: bool = True, **options):
             setattr(so, name, _coerce_option(ort, name, value))
         except (TypeError, AttributeError) as e:
             raise TypeError(f"ort_session: {name}: cannot set {value!r}: {e}") from None
+    if session_config is not None:
+        _set_config(so, session_config)
     providers = default_providers() if providers is None else list(providers)
     if not providers:
         raise ValueError("ort_session: providers: expected at least one execution provider, got []")
