@@ -6,9 +6,11 @@
 // column tiles are position-major, [t][conv group][k][channel of the group], so that every sampling
 // point's taps (computed once per deformable group, kernel point and position) are applied to a
 // contiguous run of channels (vectorised loops), and the weight is used as (Cout, K, Cin/groups).
-// Forward: per image, tiles of output positions per task; a tile's columns (~512 KB) are built in the task's
-// workspace slot and multiplied into the output (ldc = Ho*Wo) by one strided-batched GEMM over the
-// convolution groups, the bias written first. The whole column matrix never exists.
+// Forward: per image, tiles of output positions per task (as many tiles as a multiple of the tasks); a
+// tile's columns (~512 KB, wider when the GEMM asks: gemm_min_n) are built in the task's workspace slot and
+// multiplied into the output (ldc = Ho*Wo) by one strided-batched GEMM over the convolution groups, the bias
+// written first. A map of one tile per task is built whole by all tasks, then its GEMM is split by output
+// rows. The whole column matrix of a larger map never exists.
 // Backward: per image and chunk of positions, each task takes a contiguous range of the chunk's
 // positions: its column-gradient rows (GEMM), then one pass over their sampling points (columns for
 // grad_weight, grad_offset/grad_mask, and the scatter into the task's own channels-last grad_input
