@@ -442,6 +442,13 @@ def test_ort_session_options_are_checked():
         ort_session(model, graph_optimization_level="fastest")
     with pytest.raises(FileNotFoundError):
         ort_session("/nonexistent/model.onnx")
+    spin = "session.intra_op.allow_spinning"
+    sess = ort_session(model, providers=["CPUExecutionProvider"], session_config={spin: "0"})
+    assert sess.get_session_options().get_session_config_entry(spin) == "0"
+    with pytest.raises(TypeError, match="session_config: expected str keys and values, got .*: 0"):
+        ort_session(model, session_config={spin: 0})
+    with pytest.raises(TypeError, match="session_config: expected a dict of str to str, got list"):
+        ort_session(model, session_config=[spin])
 
 
 def test_default_providers_fall_back_to_cpu_without_cuda():
