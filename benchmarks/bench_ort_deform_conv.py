@@ -59,8 +59,8 @@ def _model(kit: bool, data: dict, stride: int = 1):
     """The one-node model; ``data`` (``_inputs``) gives the weight and bias, stored as initializers."""
     from onnx import TensorProto, helper, numpy_helper
 
-    c = data["x"].shape[1]
-    shapes = {"x": ["N", c, "H", "W"], "offset": ["N", 18, "Ho", "Wo"], "mask": ["N", 9, "Ho", "Wo"]}
+    # Static shapes, as a detector exported at a fixed input size: ort_session's rule sees each node's output map.
+    shapes = {k: list(data[k].shape) for k in ("x", "offset", "mask")}
     if kit:
         names = ["x", "offset", "weight", "bias", "mask"]
         node = helper.make_node("DeformConv2d", names, ["y"], domain="dcnkit", padding=[1, 1],
