@@ -106,9 +106,7 @@ def _time(fn, repeat: int) -> tuple[float, float]:
 
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeat", type=int, default=40, help="timed calls per library and shape; the fastest counts")
-    ap.add_argument("--quick", action="store_true", help="one tiny shape, 2 calls: checks that the script runs")
-    ap.add_argument("--json", default=None, help="also write the results to this JSON file")
+    C.add_common_args(ap, repeat=40)  # --device cpu only; --threads, --warmup, --clock: not used (one core, CPU time too)
     ap.add_argument("--lib-dir", default=_LIB_DIR[0],
                     help="where the mkl / onednn wheels put libmkl_rt and libdnnl (default: this environment's lib; "
                     "their dependencies must be on LD_LIBRARY_PATH)")
@@ -116,6 +114,8 @@ def main(argv=None) -> list[dict]:
     _LIB_DIR[0] = args.lib_dir
     if args.repeat < 1:
         raise SystemExit(f"--repeat: expected a positive count, got {args.repeat}")
+    if args.device not in (None, "cpu"):
+        raise SystemExit(f"--device: expected cpu (this benchmark measures CPU libraries), got {args.device}")
     import numpy as np
 
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core: the libraries' pools see one CPU

@@ -93,13 +93,9 @@ def main(argv=None) -> list[dict]:
     C.add_common_args(ap)
     ap.add_argument("--shape", action="append", type=_shape_arg, metavar="N,C,H,W[,STRIDE]",
                     help="only this shape (repeatable); default: all of SHAPES")
-    ap.add_argument("--no-spin", action="store_true",
-                    help="idle threads block instead of spinning: ONNX Runtime's (session.intra_op.allow_spinning=0) "
-                    "and OpenMP's (OMP_WAIT_POLICY=PASSIVE, for torch); for runs under a real-time policy "
-                    "(chrt -f 1) on a shared machine, where a spinning pool of one session starves the next")
+    C.add_no_spin_arg(ap)
     args = ap.parse_args(argv)
-    if args.no_spin:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"  # read when torch's OpenMP starts (imported below)
+    no_spin = C.no_spin_options(args)
     device = C.resolve_device(args)
     import onnxruntime as ort
     import torch
@@ -116,9 +112,7 @@ def main(argv=None) -> list[dict]:
           f"threads, fastest of {args.repeat} interleaved rounds; library {dcnkit.ort_library()}")
     if trt_reason:
         print(f"TensorRT skipped: {trt_reason}")
-    opts = dict(intra_op_num_threads=args.threads, inter_op_num_threads=1)
-    if args.no_spin:
-        opts["session_config"] = {"session.intra_op.allow_spinning": "0"}
+    opts = dict(intra_op_num_threads=args.threads, inter_op_num_threads=1, **no_spin)
     table, results = [], []
     for n, c, h, w, stride in args.shape or (QUICK_SHAPES if args.quick else SHAPES):
         data = _inputs(n, c, h, w, stride)

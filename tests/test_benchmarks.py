@@ -37,6 +37,13 @@ def test_bench_deform_conv2d_quick(tmp_path):
     assert all(m["dcnkit_fwd_bytes"] is None or m["dcnkit_fwd_bytes"] >= 0 for m in mem)
 
 
+def test_bench_cpu_gemm_quick(tmp_path):
+    stdout, res = _run("bench_cpu_gemm", tmp_path)
+    assert "OpenBLAS ms / CPU ms" in stdout  # the library the ORT library links; MKL / oneDNN only where installed
+    (row,) = res
+    assert (row["m"], row["n"], row["k"]) == (32, 40, 72) and row["ms"]["OpenBLAS"] > 0
+
+
 def test_bench_ort_deform_conv_quick(tmp_path):
     stdout, res = _run("bench_ort_deform_conv", tmp_path)
     assert "ORT DeformConv ms" in stdout
