@@ -2,11 +2,15 @@
 ``DeformConv`` (opset 19) vs the PyTorch path (``dcnkit.ops.deform_conv2d``), in one run.
 
     python benchmarks/bench_ort_deform_conv.py [--device cpu|cuda] [--threads 2] [--repeat 15] [--json out.json]
+                                               [--shape N,C,H,W[,STRIDE] ...] [--no-spin]
 
-Shapes: N1 C64 64x64 and N4 C256 32x32 (Cout = Cin), 3x3, pad 1, with mask and bias, float32. Sessions:
+Shapes (``SHAPES``): issue 31's four detector layers, the earlier C64 one and the DCN layers of ResNet-50-DCN at
+224x224 and of the Faster R-CNN-DCN at 320x320 (C_out = C_in, 3x3, pad 1, stride 1 or 2), with mask and bias,
+float32; the models have static shapes and the weight and bias as initializers, as an exported network. Sessions:
 ``kit`` a model with the ``dcnkit::DeformConv2d`` node; ``kit (rewrite)`` the standard ``DeformConv`` model through
-``dcnkit.runtime.ort_session`` (default: rewritten in memory onto the kit's kernel); ``built-in`` the same standard
-model with ``kit_kernels=False``. ONNX Runtime uses ``--threads`` intra-op threads, PyTorch
+``dcnkit.runtime.ort_session`` (its default: rewritten in memory onto the kit's kernel where
+``ort_rewrite.kit_is_faster`` says so for the node's output map); ``built-in`` the same standard model with
+``kit_kernels=False``. ONNX Runtime uses ``--threads`` intra-op threads, PyTorch
 ``torch.set_num_threads(--threads)``; on CUDA the CUDA execution provider (when onnxruntime has it) and the
 PyTorch CUDA op, and TensorRT engines (the kit's plugin; float32 and float16) when TensorRT is importable.
 Outputs are checked against the kit's (accuracy per dtype, reported; only a gross mismatch stops it) before
