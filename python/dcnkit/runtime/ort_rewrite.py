@@ -29,8 +29,9 @@ _STANDARD_OP = "DeformConv"
 
 # The measured rule (benchmarks/bench_ort_deform_conv.py, README "DCNv2 in ONNX Runtime": 2 threads, AMD EPYC Zen 3,
 # 2026-11-25): on DCNv2 layers with output maps of 400 positions (20x20) or more the kit's kernel in ONNX Runtime took
-# 0.82-0.95x the built-in DeformConv's time; on the 256-512-channel layers with 49-196 positions (ResNet stage 5,
-# 7x7 to 14x14) both are bound by the same GEMM and measured at 0.96-1.11x, so the built-in stays there.
+# 0.79-0.90x the built-in DeformConv's time (1.02x on one, the stride-2 40x40 -> 20x20 layer, 0.90-0.97x in other
+# runs); on the 256-512-channel layers with 49-196 positions (7x7 to 14x14) both are bound by a GEMM of the same size
+# and measured at 0.85-1.15x from run to run, so the built-in stays there.
 KIT_MIN_OUTPUT_POSITIONS = 256
 
 
