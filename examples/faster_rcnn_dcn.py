@@ -222,9 +222,9 @@ def serve_and_query(path: Path, image: np.ndarray, timeout: float = 120.0, name:
 
 
 def cli_checks(path: Path, image: np.ndarray, want: dict, out: Path, box_atol: float = 0.05,
-               score_atol: float = 5e-4, compare_reference: bool = False) -> dict:
-    """``dcnkit run`` (and ``dcnkit compare`` against the NumPy reference when asked) and ``dcnkit serve`` on
-    the exported detector; their detections checked against eager ``want``."""
+               score_atol: float = 5e-4, compare_reference: bool = False, name: str = "frcnn") -> dict:
+    """``dcnkit run`` (and ``dcnkit compare`` against the NumPy reference when asked) and ``dcnkit serve`` (model
+    ``name``) on the exported detector; their detections checked against eager ``want``."""
     report = {}
     inputs = out / "image.npz"
     np.savez(inputs, images=image)
@@ -238,7 +238,7 @@ def cli_checks(path: Path, image: np.ndarray, want: dict, out: Path, box_atol: f
         _dcnkit("compare", path, "--inputs", inputs, "--backends", "ort-cpu,reference", "--atol", "1e-4",
                 "--atol", f"boxes:{box_atol}", "--rtol", "scores:1e-3", in_process=True)
         report["compare"] = "PASSED"
-    report["serve"] = check_detections(serve_and_query(path, image), want, box_atol, score_atol)
+    report["serve"] = check_detections(serve_and_query(path, image, name=name), want, box_atol, score_atol)
     print(f"dcnkit serve vs eager: {report['serve']}")
     return report
 
