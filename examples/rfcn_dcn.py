@@ -266,15 +266,14 @@ def head_inputs(model, image: np.ndarray):
     return feats["c5"], boxes_to_rois(proposals)
 
 
-def export_head(model, features: torch.Tensor, rois: torch.Tensor, path: Path) -> Path:
-    """The R-FCN head alone (``features`` -> ``class_logits``, ``rois`` -> ``box_deltas``), image batch and RoI
-    count dynamic, with the exporter of the whole detector."""
+def export_head(head: RFCNHead, features: torch.Tensor, rois: torch.Tensor, path: Path) -> Path:
+    """The R-FCN head alone (``features``, ``rois`` -> ``class_logits``, ``box_deltas``), image batch and RoI count
+    dynamic, with the exporter of the whole detector."""
     import dcnkit.export
 
     with torch.no_grad():
-        dcnkit.export.to_onnx(_HeadOnRoIs(model.roi_heads.rfcn).eval(), (features, rois), path, dynamo=False,
-                              dynamic_batch=True, input_names=["features", "rois"],
-                              output_names=["class_logits", "box_deltas"])
+        dcnkit.export.to_onnx(_HeadOnRoIs(head).eval(), (features, rois), path, dynamo=False, dynamic_batch=True,
+                              input_names=["features", "rois"], output_names=["class_logits", "box_deltas"])
     return path
 
 
@@ -330,7 +329,7 @@ def main(argv=None) -> int:
     print(f"ONNX Runtime vs eager: {report['ort']}")
 
     features, rois = head_inputs(model, np.concatenate([image, make_image(args.image_size, args.image_seed + 1)]))
-    head_path = export_head(model, features[:1], rois[rois[:, 0] == 0], args.out / "rfcn_head.onnx")
+    head_path = export_head(model.roi_heads.rfcn, features[:1], rois[rois[:, 0] == 0], args.out / "rfcn_head.onnx")
     head = ort_session(str(head_path), providers=["CPUExecutionProvider"])
     with torch.no_grad():
         want_head = [t.numpy() for t in model.roi_heads.rfcn(features, rois)]

@@ -178,7 +178,7 @@ def test_head_exports_with_a_dynamic_image_batch(exported, tmp_path):
     model, image = exported[:2]
     features, rois = ex.head_inputs(model, np.concatenate([image, ex.make_image(SIZE, seed=ex.IMAGE_SEED + 1)]))
     assert set(rois[:, 0].tolist()) == {0.0, 1.0}
-    path = ex.export_head(model, features[:1], rois[rois[:, 0] == 0][:5], tmp_path / "head.onnx")
+    path = ex.export_head(model.roi_heads.rfcn, features[:1], rois[rois[:, 0] == 0][:5], tmp_path / "head.onnx")
     g = onnx.load(str(path)).graph
     assert [d.dim_param for d in g.input[0].type.tensor_type.shape.dim][:1] == ["batch"]
     assert [d.dim_param for d in g.input[1].type.tensor_type.shape.dim][:1] == ["num_rois"]
