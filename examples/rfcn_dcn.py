@@ -38,7 +38,6 @@ get small random weights so that the deformable sampling is exercised, as the Fa
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -48,10 +47,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from torchvision.models.detection.roi_heads import RoIHeads, fastrcnn_loss
+from torchvision.models.detection.rpn import RegionProposalNetwork
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from faster_rcnn_dcn import (OUTPUTS, check_detections, cli_checks, eager_detections, export,  # noqa: E402,F401
-                             graph_summary, make_image)
+from faster_rcnn_dcn import (OUTPUTS, check_detections, cli_checks, detector_parser,  # noqa: E402,F401
+                             eager_detections, export, graph_summary, make_image, ort_detections)
 
 K = 7  # group_size = output_size = part_size of every DeformPSRoIPool (the authors' 7x7 bins)
 STRIDE = 16
@@ -109,50 +110,39 @@ def boxes_to_rois(boxes: list) -> torch.Tensor:
     return torch.cat([torch.cat([b.new_full((b.shape[0], 1), i), b], 1) for i, b in enumerate(boxes)])
 
 
-def _roi_heads_class():
-    from torchvision.models.detection.roi_heads import RoIHeads, fastrcnn_loss
+class RFCNRoIHeads(RoIHeads):
+    """torchvision's ``RoIHeads`` (proposal sampling and matching, Fast R-CNN losses, box decoding, score threshold,
+    per-class NMS) around an :class:`RFCNHead` on ``features[feature]``. The class-agnostic foreground box (deltas
+    4:8) is every class's box; the background box (0:4) is never used, as in the authors' training."""
 
-    class RFCNRoIHeads(RoIHeads):
-        """torchvision's ``RoIHeads`` (proposal sampling and matching, Fast R-CNN losses, box decoding, score
-        threshold, per-class NMS) around an :class:`RFCNHead` on ``features[feature]``. The class-agnostic
-        foreground box (deltas 4:8) is every class's box; the background box (0:4) is never used, as in the
-        authors' training."""
+    def __init__(self, head: RFCNHead, feature: str = "c5", **kw):
+        super().__init__(None, None, None, **kw)
+        self.rfcn = head
+        self.feature = feature
 
-        def __init__(self, head: RFCNHead, feature: str = "c5", **kw):
-            super().__init__(None, None, None, **kw)
-            self.rfcn = head
-            self.feature = feature
-
-        def forward(self, features, proposals, image_shapes, targets=None):
-            if self.training:
-                if targets is None:
-                    raise ValueError("RFCNRoIHeads: targets: expected boxes and labels in training, got None")
-                proposals, _, labels, regression_targets = self.select_training_samples(proposals, targets)
-            class_logits, deltas = self.rfcn(features[self.feature], boxes_to_rois(proposals))
-            box_regression = deltas[:, 4:].repeat(1, class_logits.shape[1])
-            if self.training:
-                loss_cls, loss_box = fastrcnn_loss(class_logits, box_regression, labels, regression_targets)
-                return [], {"loss_classifier": loss_cls, "loss_box_reg": loss_box}
-            boxes, scores, labels = self.postprocess_detections(class_logits, box_regression, proposals, image_shapes)
-            return [{"boxes": b, "labels": lb, "scores": s} for b, lb, s in zip(boxes, labels, scores)], {}
-
-    return RFCNRoIHeads
+    def forward(self, features, proposals, image_shapes, targets=None):
+        if self.training:
+            if targets is None:
+                raise ValueError("RFCNRoIHeads: targets: expected boxes and labels in training, got None")
+            proposals, _, labels, regression_targets = self.select_training_samples(proposals, targets)
+        class_logits, deltas = self.rfcn(features[self.feature], boxes_to_rois(proposals))
+        box_regression = deltas[:, 4:].repeat(1, class_logits.shape[1])
+        if self.training:
+            loss_cls, loss_box = fastrcnn_loss(class_logits, box_regression, labels, regression_targets)
+            return [], {"loss_classifier": loss_cls, "loss_box_reg": loss_box}
+        boxes, scores, labels = self.postprocess_detections(class_logits, box_regression, proposals, image_shapes)
+        return [{"boxes": b, "labels": lb, "scores": s} for b, lb, s in zip(boxes, labels, scores)], {}
 
 
-def _rpn_class():
-    from torchvision.models.detection.rpn import RegionProposalNetwork
+class C4RegionProposalNetwork(RegionProposalNetwork):
+    """torchvision's RPN on one of the backbone's maps (``layer3``'s, stride 16, as the authors')."""
 
-    class C4RegionProposalNetwork(RegionProposalNetwork):
-        """torchvision's RPN on one of the backbone's maps (``layer3``'s, stride 16, as the authors')."""
+    def __init__(self, *args, feature: str = "c4", **kw):
+        super().__init__(*args, **kw)
+        self.feature = feature
 
-        def __init__(self, *args, feature: str = "c4", **kw):
-            super().__init__(*args, **kw)
-            self.feature = feature
-
-        def forward(self, images, features, targets=None):
-            return super().forward(images, {self.feature: features[self.feature]}, targets)
-
-    return C4RegionProposalNetwork
+    def forward(self, images, features, targets=None):
+        return super().forward(images, {self.feature: features[self.feature]}, targets)
 
 
 def build(image_size: int = 256, seed: int = 0, num_classes: int = 4, rpn_top_n: int = 100, detections: int = 100,
@@ -181,12 +171,12 @@ def build(image_size: int = 256, seed: int = 0, num_classes: int = 4, rpn_top_n:
     dcnkit.nn.deformable_resnet(backbone, stages=(4,), modulated=True)
     anchors = AnchorGenerator((tuple(anchor_sizes),), ((0.5, 1.0, 2.0),))
     pre, post = dict(training=2000, testing=1000), dict(training=2 * rpn_top_n, testing=rpn_top_n)
-    rpn = _rpn_class()(anchors, RPNHead(1024, anchors.num_anchors_per_location()[0]), 0.7, 0.3, 256, 0.5, pre,
-                       post, 0.7)
+    rpn = C4RegionProposalNetwork(anchors, RPNHead(1024, anchors.num_anchors_per_location()[0]), 0.7, 0.3, 256, 0.5,
+                                  pre, post, 0.7)
     head = RFCNHead(2048, num_classes)
-    roi_heads = _roi_heads_class()(head, fg_iou_thresh=0.5, bg_iou_thresh=0.5, batch_size_per_image=128,
-                                   positive_fraction=0.25, bbox_reg_weights=None, score_thresh=score_thresh,
-                                   nms_thresh=nms_thresh, detections_per_img=detections)
+    roi_heads = RFCNRoIHeads(head, fg_iou_thresh=0.5, bg_iou_thresh=0.5, batch_size_per_image=128,
+                             positive_fraction=0.25, bbox_reg_weights=None, score_thresh=score_thresh,
+                             nms_thresh=nms_thresh, detections_per_img=detections)
     transform = GeneralizedRCNNTransform(image_size, image_size, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
     model = GeneralizedRCNN(backbone, rpn, roi_heads, transform)
     g = torch.Generator().manual_seed(seed + 1)
@@ -217,11 +207,6 @@ def make_training_batch(size: int, n: int = 2, num_classes: int = 4, objects: in
             labels.append(label)
         targets.append({"boxes": torch.tensor(boxes, dtype=torch.float32), "labels": torch.tensor(labels)})
     return torch.from_numpy(images), targets
-
-
-def head_parameters(model) -> dict:
-    """The R-FCN head's parameters by name (the five convolutions: score, box and both offset maps)."""
-    return dict(model.roi_heads.rfcn.named_parameters())
 
 
 def train(model, images: torch.Tensor, targets: list, steps: int = 3, lr: float = 3e-4, seed: int = 0):
@@ -290,17 +275,8 @@ def psroi_nodes(path: Path) -> list:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("rfcn_dcn"), help="folder for the models and arrays")
-    p.add_argument("--image-size", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0, help="seed of the detector's weights")
-    p.add_argument("--image-seed", type=int, default=IMAGE_SEED, help="seed of the synthetic image")
+    p = detector_parser(__doc__, "rfcn_dcn", IMAGE_SEED)
     p.add_argument("--train-steps", type=int, default=3, help="SGD steps on synthetic data first (0: none)")
-    p.add_argument("--box-atol", type=float, default=0.05, help="pixels (default 0.05)")
-    p.add_argument("--score-atol", type=float, default=5e-4)
-    p.add_argument("--skip-cli", action="store_true", help="skip dcnkit run / compare / serve")
-    p.add_argument("--compare-reference", action="store_true",
-                   help="also dcnkit compare ort-cpu against the (slow) NumPy reference backend")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -321,15 +297,13 @@ def main(argv=None) -> int:
     print(f"exported {path}: outputs {summary['outputs']}, {summary['nodes']} nodes, DeformPSRoIPool "
           f"(output_dim, offsets) {report['psroi_nodes']}")
 
-    from dcnkit.runtime import ort_session
-
-    sess = ort_session(str(path), providers=["CPUExecutionProvider"])
-    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"images": image})))
-    report["ort"] = check_detections(got, want, args.box_atol, args.score_atol)
+    report["ort"] = check_detections(ort_detections(path, image), want, args.box_atol, args.score_atol)
     print(f"ONNX Runtime vs eager: {report['ort']}")
 
     features, rois = head_inputs(model, np.concatenate([image, make_image(args.image_size, args.image_seed + 1)]))
     head_path = export_head(model.roi_heads.rfcn, features[:1], rois[rois[:, 0] == 0], args.out / "rfcn_head.onnx")
+    from dcnkit.runtime import ort_session
+
     head = ort_session(str(head_path), providers=["CPUExecutionProvider"])
     with torch.no_grad():
         want_head = [t.numpy() for t in model.roi_heads.rfcn(features, rois)]

@@ -9,7 +9,8 @@ compute-sanitizer, an fp16 FPN detector's RoI level with float32 RoIs, two execu
 each (``--only-tools`` / ``--skip-tools``).
 
 Small models, one node each, in the `dcnkit` domain (DeformConv2d, RoIAlign avg/max, DeformRoIPool,
-DeformPSRoIPool (also the deformable R-FCN head's three node kinds), MultiLevelRoIAlign, MultiScaleDeformableAttention, DCNv3, DCNv4) and under mmdeploy's names
+DeformPSRoIPool (also the deformable R-FCN head's three node kinds), MultiLevelRoIAlign,
+MultiScaleDeformableAttention, DCNv3, DCNv4) and under mmdeploy's names
 (MMCVModulatedDeformConv2d, MMCVRoiAlign, MMCVMultiLevelRoiAlign, MMCVMultiScaleDeformableAttention, InternImage's
 TRTDCNv3), and on
 TensorRT only TensorRT's own MultiscaleDeformableAttnPlugin_TRT (int32 level tables, output (N, Lq, M, D); TensorRT's

@@ -125,7 +125,7 @@ def test_training_steps_lower_the_loss_and_reach_every_head_parameter():
     assert ((targets[0]["labels"] >= 1) & (targets[0]["labels"] < CLASSES)).all()
     losses, grads = ex.train(model, images, targets, steps=2)
     assert losses[1] < losses[0], losses
-    head = ex.head_parameters(model)
+    head = dict(model.roi_heads.rfcn.named_parameters())
     assert len(head) == 10  # five convolutions, weight and bias
     for name in head:
         g = grads[f"roi_heads.rfcn.{name}"]
@@ -161,12 +161,11 @@ def test_ort_detections_equal_eager(exported):
     model, image, want, path = exported
     assert len(want["scores"]) >= 10 and len(np.unique(want["labels"])) >= 2  # a meaningful comparison
     sess = ort_session(str(path), providers=["CPUExecutionProvider"])
-    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"images": image})))
+    got = ex.ort_detections(sess, image)
     assert ex.check_detections(got, want, box_atol=0.05, score_atol=5e-4)["detections"] == len(want["scores"])
     other = ex.make_image(SIZE, seed=ex.IMAGE_SEED + 1)
     want2 = ex.eager_detections(model, other)
-    got2 = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"images": other})))
-    ex.check_detections(got2, want2, box_atol=0.05, score_atol=5e-4)
+    ex.check_detections(ex.ort_detections(sess, other), want2, box_atol=0.05, score_atol=5e-4)
     assert len(want2["scores"]) != len(want["scores"]) or not np.allclose(want2["boxes"], want["boxes"])
 
 
