@@ -71,7 +71,13 @@ class RFCNHead(nn.Module):
         import dcnkit.nn
 
         super().__init__()
-        self.num_classes = int(num_classes)
+        for arg, value, lo in (("in_channels", in_channels, 1), ("num_classes", num_classes, 2), ("k", k, 1),
+                               ("mid_channels", mid_channels, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+                raise ValueError(f"RFCNHead: {arg}: expected an int >= {lo}"
+                                 f"{' (the background and at least one class)' if arg == 'num_classes' else ''}, "
+                                 f"got {value!r}")
+        self.num_classes = num_classes
         self.conv_new_1 = nn.Conv2d(in_channels, mid_channels, 1)
         self.rfcn_cls = nn.Conv2d(mid_channels, k * k * num_classes, 1)
         self.rfcn_bbox = nn.Conv2d(mid_channels, k * k * 8, 1)
@@ -162,6 +168,9 @@ def build(image_size: int = 256, seed: int = 0, num_classes: int = 4, rpn_top_n:
 
     import dcnkit.nn
 
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 2 * STRIDE:
+        raise ValueError(f"build: image_size: expected an int >= {2 * STRIDE} (maps of 2x2 at stride {STRIDE}), "
+                         f"got {image_size!r}")
     torch.manual_seed(seed)
     resnet = resnet50(weights=None, norm_layer=FrozenBatchNorm2d, replace_stride_with_dilation=[False, False, True])
     for name, p in resnet.named_parameters():  # the authors keep conv1 and res2 fixed

@@ -116,6 +116,18 @@ def test_head_gradients_through_both_passes_float64():
     assert all(g.abs().max() > 0 for g in grads)
 
 
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match=r"RFCNHead: num_classes: expected an int >= 2 .*got 1"):
+        ex.RFCNHead(8, num_classes=1, mid_channels=4)
+    with pytest.raises(ValueError, match=r"RFCNHead: k: expected an int >= 1, got 0"):
+        ex.RFCNHead(8, num_classes=3, k=0, mid_channels=4)
+    with pytest.raises(ValueError, match=r"build: image_size: expected an int >= 32 .*got 16"):
+        ex.build(16)
+    head = ex.RFCNHead(8, num_classes=3, mid_channels=4)
+    with pytest.raises(ValueError, match="rois"):  # the operator names its argument
+        head(torch.zeros(1, 8, 4, 4), torch.zeros(2, 4))
+
+
 def test_training_steps_lower_the_loss_and_reach_every_head_parameter():
     import dcnkit.nn
 
