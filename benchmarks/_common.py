@@ -247,6 +247,31 @@ def ort_providers(device: str, tf32: bool = False) -> list:
     return ["CPUExecutionProvider"]
 
 
+def ort_profile(path, feeds: dict, threads: int) -> dict:
+    """Milliseconds per op type of one run of the model at ``path`` in ONNX Runtime on the CPU (its profiler; the
+    second of two runs), largest first."""
+    import json
+    import tempfile
+
+    from dcnkit.runtime import ort_session
+
+    d = tempfile.mkdtemp()
+    sess = ort_session(str(path), providers=["CPUExecutionProvider"], intra_op_num_threads=threads,
+                       inter_op_num_threads=1, enable_profiling=True, profile_file_prefix=os.path.join(d, "p"))
+    sess.run(None, feeds)
+    sess.run(None, feeds)
+    with open(sess.end_profiling()) as fh:
+        events = json.load(fh)
+    runs = [e for e in events if e.get("name") == "model_run"]
+    t_from = runs[-1]["ts"] if runs else 0
+    per: dict = {}
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= t_from:
+            op = e.get("args", {}).get("op_name", "?")
+            per[op] = per.get(op, 0.0) + e["dur"] / 1e3
+    return dict(sorted(per.items(), key=lambda kv: -kv[1]))
+
+
 def ort_call(sess, feeds: dict) -> Callable[[], object]:
     """A zero-argument call running ``sess`` on ``feeds`` for timing. On the CUDA EP with IO binding: the inputs
     are copied to the GPU once and the outputs stay there, so the time is the session's, not host<->device

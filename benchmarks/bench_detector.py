@@ -22,33 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
-
-
-def _profile(path: str, feeds: dict, threads: int) -> dict:
-    """Milliseconds per op type of one run (ORT profiler), largest first."""
-    from dcnkit.runtime import ort_session
-
-    d = tempfile.mkdtemp()
-    sess = ort_session(path, providers=["CPUExecutionProvider"], intra_op_num_threads=threads,
-                       inter_op_num_threads=1, enable_profiling=True, profile_file_prefix=os.path.join(d, "p"))
-    sess.run(None, feeds)
-    sess.run(None, feeds)
-    prof = sess.end_profiling()
-    events = json.load(open(prof))
-    # The second run's nodes only: events after the first "model_run".
-    runs = [e for e in events if e.get("name") == "model_run"]
-    t_from = runs[-1]["ts"] if runs else 0
-    per: dict = {}
-    for e in events:
-        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= t_from:
-            op = e.get("args", {}).get("op_name", "?")
-            per[op] = per.get(op, 0.0) + e["dur"] / 1e3
-    return dict(sorted(per.items(), key=lambda kv: -kv[1]))
 
 
 def main(argv=None) -> dict:
@@ -128,7 +104,7 @@ def main(argv=None) -> dict:
     print(f"fused / torchvision-pooler ORT: {res['fused_over_tv_pooler']:.2f} (target <= 0.70)")
     print(f"fused ORT / eager:              {res['fused_over_eager']:.2f} (target <= 0.80)")
     for k, p in (("fused", p_fused), ("tv", p_tv)):
-        prof = _profile(p, feeds, args.threads)
+        prof = C.ort_profile(p, feeds, args.threads)
         res.setdefault("profile_ms", {})[k] = prof
         top = ", ".join(f"{op} {ms:.1f}" for op, ms in list(prof.items())[:6])
         print(f"profile {k}: {top} (ms, one run)")

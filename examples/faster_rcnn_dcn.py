@@ -222,9 +222,9 @@ def serve_and_query(path: Path, image: np.ndarray, timeout: float = 120.0, name:
 
 
 def cli_checks(path: Path, image: np.ndarray, want: dict, out: Path, box_atol: float = 0.05,
-               score_atol: float = 5e-4, compare_reference: bool = False) -> dict:
-    """``dcnkit run`` (and ``dcnkit compare`` against the NumPy reference when asked) and ``dcnkit serve`` on
-    the exported detector; their detections checked against eager ``want``."""
+               score_atol: float = 5e-4, compare_reference: bool = False, name: str = "frcnn") -> dict:
+    """``dcnkit run`` (and ``dcnkit compare`` against the NumPy reference when asked) and ``dcnkit serve`` (model
+    ``name``) on the exported detector; their detections checked against eager ``want``."""
     report = {}
     inputs = out / "image.npz"
     np.savez(inputs, images=image)
@@ -238,22 +238,37 @@ def cli_checks(path: Path, image: np.ndarray, want: dict, out: Path, box_atol: f
         _dcnkit("compare", path, "--inputs", inputs, "--backends", "ort-cpu,reference", "--atol", "1e-4",
                 "--atol", f"boxes:{box_atol}", "--rtol", "scores:1e-3", in_process=True)
         report["compare"] = "PASSED"
-    report["serve"] = check_detections(serve_and_query(path, image), want, box_atol, score_atol)
+    report["serve"] = check_detections(serve_and_query(path, image, name=name), want, box_atol, score_atol)
     print(f"dcnkit serve vs eager: {report['serve']}")
     return report
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("faster_rcnn_dcn"), help="folder for the model and arrays")
+def detector_parser(doc: str, out: str, image_seed: int) -> argparse.ArgumentParser:
+    """The command line the detector examples share (``out``: the default output folder)."""
+    p = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path(out), help="folder for the models and arrays")
     p.add_argument("--image-size", type=int, default=256)
     p.add_argument("--seed", type=int, default=0, help="seed of the detector's weights")
-    p.add_argument("--image-seed", type=int, default=IMAGE_SEED, help="seed of the synthetic image")
+    p.add_argument("--image-seed", type=int, default=image_seed, help="seed of the synthetic image")
     p.add_argument("--box-atol", type=float, default=0.05, help="pixels (default 0.05)")
     p.add_argument("--score-atol", type=float, default=5e-4)
     p.add_argument("--skip-cli", action="store_true", help="skip dcnkit run / compare / serve")
     p.add_argument("--compare-reference", action="store_true",
                    help="also dcnkit compare ort-cpu against the (slow) NumPy reference backend")
+    return p
+
+
+def ort_detections(model, image: np.ndarray) -> dict:
+    """The detections of ONNX Runtime on the CPU for ``image``; ``model``: a path or a session."""
+    if isinstance(model, (str, Path)):
+        from dcnkit.runtime import ort_session
+
+        model = ort_session(str(model), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in model.get_outputs()], model.run(None, {"images": image})))
+
+
+def main(argv=None) -> int:
+    p = detector_parser(__doc__, "faster_rcnn_dcn", IMAGE_SEED)
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -270,11 +285,8 @@ def main(argv=None) -> int:
           f"{summary['counts'].get('ai.onnx::DeformConv', 0) + summary['counts'].get('dcnkit::DeformConv2d', 0)} "
           "deformable convolutions")
 
-    from dcnkit.runtime import ort_session
-
-    sess = ort_session(str(path), providers=["CPUExecutionProvider"])
-    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"images": image})))
-    report = dict(summary=summary, ort=check_detections(got, want, args.box_atol, args.score_atol))
+    report = dict(summary=summary, ort=check_detections(ort_detections(path, image), want, args.box_atol,
+                                                        args.score_atol))
     print(f"ONNX Runtime vs eager: {report['ort']}")
 
     if not args.skip_cli:

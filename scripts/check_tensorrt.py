@@ -9,7 +9,8 @@ compute-sanitizer, an fp16 FPN detector's RoI level with float32 RoIs, two execu
 each (``--only-tools`` / ``--skip-tools``).
 
 Small models, one node each, in the `dcnkit` domain (DeformConv2d, RoIAlign avg/max, DeformRoIPool,
-DeformPSRoIPool, MultiLevelRoIAlign, MultiScaleDeformableAttention, DCNv3, DCNv4) and under mmdeploy's names
+DeformPSRoIPool (also the deformable R-FCN head's three node kinds), MultiLevelRoIAlign,
+MultiScaleDeformableAttention, DCNv3, DCNv4) and under mmdeploy's names
 (MMCVModulatedDeformConv2d, MMCVRoiAlign, MMCVMultiLevelRoiAlign, MMCVMultiScaleDeformableAttention, InternImage's
 TRTDCNv3), and on
 TensorRT only TensorRT's own MultiscaleDeformableAttnPlugin_TRT (int32 level tables, output (N, Lq, M, D); TensorRT's
@@ -132,6 +133,41 @@ def dcnv3_cases(rng):
              {"x": prof(c), "offset_mask": prof(cp)})]
 
 
+def rfcn_cases(rng, bad_roi=True):
+    """The deformable R-FCN head's nodes (examples/rfcn_dcn.py; k = 7, sample_per_part 4, spatial_scale 1/16, two
+    classes with the background): the first pass without offsets (output_dim 2·(C+1), no ``trans`` input), the
+    deformable second pass of the scores fed with the first pass's output (output_dim C+1, trans_std 0.1) and the
+    class-agnostic box pass (output_dim 8, one offset pair for all 8 channels)."""
+    from dcnkit import reference as ref
+
+    n, h, w, k, classes = 2, 6, 5, 7, 2
+    rois = _rois(rng, 5, n, h * 16, w * 16, bad_roi)
+    ok = rois[:, 0] < n
+    attrs = dict(spatial_scale=1 / 16, output_size=k, group_size=k, part_size=k, sample_per_part=4)
+
+    def case(name, dim, trans):
+        x = rng.standard_normal((n, dim * k * k, h, w)).astype(np.float32)
+        inputs = [("x", ["N", dim * k * k, "H", "W"]), ("rois", ["K", 5])]
+        feeds = {"x": x, "rois": rois}
+        prof = {"x": ((1, dim * k * k, 2, 2), (n, dim * k * k, h, w), (4, dim * k * k, 16, 16)),
+                "rois": ((1, 5), (6, 5), (64, 5))}
+        if trans is not None:
+            inputs.append(("trans", ["K", trans.shape[1], k, k]))
+            feeds["trans"] = trans
+            prof["trans"] = tuple((m, trans.shape[1], k, k) for m in (1, 6, 64))
+        extra = dict(trans_std=0.1) if trans is not None else dict(no_trans=1)
+        model = _model("dcnkit", "DeformPSRoIPool", inputs, [("y", ["K", dim, k, k]), ("count", ["K", dim, k, k])],
+                       output_dim=dim, **attrs, **extra)
+        tr = None if trans is None else trans[ok]
+        want = _with_zero_rows(lambda r: ref.deform_psroi_pool(x, r, tr, 1 / 16, k, dim, k, k, 4, 0.1), rois, n)
+        return name, model, feeds, want, prof
+
+    first = case("DeformPSRoIPool R-FCN offsets", 2 * classes, None)
+    trans = first[3][0].astype(np.float32)  # the first pass's output drives the second
+    boxes = (rng.standard_normal((rois.shape[0], 2, k, k)) * 0.5).astype(np.float32)
+    return [first, case("DeformPSRoIPool R-FCN scores", classes, trans), case("DeformPSRoIPool R-FCN boxes", 8, boxes)]
+
+
 def cases(rng, bad_roi=True, tensorrt_only=True):
     """(name, model, feeds, expected outputs, profile shapes) for every plugin checked. ``bad_roi`` adds a RoI
     with an out-of-range batch index (zeros on the GPU; the CPU kernels reject it with an error instead);
@@ -188,6 +224,7 @@ def cases(rng, bad_roi=True, tensorrt_only=True):
     prof = {"x": ((1, 8, 4, 4), (n, 8, h, w), (4, 8, 32, 32)), "rois": roi_prof["rois"],
             "trans": ((1, 2, 2, 2), (6, 2, 2, 2), (64, 2, 2, 2))}
     out.append(("DeformPSRoIPool", m, {"x": xp, "rois": rois, "trans": trans}, want, prof))
+    out += rfcn_cases(rng, bad_roi)
 
     # MultiLevelRoIAlign: rois then two maps (strides 4 and 8 of a 64x64 image); finest_scale 16 sends the
     # larger boxes to level 1. mmdeploy's node: the same with pool_mode as an int (1: avg).

@@ -138,3 +138,12 @@ def test_bench_serve_quick(tmp_path):
     for r in res["rows"]:
         for engine in ("light", "triton"):
             assert r[engine]["rps"] > 0 and 0 < r[engine]["p50_ms"] <= r[engine]["p99_ms"]
+
+
+def test_bench_rfcn_quick(tmp_path):
+    stdout, res = _run("bench_rfcn", tmp_path)
+    assert "R-FCN head (both DeformPSRoIPool passes)" in stdout and "ORT profile" in stdout
+    assert res["psroi_nodes"] == [[6, False], [2, False], [3, True], [8, True]]  # 3 classes with the background
+    assert res["ms"]["ort"] > 0 and res["ms"]["eager"] > 0 and res["profile_ms"]["DeformPSRoIPool"] > 0
+    assert [a["name"] for a in res["accuracy"]] == ["ORT vs eager, class_logits", "ORT vs eager, box_deltas"]
+    assert all(a["ok"] for a in res["accuracy"])
