@@ -39,8 +39,8 @@ Status make_msda_params(const char* op, const Shape& value, const Shape& spatial
 
 // Host check of the level tables (where they are on the host: the CPU launchers call it): every H_l, W_l
 // >= 0, level_start_index[l] >= 0 and level_start_index[l] + H_l*W_l <= S, and sum of H_l*W_l == S.
-// The CUDA kernels never copy the tables to the host: a level whose entries break these rules samples
-// as zeros there (msda_level in msda_kernels.h), never an out-of-bounds read.
+// The CUDA kernels never copy the tables to the host: a table that breaks these rules gives zeros there
+// (msda_levels_valid in msda_kernels.h), never an out-of-bounds read.
 Status check_msda_levels(const char* op, const MsdaParams& p, const int64_t* spatial_shapes,
                          const int64_t* level_start_index);
 
