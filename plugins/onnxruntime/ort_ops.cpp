@@ -275,6 +275,9 @@ OrtStatusPtr ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*, co
   Status s = read_attrs(info, *o.variant, &values);
   if (s.ok()) s = make_op_attrs(*o.variant, values, &k->attrs);
   if (!s.ok()) return to_ort(s, k->prefix);
+#ifdef DCNKIT_ORT_CUDA
+  if (k->cuda) create_cuda_state(*k, info);
+#endif
   *kernel = k.release();
   return nullptr;
 }
