@@ -182,7 +182,7 @@ Status compute_cuda(Kernel& k, OrtKernelContext* ctx) {
     case OpKind::kMultiScaleDeformableAttention: {
       MsdaParams p;
       DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
-      // The level tables stay on the device: a level whose entries are out of range samples as zeros.
+      // The level tables stay on the device: a bad table gives zeros (msda_levels_valid; no sync to report it).
       return msda_forward_cuda(p, dt, ptr(in[kMsdaValue]), static_cast<const int64_t*>(ptr(in[kMsdaSpatialShapes])),
                                static_cast<const int64_t*>(ptr(in[kMsdaLevelStart])), ptr(in[kMsdaLocations]),
                                ptr(in[kMsdaWeights]), y, cuda);
