@@ -4,6 +4,7 @@
 // header and add through one of these.
 #pragma once
 
+#include "dcnkit/bilinear.h"
 #include "dcnkit/common.h"
 
 namespace dcnkit {
@@ -23,6 +24,13 @@ struct AtomicAdd {
   }
 };
 #endif
+
+// The final rounding of a gradient accumulated in the accumulation type (float32 for 16-bit types on CUDA): element
+// i of the stored gradient, rounded once (store_acc_kernel's body, cuda_utils.cuh).
+template <typename T, typename Acc>
+DCNKIT_HD void store_acc(const Acc* acc, int64_t i, T* out) {
+  out[i] = from_acc<T>(acc[i]);
+}
 
 // base[at] += v: the value gradient of MSDA, the input gradient of DCNv3.
 template <typename Acc, typename Add>
