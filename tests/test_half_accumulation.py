@@ -1,7 +1,8 @@
 """The 16-bit path of the DCNv3 / DCNv4 and multi-scale deformable attention CUDA kernels without a GPU: their
 per-thread bodies instantiated for a bfloat16 storage type with float32 accumulation, run over the CUDA launch grid
 on the host, and the final rounding of the float32 gradient buffers (tests/cpp/half_accumulation_test.cpp: each
-16-bit result is the float32 computation on the same data rounded once)."""
+16-bit result is the float32 computation on the same data rounded once); and the int32 level tables' widening
+kernel body over its grid."""
 import shutil
 import subprocess
 from pathlib import Path

@@ -6,6 +6,7 @@
 // Checked against the float32 instantiation on the same (bfloat16-representable) data, in the same order:
 //   forward: the 16-bit output is the float32 output rounded once (so every sum was accumulated in float32);
 //   backward: the float32 accumulation buffers are bit-identical, and the stored gradient is each rounded once.
+// Also the body of the int32 level tables' widening kernel (widened_level_entry) over its grid.
 // Prints one line per failure and "N passed, M failed"; exits 1 on any failure. Built by tests/test_half_accumulation.py.
 #include <cmath>
 #include <cstdint>
@@ -123,6 +124,35 @@ void msda() {
   check_grad(gw16, gw32, "msda grad_attention_weights");
 }
 
+// int32 level tables widened entry by entry (widened_level_entry, the body of msda_levels_to_int64_cuda's kernel, over
+// its grid of 3L threads) give the int64 tables, negative entries included, and the same output.
+void msda_int32_tables() {
+  using namespace dcnkit;
+  const int32_t shapes32[6] = {3, 4, 2, 2, -1, 5}, starts32[3] = {0, 12, -7};
+  const int64_t shapes64[6] = {3, 4, 2, 2, -1, 5}, starts64[3] = {0, 12, -7};
+  int64_t wide[9];
+  for (int64_t i = 0; i < 9; ++i) wide[i] = widened_level_entry(i, 3, shapes32, starts32);
+  for (int64_t i = 0; i < 6; ++i) check(wide[i] == shapes64[i], "widened spatial_shapes", i);
+  for (int64_t i = 0; i < 3; ++i) check(wide[6 + i] == starts64[i], "widened level_start_index", i);
+  // A valid table (the first two levels) through the forward, from the widened copy and from the original.
+  MsdaParams p;
+  p.batch = 1, p.heads = 1, p.channels = 3, p.num_queries = 4, p.num_levels = 2, p.num_points = 2, p.num_values = 16;
+  const int32_t valid32[4] = {3, 4, 2, 2}, valid_starts32[2] = {0, 12};
+  int64_t valid_wide[6];
+  for (int64_t i = 0; i < 6; ++i) valid_wide[i] = widened_level_entry(i, 2, valid32, valid_starts32);
+  const int64_t valid64[4] = {3, 4, 2, 2}, valid_starts64[2] = {0, 12};
+  const int64_t nw = p.num_queries * p.num_levels * p.num_points;
+  const Data value = make(16 * 3, -1, 1, 9), loc = make(2 * nw, 0, 1, 10), attn = make(nw, 0, 1, 11);
+  std::vector<float> a(12), b(12);
+  for (int64_t i = 0; i < msda_thread_count<kMsdaForwardChunk>(p); ++i) {
+    msda_forward_thread<float, float>(p, value.f.data(), valid_wide, valid_wide + 4, loc.f.data(), attn.f.data(),
+                                      a.data(), i);
+    msda_forward_thread<float, float>(p, value.f.data(), valid64, valid_starts64, loc.f.data(), attn.f.data(),
+                                      b.data(), i);
+  }
+  for (int64_t i = 0; i < 12; ++i) check(bits_of(a[i]) == bits_of(b[i]) && a[i] != 0.0f, "msda from widened", i);
+}
+
 void dcnv3(bool softmax) {
   using namespace dcnkit;
   Dcnv3Params p;
@@ -159,6 +189,7 @@ void dcnv3(bool softmax) {
 
 int main() {
   msda();
+  msda_int32_tables();
   dcnv3(false);
   dcnv3(true);
   std::printf("%d passed, %d failed\n", passed, failed);

@@ -40,6 +40,14 @@ DCNKIT_HD bool msda_levels_valid(const int64_t* spatial_shapes, const int64_t* l
   return total == S;
 }
 
+// Entry i of the level tables widened from int32 (msda_levels_to_int64_cuda, one thread per entry): the 2L entries
+// of spatial_shapes, then the L of level_start_index, values as they are (sign-extended).
+DCNKIT_HD int64_t widened_level_entry(int64_t i, int64_t num_levels, const int32_t* spatial_shapes,
+                                      const int32_t* level_start_index) {
+  return i < 2 * num_levels ? static_cast<int64_t>(spatial_shapes[i])
+                            : static_cast<int64_t>(level_start_index[i - 2 * num_levels]);
+}
+
 // Level l as the kernels see it: its map size and first row in [0, S). A level whose table entries are
 // not a region of [0, S) (a negative size or start, start + H*W > S) is empty (H = W = 0): it samples as
 // zeros, whatever the tables hold.
