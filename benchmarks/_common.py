@@ -53,6 +53,22 @@ def add_common_args(ap, repeat: int = 15) -> None:
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
 
 
+def add_no_spin_arg(ap) -> None:
+    ap.add_argument("--no-spin", action="store_true",
+                    help="idle threads block instead of spinning: ONNX Runtime's (session.intra_op.allow_spinning=0) "
+                    "and OpenMP's (OMP_WAIT_POLICY=PASSIVE, for torch); for runs under a real-time policy "
+                    "(chrt -f 1) on a shared machine, where one session's spinning pool starves the next")
+
+
+def no_spin_options(args) -> dict:
+    """With ``--no-spin``: sets OMP_WAIT_POLICY (call before torch is imported) and returns the ``ort_session``
+    keyword that turns ONNX Runtime's spinning off; else {}."""
+    if not getattr(args, "no_spin", False):
+        return {}
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return {"session_config": {"session.intra_op.allow_spinning": "0"}}
+
+
 def resolve_device(args) -> str:
     import torch
 

@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
 
 
 def _profile(path: str, feeds: dict, threads: int) -> dict:
@@ -57,7 +59,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--image-size", type=int, default=512)
     ap.add_argument("--rpn-top-n", type=int, default=1000, help="proposals per image (torchvision's default 1000)")
     ap.add_argument("--json", help="also write the results to this file")
+    C.add_no_spin_arg(ap)
     args = ap.parse_args(argv)
+    no_spin = C.no_spin_options(args)
 
     import onnxruntime as ort
     import torch
@@ -74,7 +78,8 @@ def main(argv=None) -> dict:
     p_fused = str(ex.export(fused, image, out / "fused.onnx"))
     p_tv = str(ex.export(tv, image, out / "tv.onnx"))
     counts = {k: ex.graph_summary(Path(p))["counts"] for k, p in (("fused", p_fused), ("tv", p_tv))}
-    opts = dict(providers=["CPUExecutionProvider"], intra_op_num_threads=args.threads, inter_op_num_threads=1)
+    opts = dict(providers=["CPUExecutionProvider"], intra_op_num_threads=args.threads, inter_op_num_threads=1,
+                **no_spin)
     s_fused, s_tv = ort_session(p_fused, **opts), ort_session(p_tv, **opts)
     feeds = {"images": image}
     x = torch.from_numpy(image)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a development/CI environment from scratch on a fresh machine:
-#   - a virtual environment in .venv with PyTorch, ONNX, ONNX Runtime and the tools,
+#   - a virtual environment in .venv with PyTorch, ONNX, ONNX Runtime and the tools (NVIDIA Triton's server from
+#     the nvidia-pytriton wheel included),
 #   - ONNX Runtime C/C++ headers: DCNKIT_ORT_INCLUDE_DIR when set (nothing fetched), else Debian trixie's
 #     libonnxruntime-dev (headers only, into .deps/) from the Debian archive this machine's apt already uses
 #     (scripts/ort_headers.sh; without apt-get it says in one line what to provide and fails),
@@ -27,6 +28,9 @@ if ! "$py" -c "import torch, torchvision" 2>/dev/null; then
 fi
 log "installing python dependencies"
 "$py" -m pip install -q -r "$root/requirements-dev.txt"
+# NVIDIA Triton (tritonserver 2.51 with its Python backend) for `dcnkit serve --engine triton` and its tests. Only
+# the wheel's files are used (not PyTriton's Python API, whose metadata pins numpy<2): no dependencies.
+"$py" -m pip install -q --no-deps nvidia-pytriton==0.7.0
 
 # ---- build and install dcnkit ----
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"

@@ -37,15 +37,23 @@ def test_bench_deform_conv2d_quick(tmp_path):
     assert all(m["dcnkit_fwd_bytes"] is None or m["dcnkit_fwd_bytes"] >= 0 for m in mem)
 
 
+def test_bench_cpu_gemm_quick(tmp_path):
+    stdout, res = _run("bench_cpu_gemm", tmp_path)
+    assert "OpenBLAS ms / CPU ms" in stdout  # the library the ORT library links; MKL / oneDNN only where installed
+    (row,) = res
+    assert (row["m"], row["n"], row["k"]) == (32, 40, 72) and row["ms"]["OpenBLAS"] > 0
+
+
 def test_bench_ort_deform_conv_quick(tmp_path):
     stdout, res = _run("bench_ort_deform_conv", tmp_path)
     assert "ORT DeformConv ms" in stdout
-    (row,) = res
-    assert set(row["ms"]) >= {"kit", "kit (rewrite)", "built-in", "torch"}
-    # Accuracy against the kit's output, per implementation, in the JSON (and printed).
-    assert [a["name"] for a in row["accuracy"]] == ["kit (rewrite) vs kit, cpu", "built-in vs kit, cpu",
-                                                    "torch vs kit, cpu"]
-    assert all(a["ok"] and a["max_abs_diff"] < 1e-4 for a in row["accuracy"])
+    assert [r["stride"] for r in res] == [1, 2]  # stride 2 as in a ResNet stage's first block
+    for row in res:
+        assert set(row["ms"]) >= {"kit", "kit (rewrite)", "built-in", "torch"}
+        # Accuracy against the kit's output, per implementation, in the JSON (and printed).
+        assert [a["name"] for a in row["accuracy"]] == ["kit (rewrite) vs kit, cpu", "built-in vs kit, cpu",
+                                                        "torch vs kit, cpu"]
+        assert all(a["ok"] and a["max_abs_diff"] < 1e-4 for a in row["accuracy"])
     assert "accuracy built-in vs kit, cpu [float32]" in stdout
 
 
@@ -107,3 +115,26 @@ def test_bench_dcnv3_quick(tmp_path):
     assert [r["shape"] for r in res["layer_rows"]] == ["quick"]
     for r in res["layer_rows"]:
         assert r["dcnv3_layer_ms"] > 0 and r["dcnv4_layer_ms"] > 0
+
+
+def test_bench_int8_quick(tmp_path):
+    pytest.importorskip("onnxscript")
+    stdout, res = _run("bench_int8", tmp_path, "--calibration", "2")
+    assert "int8 / fp32" in stdout
+    assert set(res["ms"]) == {"ResNet-50-DCN fp32", "ResNet-50-DCN int8"}
+    assert all(0.9 < c <= 1.0 + 1e-9 for c in res["cosine_min"].values())
+
+
+def test_bench_serve_quick(tmp_path):
+    """The light server vs --engine triton (skipped where tritonserver cannot run)."""
+    pytest.importorskip("tritonclient.http")
+    from dcnkit.runtime.triton_server import unavailable_reason
+
+    if unavailable_reason():
+        pytest.skip(f"tritonserver cannot run here: {unavailable_reason()}")
+    stdout, res = _run("bench_serve", tmp_path)
+    assert "triton/light" in stdout
+    assert [r["concurrency"] for r in res["rows"]] == [1, 4]
+    for r in res["rows"]:
+        for engine in ("light", "triton"):
+            assert r[engine]["rps"] > 0 and 0 < r[engine]["p50_ms"] <= r[engine]["p99_ms"]

@@ -139,10 +139,26 @@ def test_help_per_command(cmd, capsys):
     assert "usage: dcnkit " + cmd in capsys.readouterr().out
 
 
-def test_backends_lists_each_backend(capsys):
+def test_backends_lists_each_backend_then_the_native_libraries(capsys, tmp_path, monkeypatch):
+    # An installation whose library folder holds two of the five libraries.
+    lib_dir = tmp_path / "lib"
+    lib_dir.mkdir()
+    for name in ("libdcnkit_ort.so", "libdcnkit_trt.so"):
+        (lib_dir / name).write_bytes(b"")
+    monkeypatch.setattr("dcnkit._lib._candidate_dirs", lambda: [lib_dir])
     rc, out, _ = call(capsys, "backends")
     assert rc == 0
-    lines = out.strip().splitlines()
+    backends_part, libs_part = out.strip().split("\n\n")
+    assert libs_part.splitlines() == [
+        "native libraries:",
+        f"  {'libdcnkit_torch.so':<26} not in this build",
+        f"  {'libdcnkit_ort.so':<26} {lib_dir / 'libdcnkit_ort.so'}",
+        f"  {'libdcnkit_ort_cuda.so':<26} not in this build",
+        f"  {'libdcnkit_trt.so':<26} {lib_dir / 'libdcnkit_trt.so'}",
+        f"  {'libdcnkit_trt_autoreg.so':<26} not in this build"]
+    monkeypatch.undo()
+    rc, out, _ = call(capsys, "backends")
+    lines = out.strip().split("\n\n")[0].splitlines()
     assert [l.split()[0] for l in lines] == ["ort-cpu", "ort-cuda", "tensorrt", "reference"]
     assert lines[0].split()[1] == "available" and lines[3].split()[1] == "available"
     from dcnkit.runtime.runners import available_backends

@@ -116,3 +116,47 @@ def test_dcnkit_run_compare_and_serve(exported, tmp_path, capsys):
         assert report[key]["max_box_diff"] <= 0.05 and report[key]["max_score_diff"] <= 5e-4
     with np.load(tmp_path / "detections.npz") as d:
         assert sorted(d.files) == ["boxes", "labels", "scores"]
+
+
+def test_served_on_tritonserver(exported, tmp_path):
+    """The detector in a Python-backend repository on a real tritonserver (127.0.0.1, free ports): HTTP and gRPC
+    detections equal to the kit's ORT runner here and to eager PyTorch."""
+    pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is not installed")
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    from dcnkit.runtime import triton
+    from dcnkit.runtime.base import BackendUnavailable
+    from dcnkit.runtime.registry import make_runner
+    from dcnkit.runtime.triton_server import TritonServer
+
+    _, image, want, path = exported
+    model_dir = triton.write_repository(path, tmp_path / "repo", name="frcnn", backend="python")
+    assert triton.parse_config((model_dir / "config.pbtxt").read_text()).max_batch_size == 0  # no shared batch dim
+    try:
+        server = TritonServer(tmp_path / "repo", log_file=tmp_path / "server.log")
+    except BackendUnavailable as e:
+        pytest.skip(f"tritonserver cannot run here: {e}")
+    with make_runner(path, "ort-cpu") as runner:
+        direct = runner.run({"images": image})
+    with server:
+        server.wait_ready(timeout=180, model="frcnn")
+        outputs = ("boxes", "labels", "scores")
+        with httpclient.InferenceServerClient(server.http_url) as c:
+            i = httpclient.InferInput("images", list(image.shape), "FP32")
+            i.set_data_from_numpy(image)
+            r = c.infer("frcnn", [i])
+            by_http = {k: r.as_numpy(k) for k in outputs}
+        g = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            i = grpcclient.InferInput("images", list(image.shape), "FP32")
+            i.set_data_from_numpy(image)
+            r = g.infer("frcnn", [i])
+            by_grpc = {k: r.as_numpy(k) for k in outputs}
+        finally:
+            g.close()
+    assert not server.group_alive()
+    for got in (by_http, by_grpc):
+        for k in outputs:
+            np.testing.assert_allclose(got[k], direct[k], rtol=1e-5, atol=1e-4)
+        assert ex.check_detections(got, want, box_atol=0.05, score_atol=5e-4)["detections"] == len(want["scores"])

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,6 +20,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from server_process import free_port, serving
 
 import dcnkit
 
@@ -176,12 +175,6 @@ def test_cli_deployment_commands_leave_torch_out(tmp_path, dcn_onnx, argv):
         assert (tmp_path / "repo" / "dcnv2" / "config.pbtxt").is_file()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _vm_kb(pid: int, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -194,7 +187,7 @@ def test_served_dcnv2_model_without_torch_under_150_mb(tmp_path, dcn_onnx):
     httpclient = pytest.importorskip("tritonclient.http")
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
-    port = _free_port()
+    port = free_port()
     report = tmp_path / "server_report.json"
     code = _REPORT + textwrap.dedent(f"""
         import sys
@@ -202,20 +195,8 @@ def test_served_dcnv2_model_without_torch_under_150_mb(tmp_path, dcn_onnx):
         sys.exit(main(["serve", {str(dcn_onnx)!r}, "--host", "127.0.0.1", "--port", "{port}", "--backend",
                        "ort-cpu", "--max-batch-size", "2", "--log-level", "warning"]))
     """)
-    proc = subprocess.Popen([sys.executable, "-c", code, str(report)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=_env(), text=True, cwd=tmp_path)
-    try:
+    with serving([sys.executable, "-c", code, str(report)], port, env=_env(), cwd=tmp_path) as proc:
         c = httpclient.InferenceServerClient(url=f"127.0.0.1:{port}")
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if c.is_server_ready():
-                    break
-            except Exception:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
         rng = np.random.default_rng(1)
         arrays = {"input": rng.standard_normal((1, 16, 32, 32), dtype=np.float32),
                   "offset": rng.standard_normal((1, 18, 32, 32), dtype=np.float32),
@@ -237,13 +218,6 @@ def test_served_dcnv2_model_without_torch_under_150_mb(tmp_path, dcn_onnx):
                                        dilation=(1, 1), mask=arrays["mask"].astype(np.float64))
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
         rss_mb = _vm_kb(proc.pid, "VmRSS") / 1024
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 0, out
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
     r = json.loads(report.read_text())
     assert r["torch"] is False, r["torch_modules"]
     print(f"server RSS after one DCNv2 request: {rss_mb:.1f} MB (at exit {r['rss_kb'] / 1024:.1f} MB, "

@@ -159,6 +159,34 @@ def test_cpu_half_computes_in_float32(dtype):
     assert all(t.grad.dtype == dtype for t in leaves)
 
 
+@pytest.mark.parametrize("value_dtype,other", [(torch.float16, torch.float32), (torch.float64, torch.float32),
+                                               (torch.float32, torch.float16), (torch.bfloat16, torch.float32)])
+def test_locations_and_weights_take_the_dtype_of_value_as_in_mmcv(value_dtype, other):
+    """mmcv's MultiScaleDeformableAttnFunction casts sampling_locations and attention_weights to value's dtype (a
+    float16 value with float32 locations is DETR code under autocast); the gradients come back in the callers'
+    dtypes."""
+    value, shapes, starts, loc, attn = make_inputs(dtype=torch.float32, seed=4)
+    leaves = [t.to(d).requires_grad_() for t, d in ((value, value_dtype), (loc, other), (attn, other))]
+    y = msda(leaves[0], shapes, starts, leaves[1], leaves[2])
+    assert y.dtype == value_dtype
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(5)).to(value_dtype)
+    y.backward(g)
+    assert [t.grad.dtype for t in leaves] == [value_dtype, other, other]
+    # The same as the caller casting first (mmcv's type_as), and that against the grid_sample formulation.
+    cast = [t.detach().to(value_dtype).requires_grad_() for t in leaves]
+    y_cast = msda(cast[0], shapes, starts, cast[1], cast[2])
+    y_cast.backward(g)
+    torch.testing.assert_close(y, y_cast, rtol=0, atol=0)
+    for ours, theirs in zip(leaves, cast):
+        torch.testing.assert_close(ours.grad, theirs.grad.to(ours.grad.dtype), rtol=0, atol=0)
+    ref = [t.detach().double().requires_grad_() for t in cast]
+    want = grid_sample_msda(ref[0], shapes, ref[1], ref[2])
+    want.backward(g.double())
+    tol = 1e-10 if value_dtype == torch.float64 else 1e-5 if value_dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(y.double(), want, rtol=tol, atol=tol)
+    torch.testing.assert_close(leaves[0].grad.double(), ref[0].grad, rtol=tol, atol=tol)
+
+
 def test_autocast_runs_in_float32():
     value, shapes, starts, loc, attn = make_inputs(dtype=torch.float32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -271,13 +299,16 @@ def test_bad_shapes_and_types():
         ((value, shapes, starts, loc, attn[0]), ValueError, r"attention_weights: expected 5-D tensor"),
         ((value, shapes.int(), starts, loc, attn), TypeError, r"spatial_shapes: expected dtype int64, got Int"),
         ((value, shapes, starts.float(), loc, attn), TypeError, r"level_start_index: expected dtype int64, got Float"),
-        ((value, shapes, starts, loc.float(), attn), TypeError,
-         r"sampling_locations: expected dtype Double \(the dtype of value\), got Float"),
         ((value.int(), shapes, starts, loc, attn), TypeError, r"input: expected dtype float32, float64"),
+        ((value.int(), shapes, starts, loc.float(), attn.float()), TypeError, r"input: expected dtype float32"),
     ]
     for args, exc, msg in cases:
         with pytest.raises(exc, match=f"{op}: {msg}"):
             msda(*args)
+    # The op itself takes one floating dtype (the wrapper casts the locations and weights to value's, as mmcv).
+    with pytest.raises(TypeError, match=f"{op}: sampling_locations: expected dtype Double \\(the dtype of value\\), "
+                                        "got Float"):
+        OP(value, shapes, starts, loc.float(), attn)
     with pytest.raises(ValueError, match=f"{op}: im2col_step: expected an int >= 1, got 0"):
         msda(value, shapes, starts, loc, attn, 0)
     with pytest.raises(ValueError, match=f"{op}: value: expected a Tensor, got list"):

@@ -1,5 +1,8 @@
 """dcnkit.nn.DCNv3 / DCNv4: InternImage's and the DCNv4 package's parameter names and shapes (their checkpoints load
-with strict=True), and the layers' forward against the same layer written with the grid_sample formulation."""
+with strict=True), constructor arguments, defaults and checks, and the layers' forward against the published layers
+written out with the grid_sample formulation (peer_dcn_layers)."""
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,6 +10,16 @@ import torch.nn.functional as F
 from dcnkit.nn import DCNv3, DCNv4
 
 from dcnv3_cases import grid_sample_dcnv3
+from peer_dcn_layers import dcnv4_package, internimage_dcnv3, random_state
+
+# The constructors' arguments, in order, with their defaults (InternImage ops_dcnv3/modules/dcnv3.py DCNv3, the DCNv4
+# package's DCNv4/modules/dcnv4.py DCNv4).
+INTERNIMAGE_DCNV3_ARGS = dict(channels=64, kernel_size=3, dw_kernel_size=None, stride=1, pad=1, dilation=1, group=4,
+                              offset_scale=1.0, act_layer="GELU", norm_layer="LN", center_feature_scale=False,
+                              remove_center=False)
+PACKAGE_DCNV4_ARGS = dict(channels=64, kernel_size=3, stride=1, pad=1, dilation=1, group=4, offset_scale=1.0,
+                          dw_kernel_size=None, center_feature_scale=False, remove_center=False, output_bias=True,
+                          without_pointwise=False)
 
 
 def _published_dcnv3_state(c=16, g=4, k=3, rc=0, norm="LN", cfs=False):
@@ -86,3 +99,81 @@ def test_module_arguments_are_checked_and_gradients_flow():
     x = torch.randn(1, 5, 5, 8, requires_grad=True)
     layer(x).sum().backward()
     assert x.grad is not None and layer.offset.weight.grad is not None and layer.mask.weight.grad is not None
+
+
+@pytest.mark.parametrize("cls,published", [(DCNv3, INTERNIMAGE_DCNV3_ARGS), (DCNv4, PACKAGE_DCNV4_ARGS)])
+def test_constructor_arguments_and_defaults_are_the_published_ones(cls, published):
+    params = inspect.signature(cls).parameters.values()
+    assert [(p.name, p.default) for p in params if p.kind is p.POSITIONAL_OR_KEYWORD] == list(published.items())
+
+
+def test_dcnv3_sub_modules_have_internimages_defaults():
+    """InternImage's build_norm_layer / build_act_layer."""
+    ln, bn = DCNv3(16, group=2).dw_conv[1][1], DCNv3(16, group=2, norm_layer="BN").dw_conv[1][0]
+    assert (ln.eps, ln.elementwise_affine) == (1e-6, True)
+    assert (bn.eps, bn.momentum, bn.affine, bn.track_running_stats) == (1e-5, 0.1, True, True)
+    assert DCNv3(16, group=2).dw_conv[2].approximate == "none"
+    assert DCNv3(16, group=2, act_layer="ReLU").dw_conv[2].inplace and DCNv3(16, group=2, act_layer="SiLU").dw_conv[2].inplace
+
+
+@pytest.mark.parametrize("norm,act,cfs,rc", [("LN", "GELU", False, 0), ("LN", "SiLU", True, 1), ("BN", "ReLU", True, 0)])
+def test_dcnv3_computes_internimages_layer(norm, act, cfs, rc):
+    """A checkpoint gives InternImage's output, also on small inputs (where the LayerNorm's eps matters)."""
+    layer = DCNv3(16, 3, group=4, norm_layer=norm, act_layer=act, center_feature_scale=cfs, remove_center=bool(rc),
+                  offset_scale=0.9).double().eval()
+    state = random_state(layer, seed=5)
+    layer.load_state_dict(state, strict=True)
+    gen = torch.Generator().manual_seed(6)
+    for scale in (1.0, 1e-3):
+        x = torch.randn(2, 6, 7, 16, generator=gen, dtype=torch.float64) * scale
+        want = internimage_dcnv3(state, x, group=4, offset_scale=0.9, act_layer=act, norm_layer=norm,
+                                 center_feature_scale=cfs, remove_center=rc)
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x), want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("cfs,rc", [(True, 0), (True, 1), (False, 0)])
+def test_dcnv4_computes_the_packages_layer(cfs, rc):
+    """center_feature_scale: the package gates with the sampled output, not the layer's input."""
+    layer = DCNv4(16, 3, group=2, center_feature_scale=cfs, remove_center=bool(rc), offset_scale=0.7).double()
+    state = random_state(layer, seed=7)
+    layer.load_state_dict(state, strict=True)
+    x = torch.randn(2, 5 * 6, 16, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    want = dcnv4_package(state, x, (5, 6), group=2, offset_scale=0.7, center_feature_scale=cfs, remove_center=rc)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x, shape=(5, 6)), want, rtol=1e-9, atol=1e-12)
+
+
+BAD_ARGS = [  # (keyword arguments, message); each a ValueError when the layer is built
+    (dict(kernel_size=4, remove_center=True), r"remove_center: expected False with an even kernel_size = 4"),
+    (dict(kernel_size=0), r"kernel_size: expected an int >= 1, got 0"),
+    (dict(stride=2), r"stride: expected 1 \(the offsets are predicted at the input's resolution"),
+    (dict(pad=0), r"pad: expected dilation \* \(kernel_size - 1\) / 2 = 1 \(the output keeps the input's size\), got 0"),
+    (dict(dilation=2), r"pad: expected dilation \* \(kernel_size - 1\) / 2 = 2 .*got 1"),
+    (dict(dilation=0), r"dilation: expected an int >= 1, got 0"),
+    (dict(dw_kernel_size=4), r"dw_kernel_size: expected an odd int \(the depthwise conv keeps the map's size; .*\), got 4"),
+    (dict(offset_scale=float("nan")), r"offset_scale: expected a finite number, got nan"),
+    (dict(remove_center=2), r"remove_center: expected a bool, got 2"),
+    (dict(channels=0), r"channels: expected an int >= 1, got 0"),
+    (dict(group=2.0), r"group: expected an int >= 1, got 2.0"),
+]
+
+
+@pytest.mark.parametrize("cls", [DCNv3, DCNv4])
+@pytest.mark.parametrize("kwargs,message", BAD_ARGS)
+def test_bad_arguments_fail_when_the_layer_is_built(cls, kwargs, message):
+    with pytest.raises(ValueError, match=f"{cls.__name__}: {message}"):
+        cls(**{"channels": 16, "group": 2, **kwargs})
+
+
+def test_layer_names_and_keywords_as_the_published_modules():
+    for kwargs in (dict(norm_layer="GN"), dict(act_layer="PReLU")):  # InternImage: NotImplementedError
+        with pytest.raises(NotImplementedError, match=f"DCNv3: {next(iter(kwargs))}: expected"):
+            DCNv3(16, group=2, **kwargs)
+    with pytest.warns(UserWarning, match=r"DCNv3: channels / group = 6 is not a power of 2"):
+        DCNv3(12, group=2)
+    # What InternImage-style blocks pass to any core op is accepted and unused by DCNv4 (as in the package)...
+    layer = DCNv4(16, group=2, act_layer="GELU", norm_layer="LN")
+    assert set(layer.state_dict()) == set(DCNv4(16, group=2).state_dict())
+    with pytest.raises(TypeError, match=r"DCNv4: unexpected keyword argument\(s\) 'center_featur_scale'"):
+        DCNv4(16, group=2, center_featur_scale=True)  # ...a misspelling is not

@@ -146,3 +146,25 @@ def test_bad_arguments():
         m(query, value=value)
     with pytest.raises(ValueError, match=r"multi_scale_deformable_attn: level_start_index\[1\]: expected a start with start \+ H\*W <= S = 38"):
         m(query, value=value[:, :-1], reference_points=ref, spatial_shapes=shapes, level_start_index=starts)
+
+
+def test_forward_keywords_have_mmcvs_meaning():
+    """mmcv maps the deprecated residual= to identity= with a warning; the keywords its and mmdet's transformer
+    layers pass (key_pos, attn_mask, valid_ratios) are unused there; anything else is a TypeError, never dropped."""
+    m = _randomised(MultiScaleDeformableAttention(32, 4, 2, 3, batch_first=True, dropout=0.0).double()).eval()
+    query, value, ref, shapes, starts = _layer_inputs(seed=6)
+    t = torch.randn_like(query)
+    kw = dict(value=value, reference_points=ref, spatial_shapes=shapes, level_start_index=starts)
+    with pytest.warns(UserWarning, match=r'"residual" is deprecated in `MultiScaleDeformableAttention.forward`, '
+                                         r'please use "identity" instead'):
+        y = m(query, residual=t, **kw)
+    torch.testing.assert_close(y, reference_layer(m, query, value, ref, shapes, t), rtol=1e-10, atol=1e-10)
+    y = m(query, key_pos=torch.randn_like(query), attn_mask=torch.ones(5, 5, dtype=torch.bool),
+          valid_ratios=torch.rand(2, 2, 2, dtype=torch.float64), **kw)
+    torch.testing.assert_close(y, reference_layer(m, query, value, ref, shapes, query), rtol=1e-10, atol=1e-10)
+    with pytest.raises(TypeError, match=r"MultiScaleDeformableAttention.forward: unexpected keyword argument\(s\) "
+                                        r"'idenity'"):
+        m(query, idenity=t, **kw)
+    with pytest.raises(TypeError, match=r"residual: the deprecated name of identity, expected one of the two, "
+                                        r"got both"):
+        m(query, identity=t, residual=t, **kw)

@@ -279,6 +279,55 @@ def test_the_rewrite_applies_only_where_the_kit_kernel_is_the_faster_one(monkeyp
     assert dk_ort.rewrites_deform_conv(cuda)
 
 
+def _with_input_size(model, h, w):
+    """``model`` with a static (1, C, h, w) input ``x`` (the others stay symbolic): shape inference gives the
+    DeformConv node's output map."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    x = next(i for i in out.graph.input if i.name == "x")
+    dims = x.type.tensor_type.shape.dim
+    for d, v in zip(dims, (1, dims[1].dim_value, h, w)):
+        d.dim_value = v
+    return out
+
+
+# A stride-2 DCNv2 layer: the output map (Ho, Wo) = input / 2 decides, not the input.
+STRIDE2 = (4, 6, (3, 3), (2, 2), (1, 1), (1, 1), 1, 1, True, True)
+
+
+@pytest.mark.parametrize("hw, out_hw", [((14, 14), (7, 7)), ((30, 34), (15, 17)), ((32, 32), (16, 16)),
+                                        ((40, 40), (20, 20)), ((6, 200), (3, 100)), (None, None)],
+                         ids=["7x7", "15x17", "16x16", "20x20", "3x100", "dynamic"])
+def test_the_cpu_rewrite_follows_the_measured_shape_rule(hw, out_hw):
+    """Per node on the CPU EP: the kit's kernel where the output map has >= KIT_MIN_OUTPUT_POSITIONS positions or is
+    not known statically; ONNX Runtime's built-in below (measured faster there)."""
+    from dcnkit.runtime import ort as dk_ort
+    from dcnkit.runtime.ort_rewrite import KIT_MIN_OUTPUT_POSITIONS, kit_is_faster
+
+    model = _standard_model(STRIDE2)
+    if hw is not None:
+        model = _with_input_size(model, *hw)
+    expect_kit = out_hw is None or out_hw[0] * out_hw[1] >= KIT_MIN_OUTPUT_POSITIONS
+    assert kit_is_faster(out_hw) == expect_kit
+    out = dk_ort._with_kit_kernels(model.SerializeToString(), ["CPUExecutionProvider"])
+    assert count_deform_conv(onnx.load_from_string(out)) == (0 if expect_kit else 1)
+    # rewrite_deform_conv's rule sees the inferred output map
+    seen = []
+    rewrite_deform_conv(model, rule=lambda s: seen.append(s) or True)
+    assert seen == [out_hw if out_hw is not None else (None, None)]
+    # and the session (whichever kernel) gives the built-in's result
+    h, w = hw or (9, 11)
+    feeds = _feeds(STRIDE2, model, 1, h, w, seed=3)
+    (got,) = ort_session(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    (want,) = _builtin(model).run(None, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_rule_is_a_callable():
+    with pytest.raises(TypeError, match="rule: expected a callable or None, got int"):
+        rewrite_deform_conv(_standard_model(CASES[0]), rule=3)
+
+
 @pytest.mark.cuda
 def test_kit_ops_run_under_ort_cuda_graphs():
     """The kit's CUDA-EP kernels never synchronise or allocate outside ORT's allocator: a session with

@@ -226,6 +226,38 @@ def test_deform_conv2d_thread_count_does_not_change_the_result():
     np.testing.assert_array_equal(a, b)
 
 
+def _weight_as_initializer(model, feeds):
+    """``model`` with its ``weight`` input turned into an initializer of ``feeds["weight"]`` (a constant weight, which
+    the library reorders once at session creation), and the feeds without it."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    keep = [i for i in out.graph.input if i.name != "weight"]
+    del out.graph.input[:]
+    out.graph.input.extend(keep)
+    out.graph.initializer.append(onnx.numpy_helper.from_array(feeds["weight"], "weight"))
+    return out, {k: v for k, v in feeds.items() if k != "weight"}
+
+
+@pytest.mark.parametrize("case, n, h, w", [
+    ((16, 128, (3, 3), (1, 1), (1, 1), (1, 1), 1, 1, True, True), 2, 5, 6),     # one tile per thread: rows split
+    ((16, 128, (3, 3), (2, 2), (1, 1), (1, 1), 2, 2, True, True), 1, 9, 7),     # the same with 2 conv groups
+    ((64, 12, (3, 3), (1, 1), (1, 1), (1, 1), 4, 2, False, True), 1, 48, 48),   # several tiles per thread
+])
+def test_deform_conv2d_constant_weight_and_small_maps_match_reference(case, n, h, w):
+    cin, cout, k, stride, padding, dilation, groups, dg, bias, mask = case
+    rng = np.random.default_rng(6)
+    feeds = _dcn_feeds(rng, n, cin, cout, k, h, w, stride, padding, dilation, groups, dg, bias, mask)
+    model = _dcn_model(cin, cout, k, stride, padding, dilation, groups, dg, bias, mask)
+    const_model, const_feeds = _weight_as_initializer(model, feeds)
+    expected = ref.deform_conv2d(feeds["x"], feeds["offset"], feeds["weight"], feeds.get("bias"), stride, padding,
+                                 dilation, feeds.get("mask"))
+    for threads in (1, 2):
+        (y,) = run(model, feeds, threads=threads)
+        (y_const,) = run(const_model, const_feeds, threads=threads)
+        assert_close(y, expected, rtol=1e-4, atol=1e-4)  # fp32 sums of up to 144 products in another order
+        np.testing.assert_array_equal(y_const, y)  # the weight reordered once = reordered per run
+
+
 def test_deform_conv2d_empty_batch():
     rng = np.random.default_rng(5)
     model = _dcn_model(2, 3, (3, 3), (1, 1), (1, 1), (1, 1), 1, 1, True, False)
@@ -423,6 +455,13 @@ def test_ort_session_options_are_checked():
         ort_session(model, graph_optimization_level="fastest")
     with pytest.raises(FileNotFoundError):
         ort_session("/nonexistent/model.onnx")
+    spin = "session.intra_op.allow_spinning"
+    sess = ort_session(model, providers=["CPUExecutionProvider"], session_config={spin: "0"})
+    assert sess.get_session_options().get_session_config_entry(spin) == "0"
+    with pytest.raises(TypeError, match="session_config: expected str keys and values, got .*: 0"):
+        ort_session(model, session_config={spin: 0})
+    with pytest.raises(TypeError, match="session_config: expected a dict of str to str, got list"):
+        ort_session(model, session_config=[spin])
 
 
 def test_default_providers_fall_back_to_cpu_without_cuda():

@@ -164,6 +164,9 @@ def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
     ("dcnkit.runtime.reference_runner", "dcnkit.runtime.registry"),
     ("dcnkit.runtime.triton_config", "dcnkit.runtime.triton"),
     ("dcnkit.runtime.triton_tensorrt", "dcnkit.runtime.triton"),
+    ("dcnkit.runtime.triton_python", "dcnkit.runtime.triton"),
+    ("dcnkit.runtime.triton_python_model", "dcnkit.runtime.triton_config"),  # runs in Triton's stub: the runner only
+    ("dcnkit.runtime.triton_server", "dcnkit.runtime.triton"),
     ("dcnkit.cli.shared", "dcnkit.cli.export"),
 ])
 def test_imports_point_down_the_layers(lower, upper):

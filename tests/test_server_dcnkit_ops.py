@@ -3,11 +3,7 @@ NumPy references of docs/operators.md; and the `dcnkit serve` command in a subpr
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,6 +22,7 @@ from dcnkit import reference  # noqa: E402
 from dcnkit.server import create_app  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+from server_process import free_port, serving  # noqa: E402
 from test_server import LiveServer  # noqa: E402
 
 
@@ -135,12 +132,6 @@ def test_serve_roi_align_unbatched_and_op_errors():
         assert srv.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_cli_serve_subprocess_sigterm(tmp_path):
     """`dcnkit serve` for real: answers tritonclient, then exits 0 on SIGTERM after draining."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
@@ -150,40 +141,20 @@ def test_cli_serve_subprocess_sigterm(tmp_path):
     m.ir_version = 9
     path = tmp_path / "negate.onnx"
     onnx.save(m, str(path))
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(dcnkit.__file__).parents[1]),
                                                       os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dcnkit.cli", "serve", str(path), "--host", "127.0.0.1", "--port", str(port),
-         "--max-batch-size", "4", "--max-queue-delay-ms", "1", "--log-level", "info"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
-    )
-    try:
+    cmd = [sys.executable, "-m", "dcnkit.cli", "serve", str(path), "--host", "127.0.0.1", "--port", str(port),
+           "--max-batch-size", "4", "--max-queue-delay-ms", "1", "--log-level", "info"]
+    with serving(cmd, port, env=env, cwd=tmp_path, timeout=90) as proc:
         c = httpclient.InferenceServerClient(url=f"127.0.0.1:{port}")
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if c.is_server_ready():
-                    break
-            except Exception:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
         assert c.get_model_metadata("negate")["inputs"][0]["shape"] == [-1, 3]
         a = np.arange(6, dtype=np.float32).reshape(2, 3)
         inp = httpclient.InferInput("x", [2, 3], "FP32")
         inp.set_data_from_numpy(a)
         np.testing.assert_array_equal(c.infer("negate", [inp]).as_numpy("y"), -a)
         c.close()
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 0, out
-        assert "draining 0 queued request(s)" in out and "dcnkit serve: stopped" in out, out
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    assert "draining 0 queued request(s)" in proc.log and "dcnkit serve: stopped" in proc.log, proc.log
 
 
 def test_cli_serve_bad_arguments(tmp_path):

@@ -1,8 +1,8 @@
-"""dcnkit triton-repo: the written repository against the schema of Triton's model_config.proto.
+"""dcnkit triton-repo: the written repository against Triton's own config schema.
 
-The config is parsed with protobuf's text-format parser over a descriptor of Triton's field names, numbers and
-types (dcnkit.runtime.triton.parse_config): unknown fields, wrong types and bad enum names fail. On top, the
-fields Triton's onnxruntime backend needs are checked one by one.
+The config is parsed with protobuf's text-format parser into tritonclient's ``model_config_pb2.ModelConfig``
+(dcnkit.runtime.triton.parse_config): unknown fields, wrong types and bad enum names fail. On top, the fields
+Triton's onnxruntime backend needs are checked one by one. (Loading in a real tritonserver: test_triton_python_repo.)
 """
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def test_writer_errors(tmp_path):
         triton.write_repository(_batch_model(), tmp_path, name="m", backend="tensorrt", instance_kind="KIND_CPU")
     with pytest.raises(ValueError, match="engine: expected only with backend='tensorrt'"):
         triton.write_repository(_batch_model(), tmp_path, name="m", engine="m.engine")
-    with pytest.raises(ValueError, match="backend: expected 'onnxruntime' or 'tensorrt', got 'tf'"):
+    with pytest.raises(ValueError, match="backend: expected one of onnxruntime, tensorrt, python, got 'tf'"):
         triton.write_repository(_batch_model(), tmp_path, name="m", backend="tf")
     with pytest.raises(ValueError, match="name: expected a model name"):
         triton.write_repository(_batch_model(), tmp_path)

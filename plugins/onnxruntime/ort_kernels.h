@@ -28,6 +28,10 @@ struct Kernel {
   bool cuda = false;
   OpAttrs attrs;  // checked once, at kernel creation
   CudaState* cuda_state = nullptr;
+  // DeformConv2d on the CPU with a constant weight (an initializer): the weight reordered once for the
+  // launcher (deform_conv2d_weight_kc_cpu), and the shape it had; empty otherwise.
+  std::vector<float> weight_kc;
+  Shape weight_kc_shape;
   std::mutex mutex;  // serialises CUDA runs on this node's cuBLAS handle
 };
 

@@ -194,9 +194,11 @@ Status compute_cpu(Kernel& k, OrtKernelContext* ctx) {
       Workspace ws;
       DCNKIT_RETURN_IF_ERROR(
           ws.allocate(ctx, mem, deform_conv2d_forward_workspace_cpu(p, DType::kFloat32, cpu)));
+      const bool packed = !k.weight_kc.empty() && in[kDcWeight].shape == k.weight_kc_shape;
       return deform_conv2d_forward_cpu<float>(p, ptr<float>(in[kDcInput]), ptr<float>(in[kDcOffset]),
                                               ptr<float>(in[kDcWeight]), ptr<float>(in[kDcBias]),
-                                              ptr<float>(in[kDcMask]), static_cast<float*>(y), ws.data(), cpu);
+                                              ptr<float>(in[kDcMask]), static_cast<float*>(y), ws.data(), cpu,
+                                              packed ? k.weight_kc.data() : nullptr);
     }
     case OpKind::kRoIAlign: {
       RoIAlignParams p;
@@ -262,6 +264,33 @@ struct CustomOp : OrtCustomOp {
 
 const CustomOp& self(const OrtCustomOp* op) { return *static_cast<const CustomOp*>(op); }
 
+// A CPU DeformConv2d node whose weight is constant: the weight in the launcher's layout, once (nothing when the
+// weight is a graph input, or not a float32 (Cout, Cin/groups, kh, kw) tensor: make_params reports that per run).
+void pack_constant_weight(const OrtKernelInfo* info, Kernel* k) {
+  const auto& slots = k->variant->inputs;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].canonical != kDcWeight) continue;
+    int is_constant = 0;
+    const OrtValue* v = nullptr;
+    OrtStatus* st = api().KernelInfoGetConstantInput_tensor(info, i, &is_constant, &v);
+    if (st != nullptr) {
+      api().ReleaseStatus(st);
+      return;
+    }
+    TensorView t;
+    if (!is_constant || v == nullptr || !tensor_view(v, &t).ok() || t.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ||
+        t.shape.size() != 4 || t.data == nullptr) {
+      return;
+    }
+    const int64_t cout = t.shape[0], cin_g = t.shape[1], kk = t.shape[2] * t.shape[3];
+    if (cout <= 0 || cin_g <= 0 || kk <= 0) return;
+    k->weight_kc.resize(static_cast<size_t>(cout * cin_g * kk));
+    deform_conv2d_weight_kc_cpu<float>(cout, cin_g, kk, static_cast<const float*>(t.data), k->weight_kc.data());
+    k->weight_kc_shape = t.shape;
+    return;
+  }
+}
+
 OrtStatusPtr ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*, const OrtKernelInfo* info,
                                         void** kernel) {
   const CustomOp& o = self(op);
@@ -275,6 +304,7 @@ OrtStatusPtr ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*, co
   Status s = read_attrs(info, *o.variant, &values);
   if (s.ok()) s = make_op_attrs(*o.variant, values, &k->attrs);
   if (!s.ok()) return to_ort(s, k->prefix);
+  if (o.variant->kind == OpKind::kDeformConv2d && !o.cuda) pack_constant_weight(info, k.get());
 #ifdef DCNKIT_ORT_CUDA
   if (k->cuda) create_cuda_state(*k, info);
 #endif

@@ -44,6 +44,21 @@ def find_library(stem: str) -> Path:
     )
 
 
+# Every native library a build can hold (which ones a wheel has depends on the toolkits of the machine that built it).
+NATIVE_LIBRARIES = ("dcnkit_torch", "dcnkit_ort", "dcnkit_ort_cuda", "dcnkit_trt", "dcnkit_trt_autoreg")
+
+
+def native_libraries() -> dict[str, Path | None]:
+    """``lib<stem>.so`` -> its path, or None where this installation does not hold it."""
+    out = {}
+    for stem in NATIVE_LIBRARIES:
+        try:
+            out[f"lib{stem}.so"] = find_library(stem)
+        except FileNotFoundError:
+            out[f"lib{stem}.so"] = None
+    return out
+
+
 @functools.lru_cache(maxsize=None)
 def op_defs() -> dict:
     """The operator definitions (input order, attribute names, defaults) from the C++ core."""

@@ -6,9 +6,11 @@
 // column tiles are position-major, [t][conv group][k][channel of the group], so that every sampling
 // point's taps (computed once per deformable group, kernel point and position) are applied to a
 // contiguous run of channels (vectorised loops), and the weight is used as (Cout, K, Cin/groups).
-// Forward: per image, tiles of output positions per task; a tile's columns (~512 KB) are built in the task's
-// workspace slot and multiplied into the output (ldc = Ho*Wo) by one strided-batched GEMM over the
-// convolution groups, the bias written first. The whole column matrix never exists.
+// Forward: per image, tiles of output positions per task (as many tiles as a multiple of the tasks); a
+// tile's columns (~512 KB, wider when the GEMM asks: gemm_min_n) are built in the task's workspace slot and
+// multiplied into the output (ldc = Ho*Wo) by one strided-batched GEMM over the convolution groups, the bias
+// written first. A map of one tile per task is built whole by all tasks, then its GEMM is split by output
+// rows. The whole column matrix of a larger map never exists.
 // Backward: per image and chunk of positions, each task takes a contiguous range of the chunk's
 // positions: its column-gradient rows (GEMM), then one pass over their sampling points (columns for
 // grad_weight, grad_offset/grad_mask, and the scatter into the task's own channels-last grad_input
@@ -53,13 +55,23 @@ inline int64_t positions_per(const DeformConv2dParams& p, size_t elem, int64_t b
 }
 
 // Forward tile width: ~kForwardTileBytes of columns, but no narrower than the GEMM's efficient width
-// as long as a tile stays under kMaxForwardTileBytes (the workspace holds one tile per task).
+// as long as a tile stays under kMaxForwardTileBytes (the workspace holds one tile per task). When that leaves
+// fewer than two tiles per task (a detector's 20x20 or 10x10 map was one tile at OpenBLAS's preferred width,
+// which left all but one thread idle), the map is cut into as many equal tiles as a multiple of the tasks
+// instead; with more tiles, the tasks take them dynamically as before.
 inline int64_t forward_tile(const DeformConv2dParams& p, size_t elem, const CpuContext& ctx) {
   constexpr int64_t kMaxForwardTileBytes = int64_t(8) << 20;
   static const int64_t bytes = bytes_override("DCNKIT_DCN_TILE_BYTES", kForwardTileBytes);
+  const int64_t P = p.out_spatial();
   const int64_t t = positions_per(p, elem, bytes);
   const int64_t widest = positions_per(p, elem, kMaxForwardTileBytes);
-  return std::max(t, std::min({ctx.gemm_min_n, p.out_spatial(), widest}));
+  const int64_t tile = std::max(t, std::min({ctx.gemm_min_n, P, widest}));
+  const int64_t tasks = std::max(1, ctx.num_threads);
+  const int64_t ntiles = (P + tile - 1) / tile;
+  if (ntiles >= 2 * tasks) return tile;
+  const int64_t even = (ntiles + tasks - 1) / tasks * tasks;
+  constexpr int64_t kNarrowest = 16;  // narrower GEMMs re-read the whole weight for too little work
+  return std::max<int64_t>(std::min(kNarrowest, P), (P + even - 1) / even);
 }
 
 inline int64_t backward_chunk(const DeformConv2dParams& p, size_t elem) {
@@ -254,13 +266,17 @@ inline void build_columns(const CpuImage<double>& im, int64_t p0, int64_t tn, do
   build_columns_f64(im, p0, tn, col);
 }
 
-// weight (Cout, Cin_g, K) -> (Cout, K, Cin_g).
+// weight (Cout, Cin_g, K) -> (Cout, K, Cin_g), output channels [cb, ce).
 template <typename T>
-void weight_to_kc(const DeformConv2dParams& p, const T* w, T* wt) {
-  const int64_t K = p.kernel_size(), cin_g = p.in_per_group();
-  for (int64_t co = 0; co < p.out_channels; ++co)
+void weight_to_kc(int64_t cin_g, int64_t K, const T* w, T* wt, int64_t cb, int64_t ce) {
+  for (int64_t co = cb; co < ce; ++co)
     for (int64_t c = 0; c < cin_g; ++c)
       for (int64_t k = 0; k < K; ++k) wt[(co * K + k) * cin_g + c] = w[(co * cin_g + c) * K + k];
+}
+
+template <typename T>
+void weight_to_kc(const DeformConv2dParams& p, const T* w, T* wt) {
+  weight_to_kc(p.in_per_group(), p.kernel_size(), w, wt, 0, p.out_channels);
 }
 
 template <typename T>

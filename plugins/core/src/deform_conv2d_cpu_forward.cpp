@@ -14,7 +14,7 @@ size_t deform_conv2d_forward_workspace_cpu(const DeformConv2dParams& p, DType dt
 template <typename T>
 Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, const T* offset,
                                  const T* weight, const T* bias, const T* mask, T* output,
-                                 void* workspace, const CpuContext& ctx) {
+                                 void* workspace, const CpuContext& ctx, const T* weight_kc) {
   const int64_t N = p.batch, P = p.out_spatial();
   if (N == 0 || p.out_channels == 0 || P == 0) return Status::Ok();
   if (elementwise_path()) {
@@ -34,18 +34,26 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
   const ForwardLayout l = forward_layout(p, dt, ctx);
   char* ws = static_cast<char*>(workspace);
   T* x_hwc = reinterpret_cast<T*>(ws);
-  T* wt = reinterpret_cast<T*>(ws + l.x_hwc);
+  T* wt_own = reinterpret_cast<T*>(ws + l.x_hwc);
   char* slots = ws + l.x_hwc + l.weight_t;
 
   // (Cout, K, Cin_g) weight; per image, its channels-last copy, then its tiles (the workspace holds one image,
   // so it does not grow with the batch).
-  weight_to_kc(p, weight, wt);
+  if (weight_kc == nullptr) {
+    parallel_for(ctx, Cout, [&](int64_t b, int64_t e) { weight_to_kc(cin_g, K, weight, wt_own, b, e); });
+  }
+  const T* wt = weight_kc != nullptr ? weight_kc : wt_own;
   constexpr int64_t kPixBlock = 256;
   const int64_t pblocks = (HW + kPixBlock - 1) / kPixBlock;
   const int64_t tile = forward_tile(p, sizeof(T), ctx);
   const int64_t ntiles = (P + tile - 1) / tile;
   const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(ctx.num_threads, ntiles));
   std::vector<Status> statuses(static_cast<size_t>(tasks));
+  // A map of one tile per task (a detector's 7x7-20x20 stage 4-5 maps): its columns are built by all tasks,
+  // then the GEMM is split by output rows instead of positions, halving (2 tasks) the weight each task packs
+  // for its GEMM; measured 15-20 % faster for 512 channels on 7x7 and 10x10 maps (README, bench_ort_deform_conv).
+  constexpr int64_t kMinRowsPerTask = 32;
+  const bool split_rows = ntiles == tasks && tasks > 1 && cout_g >= kMinRowsPerTask * tasks;
   for (int64_t n = 0; n < N; ++n) {
     parallel_for(ctx, pblocks, [&](int64_t b, int64_t e) {
       for (int64_t it = b; it < e; ++it) {
@@ -54,6 +62,51 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
       }
     });
     const CpuImage<T> im{&p, x_hwc, offset + n * 2 * Gd * K * P, mask ? mask + n * Gd * K * P : nullptr};
+    T* out_n = output + n * Cout * P;
+    // Output rows [r0, r1) of every conv group at positions [p0, p0 + tn) from their columns `col`
+    // (position-major, row stride CK), the bias written first.
+    auto multiply = [&](int64_t r0, int64_t r1, int64_t p0, int64_t tn, const T* col) {
+      T* out = out_n + p0;
+      if (bias) {
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t co = g * cout_g + r0; co < g * cout_g + r1; ++co)
+            std::fill(out + co * P, out + co * P + tn, bias[co]);
+      }
+      GemmArgs ga;
+      ga.dtype = dt;
+      ga.trans_b = true;
+      ga.m = r1 - r0;
+      ga.n = tn;
+      ga.k = K * cin_g;
+      ga.beta = bias ? 1.f : 0.f;
+      ga.a = wt + r0 * K * cin_g;
+      ga.lda = K * cin_g;
+      ga.stride_a = cout_g * K * cin_g;
+      ga.b = col;
+      ga.ldb = CK;
+      ga.stride_b = K * cin_g;
+      ga.c = out + r0 * P;
+      ga.ldc = P;
+      ga.stride_c = cout_g * P;
+      ga.batch = G;
+      return ctx.run_gemm(ga);
+    };
+    if (split_rows) {
+      // One tile per task: the image's columns (contiguous in the slots), then the GEMM's output rows split
+      // over the tasks, so that each reads its share of the weight once for all positions.
+      T* col_all = reinterpret_cast<T*>(slots);
+      parallel_tasks(ctx, tasks, [&](int64_t task) {
+        const int64_t p0 = task * tile;
+        if (p0 < P) build_columns(im, p0, std::min(tile, P - p0), col_all + p0 * CK);
+      });
+      parallel_tasks(ctx, tasks, [&](int64_t task) {
+        int64_t r0, r1;
+        split_range(cout_g, tasks, task, &r0, &r1);
+        if (r1 > r0) statuses[static_cast<size_t>(task)] = multiply(r0, r1, 0, P, col_all);
+      });
+      DCNKIT_RETURN_IF_ERROR(first_error(statuses));
+      continue;
+    }
     std::atomic<int64_t> next_tile{0};
     parallel_tasks(ctx, tasks, [&](int64_t task) {
       T* col = reinterpret_cast<T*>(slots + static_cast<size_t>(task) * l.slot);
@@ -63,28 +116,7 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
         const int64_t p0 = it * tile;
         const int64_t tn = std::min(tile, P - p0);
         build_columns(im, p0, tn, col);
-        T* out = output + n * Cout * P + p0;
-        if (bias) {
-          for (int64_t co = 0; co < Cout; ++co) std::fill(out + co * P, out + co * P + tn, bias[co]);
-        }
-        GemmArgs ga;
-        ga.dtype = dt;
-        ga.trans_b = true;
-        ga.m = cout_g;
-        ga.n = tn;
-        ga.k = K * cin_g;
-        ga.beta = bias ? 1.f : 0.f;
-        ga.a = wt;
-        ga.lda = K * cin_g;
-        ga.stride_a = cout_g * K * cin_g;
-        ga.b = col;
-        ga.ldb = CK;
-        ga.stride_b = K * cin_g;
-        ga.c = out;
-        ga.ldc = P;
-        ga.stride_c = cout_g * P;
-        ga.batch = G;
-        Status s = ctx.run_gemm(ga);
+        Status s = multiply(0, cout_g, p0, tn, col);
         if (!s.ok()) {
           statuses[static_cast<size_t>(task)] = s;
           return;
@@ -96,10 +128,19 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
   return first_error(statuses);
 }
 
+template <typename T>
+void deform_conv2d_weight_kc_cpu(int64_t out_channels, int64_t in_per_group, int64_t kernel_size, const T* weight,
+                                 T* weight_kc) {
+  weight_to_kc(in_per_group, kernel_size, weight, weight_kc, 0, out_channels);
+}
+
 template Status deform_conv2d_forward_cpu<float>(const DeformConv2dParams&, const float*, const float*, const float*,
-                                                 const float*, const float*, float*, void*, const CpuContext&);
+                                                 const float*, const float*, float*, void*, const CpuContext&,
+                                                 const float*);
 template Status deform_conv2d_forward_cpu<double>(const DeformConv2dParams&, const double*, const double*,
                                                   const double*, const double*, const double*, double*, void*,
-                                                  const CpuContext&);
+                                                  const CpuContext&, const double*);
+template void deform_conv2d_weight_kc_cpu<float>(int64_t, int64_t, int64_t, const float*, float*);
+template void deform_conv2d_weight_kc_cpu<double>(int64_t, int64_t, int64_t, const double*, double*);
 
 }  // namespace dcnkit

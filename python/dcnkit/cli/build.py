@@ -31,8 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, help="the engine file to write (e.g. m.engine or model.plan)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--fp16", dest="precision", action="store_const", const="fp16",
-                   help="float16: TensorRT 11 converts the ONNX's float tensors first (strongly typed networks), "
-                        "TensorRT 10 sets the FP16 builder flag")
+                   help="float16: TensorRT 11 converts the ONNX's float tensors first (strongly typed networks; "
+                        "the RoIs of RoI operators stay float32), TensorRT 10 sets the FP16 builder flag")
     g.add_argument("--bf16", dest="precision", action="store_const", const="bf16", help="bfloat16, likewise")
     p.add_argument("--shapes", action="append", default=[], metavar="NAME:MIN:OPT:MAX",
                    help="optimization profile of an input, shapes like 1x3x64x64 (repeat per input; required for "

@@ -2,7 +2,8 @@
 
 After ``register_onnx_schemas()``, ``onnx.checker.check_model(model, full_check=True)`` and
 ``onnx.shape_inference.infer_shapes(model, strict_mode=True)`` accept our nodes and infer their
-outputs: element type of ``input``; shapes ``(N, Cout, Ho, Wo)`` for DeformConv2d, ``(K, C, oh, ow)``
+outputs: element type of the features (``rois`` have a type of their own, R: float32 RoIs may go with float16 /
+bfloat16 features, as the plugins take them); shapes ``(N, Cout, Ho, Wo)`` for DeformConv2d, ``(K, C, oh, ow)``
 for RoIAlign / DeformRoIPool / MultiLevelRoIAlign (whose inputs are ``rois, feat_0 .. feat_{L-1}``, a
 variadic last input), ``(K, output_dim, P, P)`` for DeformPSRoIPool and ``(N, Lq, M*D)`` for
 MultiScaleDeformableAttention (int64 level tables), ``(N, Ho, Wo, C)`` for DCNv3 / DCNv4 (channels last),
@@ -317,11 +318,13 @@ _INFER = {
 def _make_inference(info: _table.OpInfo):
     import onnx
 
+    first_t = [_type_param(t) for t in info.inputs].index("T")
+
     def infer(ctx: Any) -> None:
         shapes = _INFER[info.name](info, ctx, _attrs(ctx, info))
         elem = 0
-        # Input 0's element type (MultiLevelRoIAlign's rois share their maps' type).
-        t0 = ctx.get_input_type(0)
+        # The element type of the first T input (the features: MultiLevelRoIAlign's come after its RoIs).
+        t0 = ctx.get_input_type(first_t)
         if t0 is not None and t0.HasField("tensor_type"):
             elem = t0.tensor_type.elem_type
         for i, dims in enumerate(shapes):
@@ -337,6 +340,11 @@ def _make_inference(info: _table.OpInfo):
     return infer
 
 
+def _type_param(t: _table.TensorInfo) -> str:
+    """I: int64 level tables; R: RoIs (float32 RoIs may go with float16 / bfloat16 features); T: the rest."""
+    return "I" if t.int64 else "R" if t.name == "rois" else "T"
+
+
 def _build_schema(info: _table.OpInfo) -> Any:
     import onnx
     from onnx.defs import OpSchema
@@ -348,12 +356,14 @@ def _build_schema(info: _table.OpInfo) -> Any:
 
     def params(tensors):
         return [
-            OpSchema.FormalParameter(t.name, "I" if t.int64 else "T", t.doc, param_option=option(t),
+            OpSchema.FormalParameter(t.name, _type_param(t), t.doc, param_option=option(t),
                                      is_homogeneous=True, min_arity=1)
             for t in tensors
         ]
 
     constraints = [("T", _TYPES, "floating-point tensors")]
+    if any(_type_param(t) == "R" for t in info.inputs):
+        constraints.append(("R", _TYPES, "RoIs: the features' type, or float32 with 16-bit features"))
     if any(t.int64 for t in info.inputs):
         constraints.append(("I", ["tensor(int64)"], "index tensors"))
 

@@ -37,6 +37,28 @@ def _last_dim(t: Tensor) -> int:
     return int(t.shape[-1])
 
 
+# Keywords mmcv's / mmdet's transformer layers pass to every attention and mmcv's module does not use.
+_UNUSED_KEYWORDS = ("key_pos", "attn_mask", "valid_ratios")
+
+
+def _mmcv_keywords(identity: Optional[Tensor], kwargs: dict) -> Optional[Tensor]:
+    """mmcv's meaning of forward's extra keywords: ``residual`` is the deprecated ``identity`` (mmcv's
+    deprecated_api_warning maps it with a warning and refuses both at once); _UNUSED_KEYWORDS are ignored; any
+    other keyword is a TypeError (never silently dropped)."""
+    unknown = sorted(set(kwargs) - {"residual", *_UNUSED_KEYWORDS})
+    if unknown:
+        raise TypeError(f"{_NAME}.forward: unexpected keyword argument(s) {', '.join(map(repr, unknown))} "
+                        f"(accepted and unused, as in mmcv: {', '.join(_UNUSED_KEYWORDS)}; residual is identity)")
+    if "residual" not in kwargs:
+        return identity
+    if identity is not None:
+        raise TypeError(f"{_NAME}.forward: residual: the deprecated name of identity, expected one of the two, got "
+                        "both")
+    warnings.warn(f'"residual" is deprecated in `{_NAME}.forward`, please use "identity" instead (as mmcv)',
+                  stacklevel=3)
+    return kwargs["residual"]
+
+
 class MultiScaleDeformableAttention(nn.Module):
     """Multi-scale deformable attention (Zhu et al., Deformable DETR), as mmcv's module of that name.
 
@@ -48,7 +70,10 @@ class MultiScaleDeformableAttention(nn.Module):
     ``forward(query, key=None, value=None, identity=None, query_pos=None, key_padding_mask=None,
     reference_points=None, spatial_shapes=None, level_start_index=None, **kwargs)`` returns
     ``dropout(output_proj(attention)) + identity`` shaped like ``query``. ``reference_points`` is
-    (N, Lq, L, 2) points or (N, Lq, L, 4) boxes (cx, cy, w, h), normalised to [0, 1].
+    (N, Lq, L, 2) points or (N, Lq, L, 4) boxes (cx, cy, w, h), normalised to [0, 1]. The other keywords are
+    mmcv's: ``residual=`` is the deprecated name of ``identity=`` (a warning, as mmcv), ``key``, ``key_pos``,
+    ``attn_mask`` and ``valid_ratios`` (what mmcv's / mmdet's transformer layers pass) are accepted and unused, as
+    in mmcv; any other keyword is a TypeError.
     """
 
     def __init__(self, embed_dims: int = 256, num_heads: int = 8, num_levels: int = 4, num_points: int = 4,
@@ -107,6 +132,7 @@ class MultiScaleDeformableAttention(nn.Module):
                 key_padding_mask: Optional[Tensor] = None, reference_points: Optional[Tensor] = None,
                 spatial_shapes: Optional[Tensor] = None, level_start_index: Optional[Tensor] = None,
                 **kwargs) -> Tensor:
+        identity = _mmcv_keywords(identity, kwargs)
         if value is None:
             value = query
         if identity is None:

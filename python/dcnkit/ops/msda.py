@@ -45,7 +45,8 @@ def multi_scale_deformable_attn(value: Tensor, value_spatial_shapes: Tensor, val
 
     ``im2col_step`` is accepted for mmcv compatibility (it only batches mmcv's CUDA work): it must be an
     int >= 1 and does not change the result. Gradients flow to value, sampling_locations and
-    attention_weights.
+    attention_weights. As in mmcv, sampling_locations and attention_weights are cast to value's floating dtype
+    (e.g. float16 value, float32 locations under autocast); their gradients come back in their own dtypes.
     """
     if not torch.jit.is_scripting():
         return eager_call(multi_scale_deformable_attn, _multi_scale_deformable_attn,
@@ -62,6 +63,14 @@ def _multi_scale_deformable_attn(value: Tensor, value_spatial_shapes: Tensor, va
                      im2col_step)
     if im2col_step < 1:
         raise ValueError("multi_scale_deformable_attn: im2col_step: expected an int >= 1, got " + str(im2col_step))
+    if value.is_floating_point():
+        # As mmcv's MultiScaleDeformableAttnFunction: the locations and weights take value's dtype (float16 value
+        # and float32 locations under autocast); autograd gives their gradients back in the callers' dtypes. A
+        # value of another dtype is refused by the kernel, as by mmcv's.
+        if sampling_locations.dtype != value.dtype:
+            sampling_locations = sampling_locations.to(value.dtype)
+        if attention_weights.dtype != value.dtype:
+            attention_weights = attention_weights.to(value.dtype)
     # Shapes, dtypes, devices and (on the CPU) the level tables' values are checked by the kernel's core.
     return torch.ops.dcnkit.multi_scale_deformable_attn(value, value_spatial_shapes, value_level_start_index,
                                                         sampling_locations, attention_weights)

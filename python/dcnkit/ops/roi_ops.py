@@ -220,6 +220,24 @@ def _deform_psroi_pool_backward_fake(grad_output, input, rois, trans, count, spa
 
 
 # ------------------------------------------------------------------------------------------------
+# Quantized features (torchvision's QuantizedCPU roi_align): per-tensor affine input; RoIs quantized (as
+# torchvision takes them, dequantized with their own scale and zero point) or float. The samples are taken from
+# the dequantized map and the result is quantized with the input's scale, zero point and dtype.
+
+
+@torch.library.impl("dcnkit::roi_align", "QuantizedCPU")
+def _roi_align_quantized(input, rois, pooled_h, pooled_w, spatial_scale, sampling_ratio, aligned, pool_mode):
+    if input.qscheme() not in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        raise ValueError(f"roi_align: input: expected a per-tensor quantized tensor, got qscheme {input.qscheme()}")
+    r = rois.dequantize() if rois.is_quantized else rois
+    if r.dtype != torch.float32:
+        r = r.float()
+    y = torch.ops.dcnkit.roi_align(input.dequantize(), r, pooled_h, pooled_w, spatial_scale, sampling_ratio,
+                                   aligned, pool_mode)
+    return torch.quantize_per_tensor(y, input.q_scale(), input.q_zero_point(), input.dtype)
+
+
+# ------------------------------------------------------------------------------------------------
 # Autograd (gradients for input and offset / trans; none for rois or attributes)
 
 

@@ -12,9 +12,10 @@ Two builds exist: ``libdcnkit_ort.so`` (CPU kernels, no CUDA dependency) and ``l
 (CPU + CUDA execution-provider kernels, built when CUDA is); :func:`ort_library` picks one.
 
 Standard ``DeformConv`` nodes (what ``torch.onnx.export`` writes) run on the kit's ``DeformConv2d`` kernel by
-default on the CPU execution provider, where it is faster: the session is built from an in-memory copy of the
-model with those nodes rewritten (:mod:`dcnkit.runtime.ort_rewrite`; identical semantics, the file on disk stays
-standard). On the CUDA execution provider ONNX Runtime's built-in ``DeformConv`` is faster (measured on an H100)
+default on the CPU execution provider, node by node where it is measured faster for the node's shape
+(:func:`dcnkit.runtime.ort_rewrite.kit_is_faster`: every map but the smallest): the session is built from an
+in-memory copy of the model with those nodes rewritten (:mod:`dcnkit.runtime.ort_rewrite`; identical semantics, the
+file on disk stays standard). On the CUDA execution provider ONNX Runtime's built-in ``DeformConv`` is faster (measured on an H100)
 and is kept (:data:`KIT_DEFORM_CONV_FASTER`, :func:`rewrites_deform_conv`).
 ``ort_session(..., kit_kernels=False)`` keeps ONNX Runtime's built-in ``DeformConv``.
 """
@@ -143,7 +144,8 @@ def _load_proto(model):
 
 
 # Where the kit's DeformConv2d kernel is measured faster than ONNX Runtime's built-in DeformConv, per execution
-# provider (benchmarks/bench_ort_deform_conv.py, IO binding on the GPU). CPU: faster (README). CUDA: slower, measured
+# provider (benchmarks/bench_ort_deform_conv.py, IO binding on the GPU). CPU: faster, per node where the node's shape
+# says so (dcnkit.runtime.ort_rewrite.kit_is_faster; README). CUDA: slower, measured
 # on an NVIDIA H100 on 2026-11-24 with the kernels of that date (1.9x-3.4x the built-in's time, fp32 and fp16): the
 # rewrite stays off on the CUDA EP until the kit's CUDA kernel is measured faster there.
 KIT_DEFORM_CONV_FASTER = {CPU_PROVIDER: True, CUDA_PROVIDER: False}
@@ -160,13 +162,14 @@ def rewrites_deform_conv(providers: list) -> bool:
 def _with_kit_kernels(model, providers: list):
     """``model`` with standard DeformConv nodes on the kit's kernel (bytes), or ``model`` unchanged when
     it has none, when ONNX Runtime's built-in kernel is the faster one on the provider that runs them
-    (:func:`rewrites_deform_conv`), or when the rewrite is not possible (a warning says why)."""
+    (:func:`rewrites_deform_conv`), or when the rewrite is not possible (a warning says why). On the CPU EP each
+    node is rewritten only where the kit's kernel is the faster one for its shape (``ort_rewrite.kit_is_faster``)."""
     if not rewrites_deform_conv(providers):
         return model
     proto = _load_proto(model)
     if proto is None:
         return model
-    from dcnkit.runtime.ort_rewrite import count_deform_conv, rewrite_deform_conv
+    from dcnkit.runtime.ort_rewrite import count_deform_conv, kit_is_faster, rewrite_deform_conv
 
     if count_deform_conv(proto) == 0:
         return model
@@ -176,7 +179,7 @@ def _with_kit_kernels(model, providers: list):
         ext.uses_external_data(t) for t in ext._get_all_tensors(proto)
     ):
         ext.load_external_data_for_model(proto, str(Path(os.fspath(model)).resolve().parent))
-    rewritten, n = rewrite_deform_conv(proto)
+    rewritten, n = rewrite_deform_conv(proto, rule=kit_is_faster)
     if n == 0:
         return model
     try:
@@ -191,17 +194,28 @@ def _with_kit_kernels(model, providers: list):
         return model
 
 
-def ort_session(model, providers=None, kit_kernels: bool = True, **options):
+def _set_config(so, config) -> None:
+    """``SessionOptions.add_session_config_entry`` for each item of ``config`` (str -> str)."""
+    if not isinstance(config, dict):
+        raise TypeError(f"ort_session: session_config: expected a dict of str to str, got {type(config).__name__}")
+    for key, value in config.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"ort_session: session_config: expected str keys and values, got {key!r}: {value!r}")
+        so.add_session_config_entry(key, value)
+
+
+def ort_session(model, providers=None, kit_kernels: bool = True, session_config=None, **options):
     """An ``onnxruntime.InferenceSession`` for ``model`` with the kit's custom-op library registered.
 
     ``model``: a path, serialized bytes or an ``onnx.ModelProto``. ``providers``: as for ONNX Runtime
     (names or ``(name, options)`` tuples); default :func:`default_providers`. ``kit_kernels`` (default True):
     standard ``DeformConv`` nodes run on the kit's ``DeformConv2d`` kernel where it is the faster one (an
     in-memory rewrite with identical semantics, see :mod:`dcnkit.runtime.ort_rewrite`; the model file is not
-    changed): on the CPU EP; on the CUDA EP ONNX Runtime's built-in kernel is kept (:func:`rewrites_deform_conv`).
+    changed): on the CPU EP, node by node from its shape; on the CUDA EP ONNX Runtime's built-in kernel is kept (:func:`rewrites_deform_conv`).
     False keeps ONNX Runtime's built-in kernel everywhere. ``options`` set attributes of
     ``onnxruntime.SessionOptions`` (``intra_op_num_threads=2``, ``graph_optimization_level="ORT_ENABLE_ALL"``,
-    ``log_severity_level=3`` ...); an unknown name is a TypeError listing the valid ones. The CUDA build
+    ``log_severity_level=3`` ...); an unknown name is a TypeError listing the valid ones. ``session_config``: session
+    configuration entries (``{"session.intra_op.allow_spinning": "0"}``). The CUDA build
     of the library is registered when the CUDA provider is requested and usable.
     """
     import onnxruntime as ort
@@ -220,6 +234,8 @@ def ort_session(model, providers=None, kit_kernels: bool = True, **options):
             setattr(so, name, _coerce_option(ort, name, value))
         except (TypeError, AttributeError) as e:
             raise TypeError(f"ort_session: {name}: cannot set {value!r}: {e}") from None
+    if session_config is not None:
+        _set_config(so, session_config)
     providers = default_providers() if providers is None else list(providers)
     if not providers:
         raise ValueError("ort_session: providers: expected at least one execution provider, got []")

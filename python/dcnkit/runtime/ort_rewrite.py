@@ -12,16 +12,37 @@ names from the kit's op table, ``dcnkit.op_defs()``), plus ``plugin_namespace`` 
 writes. A node is left as it is when the kit cannot represent it: not 2-D, or asymmetric padding
 (``pads[0] != pads[2]`` or ``pads[1] != pads[3]``). Nodes in subgraphs (``If``/``Loop``/``Scan`` bodies) are
 rewritten too.
+
+Which nodes (``ort_session``'s default on the CPU execution provider): each node on the kernel measured faster for its
+shape (:func:`kit_is_faster`): the kit's kernel unless the node's output map is known (ONNX shape inference) to have
+fewer than :data:`KIT_MIN_OUTPUT_POSITIONS` positions, where ONNX Runtime's built-in kernel stays.
 """
 from __future__ import annotations
 
 import functools
 from typing import Any
 
-__all__ = ["rewrite_deform_conv", "count_deform_conv"]
+__all__ = ["rewrite_deform_conv", "count_deform_conv", "kit_is_faster", "KIT_MIN_OUTPUT_POSITIONS"]
 
 _STANDARD_DOMAINS = ("", "ai.onnx")
 _STANDARD_OP = "DeformConv"
+
+# The measured rule (benchmarks/bench_ort_deform_conv.py, README "DCNv2 in ONNX Runtime": 2 threads, AMD EPYC Zen 3,
+# 2026-11-25): on DCNv2 layers with output maps of 400 positions (20x20) or more the kit's kernel in ONNX Runtime took
+# 0.79-0.90x the built-in DeformConv's time (1.02x on one, the stride-2 40x40 -> 20x20 layer, 0.90-0.97x in other
+# runs); on the 256-512-channel layers with 49-196 positions (7x7 to 14x14) both are bound by a GEMM of the same size
+# and measured at 0.85-1.15x from run to run, so the built-in stays there.
+KIT_MIN_OUTPUT_POSITIONS = 256
+
+
+def kit_is_faster(out_hw: tuple | None) -> bool:
+    """Whether the kit's kernel is the faster one (CPU execution provider) for a DeformConv node whose output map is
+    ``out_hw`` = (Ho, Wo), or None (or a None size) where it is not known: faster unless the map is known to have
+    fewer than :data:`KIT_MIN_OUTPUT_POSITIONS` positions."""
+    if out_hw is None or any(d is None for d in out_hw):
+        return True
+    ho, wo = out_hw
+    return ho * wo >= KIT_MIN_OUTPUT_POSITIONS
 
 
 @functools.lru_cache(maxsize=None)
@@ -114,15 +135,44 @@ def _kit_node(node: Any, attrs: dict[str, Any], domain: str, op_type: str, input
     )
 
 
-def rewrite_deform_conv(model: Any) -> tuple[Any, int]:
+def _output_sizes(model: Any) -> dict[str, tuple]:
+    """(Ho, Wo) of every 4-D tensor whose shape ONNX shape inference finds (a None for a symbolic size), by name."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - no shapes (e.g. a model over 2 GiB): every size unknown
+        return {}
+    sizes = {}
+
+    def collect(graph):
+        for vi in list(graph.value_info) + list(graph.output):
+            dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
+            if len(dims) == 4:
+                sizes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in dims[2:])
+        for node in graph.node:
+            for g in _subgraphs(node):
+                collect(g)
+
+    collect(inferred.graph)
+    return sizes
+
+
+def rewrite_deform_conv(model: Any, rule=None) -> tuple[Any, int]:
     """(a copy of ``model`` with its standard ``DeformConv`` nodes as ``dcnkit::DeformConv2d``, nodes rewritten).
 
     ``model`` (an ``onnx.ModelProto``) is not modified. With no node to rewrite the model itself is returned.
+    ``rule``: None rewrites every node the kit can represent; else a callable given each node's output map size
+    (Ho, Wo) (None, or a None size, where shape inference does not know it), and only nodes for which it returns
+    True are rewritten (``ort_session`` passes :func:`kit_is_faster`).
     """
     import onnx
 
+    if rule is not None and not callable(rule):
+        raise TypeError(f"rewrite_deform_conv: rule: expected a callable or None, got {type(rule).__name__}")
     if count_deform_conv(model) == 0:
         return model, 0
+    sizes = _output_sizes(model) if rule is not None else {}
     domain, opset, op_type, input_names, _ = _kit_table()
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -132,6 +182,8 @@ def rewrite_deform_conv(model: Any) -> tuple[Any, int]:
             continue
         attrs = _kit_attrs(node)
         if attrs is None or _kernel_shape_conflicts(node, {t.name: t for t in graph.initializer}):
+            continue
+        if rule is not None and not rule(sizes.get(node.output[0])):
             continue
         node.CopyFrom(_kit_node(node, attrs, domain, op_type, input_names))
         rewritten += 1

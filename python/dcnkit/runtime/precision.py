@@ -2,8 +2,8 @@
 
 TensorRT 11 builds strongly typed networks only (its FP16/BF16 builder flags are gone): the precision of every
 layer follows the types written in the ONNX file. :func:`convert_float_tensors` rewrites a float32 model into one
-float type, the kit's ``dcnkit``-domain nodes included, so the plugins see float16 (or bfloat16) features, weights,
-offsets and RoIs alike (the plugins take RoIs in the feature dtype):
+float type, the kit's ``dcnkit``-domain nodes included, so the plugins see float16 (or bfloat16) features, weights
+and offsets, **but float32 RoIs**:
 
 - float32 initializers, ``Constant`` / ``ConstantOfShape`` values, ``Cast(to=FLOAT)`` targets and value infos
   become the target type (initializers are clipped to the target's finite range first);
@@ -13,6 +13,14 @@ offsets and RoIs alike (the plugins take RoIs in the feature dtype):
 - an input or output of a node whose ONNX schema does not accept the target type (``Resize`` scales,
   ``Range``, ``NonMaxSuppression``...) stays float32, with a ``Cast`` around it. The schemas decide, so the result
   passes ``onnx.checker`` wherever the original did.
+- the RoI input of every RoI operator the plugins run (``dcnkit`` RoIAlign, DeformRoIPool, DeformPSRoIPool,
+  MultiLevelRoIAlign; mmcv's / mmdeploy's MMCVRoiAlign, MMCVDeformRoIPool, MMCVMultiLevelRoiAlign) stays float32
+  (a float16 box coordinate steps by 1 px above 1024 px: boxes move and FPN levels flip). A float32 graph input or
+  initializer feeds it as it is. RoIs computed inside the graph are computed in float32: the nodes of box
+  arithmetic and data movement (``_BOX_OPS``: Add, Mul, Concat, Gather, Reshape, Constant...) that lead to a RoI
+  input stay float32, with a ``Cast`` to float32 where a converted tensor (a Conv's deltas) enters them and a
+  ``Cast`` to the target type where one of their results leaves for a converted node. ONNX's own ``RoiAlign``
+  takes its RoIs in the type of its features (its schema), so those follow the features.
 
 Polygraphy's ``ConvertToFp16`` (onnxconverter-common) is not used: it has no bfloat16, and with ``keep_io_types``
 a graph output that later nodes consume feeds them float32, so a model leaves it with mixed float types.
@@ -43,7 +51,7 @@ class ConversionReport:
         text = (f"converted to {self.dtype}: {self.initializers} initializers ({self.clipped} values clipped to the "
                 f"{self.dtype} range), {self.constants} constants, {self.casts} casts inserted")
         if self.kept_float32:
-            text += f"; kept float32 where the ONNX schema requires it: {', '.join(self.kept_float32)}"
+            text += f"; kept float32 (RoIs, and where the ONNX schema requires it): {', '.join(self.kept_float32)}"
         return text
 
 
@@ -104,6 +112,63 @@ def _float32_only(node, opset: dict, target: int) -> tuple[set[int], set[int]]:
     return fixed(list(schema.inputs), len(node.input)), fixed(list(schema.outputs), len(node.output))
 
 
+# mmcv's / mmdeploy's names of the kit's RoI operators (any domain) -> the kit's op type (its input order).
+_ROI_ALIASES = {"MMCVRoiAlign": "RoIAlign", "MMCVDeformRoIPool": "DeformRoIPool",
+                "MMCVMultiLevelRoiAlign": "MultiLevelRoIAlign"}
+
+
+def _roi_positions() -> dict[str, int]:
+    """The kit's op type -> the position of its ``rois`` input (from the op table)."""
+    from dcnkit.export import _table
+
+    return {info.onnx_type: [t.name for t in info.inputs].index("rois")
+            for info in _table.ops().values() if any(t.name == "rois" for t in info.inputs)}
+
+
+def _roi_input(node, positions: dict[str, int], domain: str) -> set[int]:
+    """{the node's RoI input position} for a RoI operator of the plugins, else an empty set."""
+    kind = node.op_type if node.domain == domain else _ROI_ALIASES.get(node.op_type)
+    pos = positions.get(kind) if kind else None
+    return {pos} if pos is not None and pos < len(node.input) else set()
+
+
+# Box arithmetic and data movement: the nodes computing RoIs from anchors and deltas (decoding, clipping, scaling,
+# concatenating batch indices) stay float32 when they lead to a RoI input. Anything else (Conv, MatMul, ...) ends
+# the float32 region: its result is cast to float32 where the region reads it.
+_BOX_OPS = frozenset({
+    "Abs", "Add", "Cast", "Ceil", "Clip", "Concat", "Constant", "ConstantOfShape", "Div", "Exp", "Expand", "Flatten",
+    "Floor", "Gather", "GatherElements", "GatherND", "Identity", "Log", "Max", "Min", "Mul", "Neg", "Reciprocal",
+    "Reshape", "Round", "Slice", "Split", "Sqrt", "Squeeze", "Sub", "Tile", "Transpose", "Unsqueeze", "Where"})
+
+
+def _subgraph_inputs(graph) -> set[str]:
+    """Every tensor name read inside the graph's sub-graphs (If / Loop / Scan bodies, nested ones too)."""
+    names: set[str] = set()
+    for n in graph.node:
+        for a in n.attribute:
+            for g in ([a.g] if a.type == a.GRAPH else []) + list(a.graphs):
+                names.update(x for m in g.node for x in m.input)
+                names |= _subgraph_inputs(g)
+    return names
+
+
+def _roi_region(graph, roi_in: list, floats: set) -> set[int]:
+    """Indices of the nodes (of _BOX_OPS) whose float results reach a RoI input through _BOX_OPS only. A node whose
+    result a sub-graph reads stays out (sub-graphs are converted on their own, reading the target type)."""
+    producer = {o: k for k, n in enumerate(graph.node) for o in n.output if o}
+    in_subgraphs = _subgraph_inputs(graph)
+    stack = [graph.node[k].input[i] for k, positions in enumerate(roi_in) for i in positions]
+    region: set[int] = set()
+    while stack:
+        k = producer.get(stack.pop())
+        if k is None or k in region or graph.node[k].op_type not in _BOX_OPS \
+                or in_subgraphs.intersection(graph.node[k].output):
+            continue
+        region.add(k)
+        stack.extend(x for x in graph.node[k].input if x in floats)
+    return region
+
+
 def _float_names(graph) -> set[str]:
     """Names of the graph's float32 tensors: inputs, initializers, value infos (after shape inference), outputs,
     and the outputs of float constants and casts to float."""
@@ -122,13 +187,24 @@ def _float_names(graph) -> set[str]:
     return names
 
 
-def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level):
+def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level, rois):
     from onnx import helper
 
     floats = _float_names(graph)
     init_names = {t.name for t in graph.initializer}
     out_names = {v.name for v in graph.output}
-    keep = [_float32_only(n, opset, target) for n in graph.node]
+    roi_in = [_roi_input(n, *rois) for n in graph.node]
+    region = _roi_region(graph, roi_in, floats)  # float32 nodes computing RoIs
+    region_out = {o for k in region for o in graph.node[k].output if o in floats}
+    keep = []
+    for k, n in enumerate(graph.node):
+        keep_in, keep_out = _float32_only(n, opset, target)
+        if k in region:
+            keep_in, keep_out = {i for i, x in enumerate(n.input) if x in floats}, set()
+        keep.append((keep_in | roi_in[k], keep_out))
+    # Results of the region read by converted nodes: a Cast to the target type after their producer.
+    leaving = {x for (keep_in, _), n in zip(keep, graph.node) for i, x in enumerate(n.input)
+               if x in region_out and i not in keep_in}
 
     # An initializer used only where float32 is required stays float32 (no precision lost to a round trip).
     uses: dict[str, list[bool]] = {}
@@ -136,6 +212,9 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
         for i, name in enumerate(n.input):
             uses.setdefault(name, []).append(i in keep_in)
     stay32 = {name for name in init_names if uses.get(name) and all(uses[name])}
+    # Likewise a float32 graph input used only there (RoIs fed by the caller): no Cast, not retyped.
+    stay32 |= {v.name for v in graph.input if v.name not in init_names and v.name not in out_names
+               and uses.get(v.name) and all(uses[v.name])}
 
     converted = set()
     for i, t in enumerate(list(graph.initializer)):
@@ -147,14 +226,14 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
         if v.name in converted:
             v.type.tensor_type.elem_type = target
     for v in graph.value_info:
-        if v.type.tensor_type.elem_type == _FLOAT:
+        if v.type.tensor_type.elem_type == _FLOAT and v.name not in region_out:
             v.type.tensor_type.elem_type = target
 
     head, tail = [], []
     renames: dict[str, str] = {}  # float32 graph I/O -> the target-typed tensor used inside the graph
     produced = {o for n in graph.node for o in n.output}
     for v in graph.input:
-        if v.type.tensor_type.elem_type != _FLOAT or v.name in init_names:
+        if v.type.tensor_type.elem_type != _FLOAT or v.name in init_names or v.name in stay32:
             continue
         if keep_io_types and top_level:
             renames[v.name] = f"{v.name}__{dtype}"
@@ -163,8 +242,8 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
         else:
             v.type.tensor_type.elem_type = target
     for v in graph.output:
-        if v.type.tensor_type.elem_type != _FLOAT or v.name not in produced:
-            continue  # an output that is a graph input or an initializer passes through unchanged
+        if v.type.tensor_type.elem_type != _FLOAT or v.name not in produced or v.name in region_out:
+            continue  # an output that is a graph input or an initializer, or float32 RoI work, stays as it is
         if keep_io_types and top_level:
             renames[v.name] = f"{v.name}__{dtype}"
             tail.append(helper.make_node("Cast", [renames[v.name]], [v.name], to=_FLOAT, name=f"{v.name}__cast_out"))
@@ -177,21 +256,24 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
     for k, n in enumerate(graph.node):
         for a in n.attribute:  # sub-graphs (If / Loop / Scan bodies): same conversion, their I/O included
             if a.type == a.GRAPH:
-                _convert_graph(a.g, opset, dtype, target, report, keep_io_types, False)
+                _convert_graph(a.g, opset, dtype, target, report, keep_io_types, False, rois)
             for g in a.graphs:
-                _convert_graph(g, opset, dtype, target, report, keep_io_types, False)
-        if n.op_type == "Cast":
+                _convert_graph(g, opset, dtype, target, report, keep_io_types, False, rois)
+        in_region = k in region
+        if n.op_type == "Cast" and not in_region:
             for a in n.attribute:
                 if a.name == "to" and a.i == _FLOAT:
                     a.i = target
-        if n.op_type in ("Constant", "ConstantOfShape"):
+        if n.op_type in ("Constant", "ConstantOfShape") and not in_region:
             _convert_constant(n, dtype, target, report)
         keep_in, keep_out = keep[k]
         label = f"{n.op_type} {n.name or '(unnamed)'}"
         for i, name in enumerate(n.input):
             if name in floats and i in keep_in:
-                report.kept_float32.append(f"{label}: input {i}")
-                if name in inputs32 or name in stay32:  # a float32 graph input / initializer: used as it is
+                as_is = name in inputs32 or name in stay32 or name in region_out  # float32 already
+                if not (in_region and as_is):  # (not every step inside the region)
+                    report.kept_float32.append(f"{label}: input {i}")
+                if as_is:
                     continue
                 cast = f"{name}__float32_{n.name or n.op_type}_{i}"
                 body.append(helper.make_node("Cast", [renames.get(name, name)], [cast], to=_FLOAT, name=cast))
@@ -200,7 +282,13 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
             else:
                 n.input[i] = renames.get(name, name)
         after = []
-        for i, original in enumerate(n.output):
+        for original in n.output if in_region else ():
+            if original in leaving:
+                renames[original] = f"{original}__{dtype}"
+                after.append(helper.make_node("Cast", [original], [renames[original]], to=target,
+                                              name=f"{original}__cast_{dtype}"))
+                report.casts += 1
+        for i, original in enumerate(n.output if not in_region else ()):
             name = renames.get(original, original)
             n.output[i] = name
             if name and i in keep_out and original in floats:
@@ -261,7 +349,10 @@ def convert_float_tensors(model, dtype: str = "float16", keep_io_types: bool = T
         out.CopyFrom(model)
     opset = {o.domain if o.domain != "ai.onnx" else "": o.version for o in out.opset_import}
     report = ConversionReport(dtype)
-    _convert_graph(out.graph, opset, dtype, target, report, keep_io_types, True)
+    from dcnkit.export import _table
+
+    rois = (_roi_positions(), _table.domain())
+    _convert_graph(out.graph, opset, dtype, target, report, keep_io_types, True, rois)
     return out, report
 
 

@@ -13,7 +13,8 @@
   existed) get ``plugin_namespace="dcnkit"`` before parsing, so the parser's plugin fallback finds our creators.
 - Reduced precision: TensorRT 11 builds strongly typed networks only (no FP16/BF16 builder flags), so
   ``precision="fp16"|"bf16"`` converts the model's float32 tensors first (:mod:`dcnkit.runtime.precision`: the
-  whole network in one float type, our nodes included; inputs and outputs stay float32); on TensorRT 10 it sets
+  whole network in one float type, our nodes included, but the RoIs of the RoI operators, which stay float32;
+  inputs and outputs stay float32); on TensorRT 10 it sets
   ``BuilderFlag.FP16`` / ``BF16`` and TensorRT picks the precision per layer. The build log says which.
 - Engines run through Polygraphy's ``TrtRunner`` (NumPy in and out, Polygraphy's own CUDA wrapper: no torch, no pycuda).
 

@@ -22,9 +22,10 @@ pass ``container_repository=`` for another mount point, or ``library_path=`` whe
 the image. See ``runtime/triton/README.md``.
 
 The shared configuration code (data types, :class:`Signature`, ``config.pbtxt``) is in
-:mod:`dcnkit.runtime.triton_config`; its names are importable from here too. Nothing here needs
-``tritonclient`` or a GPU; ``parse_config`` checks a ``config.pbtxt`` against the field
-names and types of Triton's ``model_config.proto`` (a subset, built with protobuf, which ONNX already needs).
+:mod:`dcnkit.runtime.triton_config`; its names are importable from here too. Configs are written and parsed
+with Triton's own schema, ``tritonclient.grpc.model_config_pb2`` (``pip install 'tritonclient[grpc]'``); no GPU is
+needed. ``backend="python"`` writes a Python-backend variant (:mod:`dcnkit.runtime.triton_python`) that the
+``tritonserver`` of the ``nvidia-pytriton`` wheel loads here; :mod:`dcnkit.runtime.triton_server` runs it.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from dcnkit.runtime.triton_config import (  # noqa: F401  (this module's public 
     _private_dependencies,
     bundle_library,
     model_config,
+    model_config_message,
     normalize_infos,
     numpy_dtype,
     shared_batch_dim,
@@ -52,9 +54,22 @@ from dcnkit.runtime.triton_config import (  # noqa: F401  (this module's public 
 )
 
 
+BACKENDS = ("onnxruntime", "tensorrt", "python")
+
+
 # ------------------------------------------------------------------------------------------------
 # Repository writer
 # ------------------------------------------------------------------------------------------------
+def _fresh_model_dir(output_dir, name: str, overwrite: bool) -> Path:
+    """``output_dir/name``, removed first when it exists and ``overwrite`` (else FileExistsError); not created."""
+    model_dir = Path(output_dir) / name
+    if model_dir.exists():
+        if not overwrite:
+            raise FileExistsError(f"output: {model_dir} exists (pass overwrite=True / --overwrite to replace it)")
+        shutil.rmtree(model_dir)
+    return model_dir
+
+
 def write_repository(
     model,
     output_dir,
@@ -75,6 +90,8 @@ def write_repository(
     shapes=None,
     precision: str | None = None,
     plugins: Sequence = (),
+    runner_backend: str = "ort-cpu",
+    kit_kernels: bool = True,
 ) -> Path:
     """Writes ``output_dir/<name>/{config.pbtxt, 1/model.onnx[, libdcnkit_ort.so]}``; returns the model dir.
 
@@ -87,13 +104,17 @@ def write_repository(
     serialized engine, copied as it is) or an engine built here from the ONNX (``shapes``, ``precision``,
     ``plugins`` as in ``dcnkit build``; needs TensorRT), with the kit's plugin library (``libdcnkit_trt.so``)
     copied beside the config or ``library_path`` referenced.
+
+    ``backend="python"``: Triton's Python backend running the kit's ``runner_backend`` (``ort-cpu`` or
+    ``ort-cuda``; ``kit_kernels`` as in ``dcnkit run``) on ``1/model.onnx`` (:mod:`dcnkit.runtime.triton_python`);
+    instances on the CPU unless ``instance_kind`` says otherwise.
     """
     import onnx
 
     from dcnkit.runtime.base import load_model, uses_custom_ops
 
-    if backend not in ("onnxruntime", "tensorrt"):
-        raise ValueError(f"backend: expected 'onnxruntime' or 'tensorrt', got {backend!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
     if name is None:
         if isinstance(model, (str, os.PathLike)):
             name = Path(os.fspath(model)).stem
@@ -128,6 +149,15 @@ def write_repository(
             m, signature, model_dir, cfg, name=name, version=version, container_repository=container_repository,
             library_path=library_path, engine=engine, shapes=shapes, precision=precision, plugins=plugins,
         )
+    if backend == "python":
+        from dcnkit.runtime.triton_python import python_backend_config, write_python_repository
+
+        cfg = python_backend_config(model_config(
+            signature, name, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
+            preferred_batch_sizes=preferred_batch_sizes, max_queue_size=max_queue_size,
+            instance_kind=instance_kind, instance_count=instance_count,
+        ), runner_backend, kit_kernels)
+        return write_python_repository(m, _fresh_model_dir(output_dir, name, overwrite), cfg, version=version)
     custom = uses_custom_ops(m)
     libs: list[str] = []
     lib_src = None
@@ -146,11 +176,7 @@ def write_repository(
         op_libraries=libs, instance_kind=instance_kind, instance_count=instance_count,
     )
 
-    model_dir = Path(output_dir) / name
-    if model_dir.exists():
-        if not overwrite:
-            raise FileExistsError(f"output: {model_dir} exists (pass overwrite=True / --overwrite to replace it)")
-        shutil.rmtree(model_dir)
+    model_dir = _fresh_model_dir(output_dir, name, overwrite)
     (model_dir / str(version)).mkdir(parents=True)
     onnx.save_model(m, str(model_dir / str(version) / "model.onnx"))
     if lib_src is not None:
@@ -166,112 +192,21 @@ def write_repository(
 # ------------------------------------------------------------------------------------------------
 # Checking a config.pbtxt against Triton's schema
 # ------------------------------------------------------------------------------------------------
-_SCHEMA = None
-
-# (message, [(field, number, type, label, type_name)]) mirroring triton-inference-server/common
-# protobuf/model_config.proto (field names, numbers and types; only the messages a dcnkit config uses).
-_MESSAGES = [
-    ("ModelTensorReshape", [("shape", 1, "int64", "repeated", None)]),
-    ("ModelInput", [
-        ("name", 1, "string", "optional", None), ("data_type", 2, "enum", "optional", "DataType"),
-        ("format", 3, "enum", "optional", "ModelInput.Format"), ("dims", 4, "int64", "repeated", None),
-        ("reshape", 5, "message", "optional", "ModelTensorReshape"),
-        ("is_shape_tensor", 6, "bool", "optional", None), ("allow_ragged_batch", 7, "bool", "optional", None),
-        ("optional", 8, "bool", "optional", None),
-    ]),
-    ("ModelOutput", [
-        ("name", 1, "string", "optional", None), ("data_type", 2, "enum", "optional", "DataType"),
-        ("dims", 3, "int64", "repeated", None), ("label_filename", 4, "string", "optional", None),
-        ("reshape", 5, "message", "optional", "ModelTensorReshape"),
-        ("is_shape_tensor", 6, "bool", "optional", None),
-    ]),
-    ("ModelInstanceGroup", [
-        ("name", 1, "string", "optional", None), ("count", 2, "int32", "optional", None),
-        ("gpus", 3, "int32", "repeated", None), ("kind", 4, "enum", "optional", "ModelInstanceGroup.Kind"),
-    ]),
-    ("ModelQueuePolicy", [
-        ("default_timeout_microseconds", 2, "uint64", "optional", None),
-        ("allow_timeout_override", 3, "bool", "optional", None),
-        ("max_queue_size", 4, "uint32", "optional", None),
-    ]),
-    ("ModelDynamicBatching", [
-        ("preferred_batch_size", 1, "int32", "repeated", None),
-        ("max_queue_delay_microseconds", 2, "uint64", "optional", None),
-        ("preserve_ordering", 3, "bool", "optional", None),
-        ("default_queue_policy", 6, "message", "optional", "ModelQueuePolicy"),
-    ]),
-    ("ModelOperations", [("op_library_filename", 1, "string", "repeated", None)]),
-    ("ModelConfig", [
-        ("name", 1, "string", "optional", None), ("platform", 2, "string", "optional", None),
-        ("max_batch_size", 4, "int32", "optional", None), ("input", 5, "message", "repeated", "ModelInput"),
-        ("output", 6, "message", "repeated", "ModelOutput"),
-        ("instance_group", 7, "message", "repeated", "ModelInstanceGroup"),
-        ("default_model_filename", 8, "string", "optional", None),
-        ("dynamic_batching", 11, "message", "optional", "ModelDynamicBatching"),
-        ("backend", 17, "string", "optional", None),
-        ("model_operations", 18, "message", "optional", "ModelOperations"),
-    ]),
-]
-_DATA_TYPES = ["TYPE_INVALID", "TYPE_BOOL", "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64",
-               "TYPE_INT8", "TYPE_INT16", "TYPE_INT32", "TYPE_INT64", "TYPE_FP16", "TYPE_FP32", "TYPE_FP64",
-               "TYPE_STRING", "TYPE_BF16"]
-
-
-def _schema():
-    global _SCHEMA
-    if _SCHEMA is not None:
-        return _SCHEMA
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-    fd = descriptor_pb2.FileDescriptorProto(name="dcnkit_triton_model_config.proto", package="inference",
-                                            syntax="proto3")
-    en = fd.enum_type.add(name="DataType")
-    for i, n in enumerate(_DATA_TYPES):
-        en.value.add(name=n, number=i)
-    types = {
-        "string": descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
-        "int64": descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
-        "int32": descriptor_pb2.FieldDescriptorProto.TYPE_INT32,
-        "uint64": descriptor_pb2.FieldDescriptorProto.TYPE_UINT64,
-        "uint32": descriptor_pb2.FieldDescriptorProto.TYPE_UINT32,
-        "bool": descriptor_pb2.FieldDescriptorProto.TYPE_BOOL,
-        "enum": descriptor_pb2.FieldDescriptorProto.TYPE_ENUM,
-        "message": descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
-    }
-    labels = {"optional": descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
-              "repeated": descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED}
-    for msg_name, fields in _MESSAGES:
-        msg = fd.message_type.add(name=msg_name)
-        if msg_name == "ModelInput":
-            e = msg.enum_type.add(name="Format")
-            for i, n in enumerate(["FORMAT_NONE", "FORMAT_NHWC", "FORMAT_NCHW"]):
-                e.value.add(name=n, number=i)
-        if msg_name == "ModelInstanceGroup":
-            e = msg.enum_type.add(name="Kind")
-            for i, n in enumerate(["KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL"]):
-                e.value.add(name=n, number=i)
-        for fname, num, ftype, label, tname in fields:
-            f = msg.field.add(name=fname, number=num, type=types[ftype], label=labels[label])
-            if tname:
-                f.type_name = f".inference.{tname}"
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fd)
-    _SCHEMA = message_factory.GetMessageClass(pool.FindMessageTypeByName("inference.ModelConfig"))
-    return _SCHEMA
-
-
 def parse_config(text: str):
-    """Parses a ``config.pbtxt`` into a ``ModelConfig`` message (subset of Triton's schema).
+    """Parses a ``config.pbtxt`` into Triton's ``ModelConfig`` message (``tritonclient.grpc.model_config_pb2``).
 
     Unknown fields, wrong types and bad enum names raise ``google.protobuf.text_format.ParseError``.
     """
     from google.protobuf import text_format
 
-    return text_format.Parse(text, _schema()())
+    return text_format.Parse(text, model_config_message())
 
 
 def check_repository(model_dir) -> list[str]:
-    """Problems Triton would report when loading ``model_dir`` with the onnxruntime or TensorRT backend ([] if none)."""
+    """Problems Triton would report when loading ``model_dir`` ([] if none): the config against Triton's schema and
+    what the onnxruntime, TensorRT or Python backend (with the kit's ``model.py``) needs. Loading it in a real server
+    is the final check where it can run: :func:`dcnkit.runtime.triton_server.check_loads` (``dcnkit triton-repo
+    --backend python`` does it)."""
     model_dir = Path(model_dir)
     problems = []
     cfg_path = model_dir / "config.pbtxt"
@@ -284,16 +219,18 @@ def check_repository(model_dir) -> list[str]:
     if cfg.name and cfg.name != model_dir.name:
         problems.append(f"name: expected the directory name {model_dir.name!r}, got {cfg.name!r}")
     tensorrt = cfg.platform == "tensorrt_plan" or cfg.backend == "tensorrt"
-    if not tensorrt and cfg.platform != "onnxruntime_onnx" and cfg.backend != "onnxruntime":
-        problems.append(f"platform/backend: expected onnxruntime_onnx / onnxruntime or tensorrt_plan / tensorrt, "
-                        f"got {cfg.platform!r} / {cfg.backend!r}")
-    default_file = "model.plan" if tensorrt else "model.onnx"
+    python = cfg.backend == "python"
+    if not (tensorrt or python) and cfg.platform != "onnxruntime_onnx" and cfg.backend != "onnxruntime":
+        problems.append(f"platform/backend: expected onnxruntime_onnx / onnxruntime, tensorrt_plan / tensorrt or "
+                        f"python, got {cfg.platform!r} / {cfg.backend!r}")
+    default_file = "model.plan" if tensorrt else "model.py" if python else "model.onnx"
     versions = [p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
     if not versions:
         problems.append(f"{model_dir}: no numeric version directory")
     for v in versions:
-        if not (v / (cfg.default_model_filename or default_file)).is_file():
-            problems.append(f"{v}: missing {cfg.default_model_filename or default_file}")
+        for f in [cfg.default_model_filename or default_file] + (["model.onnx"] if python else []):
+            if not (v / f).is_file():
+                problems.append(f"{v}: missing {f}")
     if tensorrt and any(g.kind == 2 for g in cfg.instance_group):  # KIND_CPU
         problems.append("instance_group: TensorRT engines run on GPUs, got KIND_CPU")
     for kind, items in (("input", cfg.input), ("output", cfg.output)):

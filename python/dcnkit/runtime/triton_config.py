@@ -214,38 +214,29 @@ def model_config(
     return cfg
 
 
-def _pbtxt_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, str) and (v.startswith("TYPE_") or v.startswith("KIND_")):
-        return v  # enum
-    s = str(v).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{s}"'
+def model_config_message(cfg: dict | None = None):
+    """A ``ModelConfig`` message of Triton's own schema (``tritonclient.grpc.model_config_pb2``), from ``cfg`` (the
+    JSON form; unknown fields and bad enum names raise ``google.protobuf.json_format.ParseError``)."""
+    try:
+        from tritonclient.grpc import model_config_pb2
+    except Exception as e:  # ImportError, or tritonclient's RuntimeError when installed without grpc
+        raise ImportError(
+            "tritonclient.grpc.model_config_pb2 (Triton's model configuration schema) is needed: "
+            f"pip install 'tritonclient[grpc]' ({type(e).__name__}: {e})"
+        ) from e
+    msg = model_config_pb2.ModelConfig()
+    if cfg:
+        from google.protobuf import json_format
+
+        json_format.ParseDict(cfg, msg)
+    return msg
 
 
-def to_pbtxt(cfg: dict, indent: int = 0) -> str:
-    """Protobuf text format of a config dict (lists of scalars as ``[a, b]``, lists of messages repeated)."""
-    pad = "  " * indent
-    lines = []
-    for key, val in cfg.items():
-        if isinstance(val, dict):
-            lines.append(f"{pad}{key} {{")
-            lines.append(to_pbtxt(val, indent + 1))
-            lines.append(f"{pad}}}")
-        elif isinstance(val, list) and val and all(isinstance(x, dict) for x in val):
-            lines.append(f"{pad}{key} [")
-            for j, item in enumerate(val):
-                lines.append(f"{pad}  {{")
-                lines.append(to_pbtxt(item, indent + 2))
-                lines.append(f"{pad}  }}{',' if j + 1 < len(val) else ''}")
-            lines.append(f"{pad}]")
-        elif isinstance(val, list):
-            lines.append(f"{pad}{key}: [ {', '.join(_pbtxt_value(x) for x in val)} ]")
-        else:
-            lines.append(f"{pad}{key}: {_pbtxt_value(val)}")
-    return "\n".join(line for line in lines if line != "")
+def to_pbtxt(cfg: dict) -> str:
+    """``config.pbtxt`` (protobuf text format) of a config dict, written by protobuf with Triton's schema."""
+    from google.protobuf import text_format
+
+    return text_format.MessageToString(model_config_message(cfg)).rstrip("\n")
 
 
 # ------------------------------------------------------------------------------------------------

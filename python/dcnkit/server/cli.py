@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dcnkit.server.defaults import DEFAULTS
+
 
 def _bounded(convert, low: float, what: str):
     """An argparse type: `convert(text)` that must be >= low."""
@@ -27,11 +29,16 @@ _nonneg_float = _bounded(float, 0, "a number")
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     from dcnkit.runtime.registry import BACKENDS
-    from dcnkit.server.defaults import DEFAULTS
 
     p.add_argument("model", help="ONNX model file (or, with --backend tensorrt, a serialized engine .engine/.plan)")
+    p.add_argument("--engine", default="light", choices=("light", "triton"),
+                   help="light: the kit's own server (FastAPI, default); triton: NVIDIA's tritonserver from the "
+                        "nvidia-pytriton wheel, with Triton's dynamic batching, HTTP, gRPC and metrics ports")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    p.add_argument("--grpc-port", type=int, default=8001, help="--engine triton: gRPC port (default 8001)")
+    p.add_argument("--metrics-port", type=int, default=8002,
+                   help="--engine triton: Prometheus metrics port (default 8002; the light server has /metrics)")
     p.add_argument("--name", default=None, help="model name in the URLs (default: the file's stem)")
     p.add_argument("--backend", default="ort-cpu", choices=BACKENDS, help="runner backend (default ort-cpu)")
     p.add_argument("--max-batch-size", type=_positive_int, default=DEFAULTS["max_batch_size"],
@@ -43,9 +50,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue-size", type=_positive_int, default=DEFAULTS["max_queue_size"],
                    help="requests waiting at most; more get HTTP 503 (default %(default)s)")
     p.add_argument("--max-request-bytes", type=_positive_int, default=DEFAULTS["max_request_bytes"],
-                   help="largest request body; larger get HTTP 413 (default %(default)s)")
-    p.add_argument("--graceful-timeout", type=_nonneg_float, default=30.0,
-                   help="seconds to finish in-flight requests on SIGTERM/SIGINT (default %(default)s)")
+                   help="light: largest request body; larger get HTTP 413 (default %(default)s; Triton has its "
+                        "own limits)")
+    p.add_argument("--graceful-timeout", type=_nonneg_float, default=None,
+                   help="seconds to finish in-flight requests on SIGTERM/SIGINT (default 30; --engine triton: 5)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.add_argument("--no-kit-kernels", dest="kit_kernels", action="store_false",
                    help="ort-*: run standard DeformConv nodes on ONNX Runtime's built-in kernel (default: on the "
@@ -58,10 +66,16 @@ def add_triton_repo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=None, help="model name (default: the file's stem)")
     p.add_argument("--max-batch-size", type=_nonneg_int, default=None,
                    help="Triton max_batch_size; default 8 when inputs and outputs share a batch dim, else 0")
-    p.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "tensorrt"),
-                   help="Triton backend: onnxruntime (model.onnx + libdcnkit_ort.so) or tensorrt (model.plan + "
+    p.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "tensorrt", "python"),
+                   help="Triton backend: onnxruntime (model.onnx + libdcnkit_ort.so), tensorrt (model.plan + "
                         "libdcnkit_trt.so with libdcnkit_trt_autoreg.so, loaded with tritonserver "
-                        "--backend-config=tensorrt,plugins=.../libdcnkit_trt_autoreg.so)")
+                        "--backend-config=tensorrt,plugins=.../libdcnkit_trt_autoreg.so) or python (model.py "
+                        "running the kit's ONNX Runtime runner: the one the nvidia-pytriton wheel's tritonserver "
+                        "loads; needs dcnkit in the server's Python)")
+    p.add_argument("--runner", default="ort-cpu", choices=("ort-cpu", "ort-cuda"),
+                   help="python: the kit's runner in model.py (default ort-cpu)")
+    p.add_argument("--no-kit-kernels", dest="kit_kernels", action="store_false",
+                   help="python: run standard DeformConv nodes on ONNX Runtime's built-in kernel")
     p.add_argument("--engine", metavar="FILE",
                    help="tensorrt: a serialized engine to copy as 1/model.plan (not validated); without it the "
                         "engine is built here (needs TensorRT)")
@@ -88,19 +102,26 @@ def add_triton_repo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--library-path", default=None,
                    help="reference this op library path verbatim instead of copying the kit's library")
     p.add_argument("--overwrite", action="store_true", help="replace an existing <output>/<name>")
+    p.add_argument("--no-load-check", dest="load_check", action="store_false",
+                   help="python: do not load the written model in tritonserver here (default: loaded, then stopped, "
+                        "where the nvidia-pytriton wheel can run)")
 
 
 def run_serve(args) -> int:
     from dcnkit.runtime.base import BackendUnavailable
     from dcnkit.server.app import serve
 
-    if not 0 <= args.port <= 65535:
-        print(f"dcnkit serve: --port: expected 0..65535, got {args.port}", file=sys.stderr)
-        return 2
+    for flag, port in (("--port", args.port), ("--grpc-port", args.grpc_port), ("--metrics-port", args.metrics_port)):
+        if not 0 <= port <= 65535:
+            print(f"dcnkit serve: {flag}: expected 0..65535, got {port}", file=sys.stderr)
+            return 2
+    if args.engine == "triton":
+        return _run_serve_triton(args)
     try:
         serve(
             args.model, host=args.host, port=args.port, name=args.name, backend=args.backend,
-            log_level=args.log_level, graceful_timeout_s=args.graceful_timeout,
+            log_level=args.log_level,
+            graceful_timeout_s=30.0 if args.graceful_timeout is None else args.graceful_timeout,
             max_batch_size=args.max_batch_size, max_queue_delay_ms=args.max_queue_delay_ms,
             max_queue_size=args.max_queue_size, max_request_bytes=args.max_request_bytes,
             runner_options={"kit_kernels": args.kit_kernels},
@@ -114,6 +135,28 @@ def run_serve(args) -> int:
     return 0
 
 
+def _run_serve_triton(args) -> int:
+    from dcnkit.server.triton_engine import serve_triton
+
+    if args.max_request_bytes != DEFAULTS["max_request_bytes"]:
+        print("dcnkit serve: --max-request-bytes: expected only with --engine light (tritonserver has its own "
+              "limits), got --engine triton", file=sys.stderr)
+        return 2
+    try:
+        return serve_triton(
+            args.model, host=args.host, port=args.port, name=args.name, backend=args.backend,
+            grpc_port=args.grpc_port, metrics_port=args.metrics_port, graceful_timeout_s=args.graceful_timeout,
+            max_batch_size=args.max_batch_size, max_queue_delay_ms=args.max_queue_delay_ms,
+            max_queue_size=args.max_queue_size, kit_kernels=args.kit_kernels,
+        )
+    except (FileNotFoundError, ValueError) as e:
+        print(f"dcnkit serve: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # BackendUnavailable (no wheel, no stub, no libpython), or no ready model: one line
+        print(f"dcnkit serve: {e}", file=sys.stderr)
+        return 1
+
+
 def run_triton_repo(args) -> int:
     from dcnkit.runtime.base import BackendUnavailable
     from dcnkit.runtime.triton import check_repository, write_repository
@@ -123,6 +166,12 @@ def run_triton_repo(args) -> int:
     if trt_only and args.backend != "tensorrt":
         print(f"dcnkit triton-repo: {trt_only[0]}: expected only with --backend tensorrt, got --backend {args.backend}",
               file=sys.stderr)
+        return 2
+    python_only = [f for f, v in (("--runner", args.runner != "ort-cpu"), ("--no-kit-kernels", not args.kit_kernels))
+                   if v]
+    if python_only and args.backend != "python":
+        print(f"dcnkit triton-repo: {python_only[0]}: expected only with --backend python, got --backend "
+              f"{args.backend}", file=sys.stderr)
         return 2
     shapes = None
     if args.shapes:
@@ -140,7 +189,8 @@ def run_triton_repo(args) -> int:
             max_queue_size=args.max_queue_size, instance_kind=args.instance_kind,
             instance_count=args.instance_count, container_repository=args.container_repository,
             library_path=args.library_path, overwrite=args.overwrite,
-            engine=args.engine, shapes=shapes, precision=args.precision,
+            engine=args.engine, shapes=shapes, precision=args.precision, runner_backend=args.runner,
+            kit_kernels=args.kit_kernels,
         )
     except BackendUnavailable as e:  # no TensorRT here to build the engine: what is missing, one line
         print(f"dcnkit triton-repo: {e} (or pass an engine built elsewhere with --engine)", file=sys.stderr)
@@ -153,6 +203,19 @@ def run_triton_repo(args) -> int:
         print("dcnkit triton-repo: the written repository has problems:\n  " + "\n  ".join(problems),
               file=sys.stderr)
         return 1
+    if args.backend == "python":
+        print(f"wrote {model_dir} (config.pbtxt, 1/model.py, 1/model.onnx)")
+        from dcnkit.runtime.triton_server import check_loads, unavailable_reason
+
+        if args.load_check and unavailable_reason() is None:
+            failed = check_loads(model_dir.parent, [model_dir.name])
+            if failed:
+                print("dcnkit triton-repo: tritonserver could not load the written model:\n  " + "\n  ".join(failed),
+                      file=sys.stderr)
+                return 1
+            print(f"loaded by tritonserver here: {model_dir.name} READY")
+        print(f"run here: {_python_backend_hint(model_dir.parent)}")
+        return 0
     if args.backend == "tensorrt":
         from dcnkit.runtime.triton_tensorrt import LIBRARY_FILENAME, PLUGIN_FILENAME
 
@@ -173,19 +236,32 @@ def run_triton_repo(args) -> int:
     return 0
 
 
+def _python_backend_hint(repository) -> str:
+    """The command that serves a Python-backend repository here (or why it cannot)."""
+    from dcnkit.runtime.base import BackendUnavailable
+    from dcnkit.runtime.triton_server import server_command_line
+
+    try:
+        return server_command_line(repository)
+    except BackendUnavailable as e:
+        return f"(not here: {e})"
+
+
 def register_commands(subparsers) -> None:
     """Adds ``serve`` and ``triton-repo`` to the main CLI's subparsers."""
     p = subparsers.add_parser(
         "serve", help="serve a model over the KServe v2 / Open Inference Protocol (REST, tritonclient-compatible)",
         description="Serve an ONNX model over HTTP with the KServe v2 / Open Inference Protocol "
-                    "(tritonclient.http works unchanged), with dynamic batching and Prometheus metrics at /metrics.",
+                    "(tritonclient.http works unchanged), with dynamic batching and Prometheus metrics at /metrics; "
+                    "--engine triton serves it on NVIDIA's tritonserver (HTTP, gRPC, metrics).",
     )
     add_serve_arguments(p)
     p.set_defaults(func=run_serve)
     p = subparsers.add_parser(
         "triton-repo", help="write an NVIDIA Triton model repository for a model",
         description="Write <output>/<name>/{config.pbtxt,1/model.onnx} for Triton's onnxruntime backend, with the "
-                    "kit's custom-op library referenced through model_operations.",
+                    "kit's custom-op library referenced through model_operations (or the tensorrt / python backend "
+                    "variants).",
     )
     add_triton_repo_arguments(p)
     p.set_defaults(func=run_triton_repo)

@@ -74,10 +74,19 @@ inline int64_t deform_conv2d_out_size(int64_t in, int64_t k, int64_t s, int64_t 
 size_t deform_conv2d_forward_workspace_cpu(const DeformConv2dParams& p, DType dtype, const CpuContext& ctx);
 size_t deform_conv2d_backward_workspace_cpu(const DeformConv2dParams& p, DType dtype, const CpuContext& ctx);
 
+// weight_kc: `weight` already in the launcher's layout (deform_conv2d_weight_kc_cpu), or null (the launcher
+// reorders `weight` on every call).
 template <typename T>
 Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, const T* offset,
                                  const T* weight, const T* bias, const T* mask, T* output,
-                                 void* workspace, const CpuContext& ctx);
+                                 void* workspace, const CpuContext& ctx, const T* weight_kc = nullptr);
+
+// The weight (Cout, Cin/groups, kh, kw) in the CPU forward's layout (Cout, kh*kw, Cin/groups), into
+// weight_kc (as many elements). A front end whose weight is constant (an ONNX initializer) reorders it once;
+// for a 512-channel 3x3 layer the per-call reorder costs as much as a 10x10 map's sampling and more.
+template <typename T>
+void deform_conv2d_weight_kc_cpu(int64_t out_channels, int64_t in_per_group, int64_t kernel_size, const T* weight,
+                                 T* weight_kc);
 
 // Any grad_* pointer may be null (not wanted). Gradients are written, not accumulated.
 template <typename T>
