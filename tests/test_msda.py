@@ -1,9 +1,11 @@
 """multi_scale_deformable_attn against the NumPy reference (dcnkit.reference) and the grid_sample formulation
 (tests/msda_cases.py): values, gradients, gradcheck, opcheck, torch.compile / torch.export, TorchScript / fx,
 dtypes, non-finite locations, bad level tables and bad input."""
-import math
+import os
+import subprocess
+import sys
+import textwrap
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -358,14 +360,27 @@ def test_cuda_half_forward_backward(dtype):
 
 
 @pytest.mark.cuda
-def test_cuda_bad_level_tables_give_zeros():
-    """On CUDA the tables are read on the device (no host copy): a bad level samples as zeros."""
-    value, shapes, starts, loc, attn = make_inputs(dtype=torch.float32, seed=12)
-    bad_shapes = torch.tensor([[6, 5], [-3, 4], [2**40, 2**40]])
-    bad_starts = torch.tensor([0, 30, -7])
-    y = msda(value.cuda(), bad_shapes.cuda(), bad_starts.cuda(), loc.cuda(), attn.cuda()).cpu()
-    keep = attn.clone()
-    keep[:, :, :, 1:] = 0
-    torch.testing.assert_close(y, msda(value, shapes, starts, loc, keep), rtol=1e-5, atol=1e-5)
-    torch.cuda.synchronize()
-    assert math.isfinite(float(y.abs().sum())) and np.isfinite(y.numpy()).all()
+@pytest.mark.parametrize("table", ["([[6, 5], [-3, 4], [2**40, 2**40]], [0, 30, -7])",  # entries out of range
+                                   "([[6, 5], [3, 4], [1, 1]], [0, 30, 42])"])  # sum of H*W is S - 1
+def test_cuda_bad_level_tables_are_an_asynchronous_device_assert(table):
+    """On CUDA the tables are read on the device (no host copy): a bad table gives zeros and, as a bad RoI batch
+    index, an asynchronous device-side assert at the next synchronisation (a subprocess: the assert leaves the CUDA
+    context unusable). A valid table does not assert. (The CPU raises; ORT CUDA gives the zeros, test_ort_msda.py;
+    the kernels' zeros also run on the CPU, test_cuda_schedule_cpu.py.)"""
+    code = textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        from dcnkit.ops import multi_scale_deformable_attn as msda
+        from msda_cases import make_inputs
+        value, shapes, starts, loc, attn = make_inputs(dtype=torch.float32, seed=12)
+        if sys.argv[1] == "bad":
+            shapes, starts = (torch.tensor(t) for t in {table})
+        y = msda(value.cuda(), shapes.cuda(), starts.cuda(), loc.cuda(), attn.cuda())
+        torch.cuda.synchronize()
+        print("finished", float(y.abs().sum()) > 0)
+    """)
+    bad = subprocess.run([sys.executable, "-c", code, "bad"], capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "finished" not in bad.stdout, bad.stdout + bad.stderr
+    assert "device-side assert" in bad.stderr, bad.stderr[-3000:]
+    good = subprocess.run([sys.executable, "-c", code, "good"], capture_output=True, text=True, timeout=600)
+    assert good.returncode == 0 and "finished True" in good.stdout, good.stdout + good.stderr

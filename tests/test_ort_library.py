@@ -91,6 +91,19 @@ def test_library_exports_only_the_entry_points():
             getattr(lib, hidden)
 
 
+def test_only_ops_with_a_gemm_get_a_cublas_handle():
+    # OpDef::gemm is what the ONNX Runtime CUDA kernels (a cuBLAS handle made at kernel creation, never in Compute
+    # unless that failed) and the TensorRT plugins (a context's shared handle) read: only DeformConv2d runs a GEMM;
+    # DCNv3, DCNv4, MSDA and the RoI ops get no handle. (The CUDA side itself needs a GPU: compile-checked only.)
+    lib = ctypes.CDLL(ort_library())
+    fn = lib.dcnkit_op_defs_json
+    fn.restype = ctypes.c_char_p
+    gemm = {o["onnx_type"]: o["gemm"] for o in json.loads(fn().decode())["ops"]}
+    assert gemm == {"DeformConv2d": True, "RoIAlign": False, "DeformRoIPool": False, "DeformPSRoIPool": False,
+                    "MultiLevelRoIAlign": False, "MultiScaleDeformableAttention": False, "DCNv3": False,
+                    "DCNv4": False}
+
+
 # ------------------------------------------------------------------------------------------------
 # DeformConv2d
 # ------------------------------------------------------------------------------------------------

@@ -210,6 +210,20 @@ def test_cuda_ep_equals_op():
     np.testing.assert_allclose(sess.run(None, feeds(inputs))[0], msda(*inputs).numpy(), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.cuda
+def test_cuda_ep_bad_level_tables_give_zeros():
+    """The CUDA EP reads the tables on the device and cannot raise without synchronising: a table the CPU rejects
+    (see test_bad_inputs_and_level_tables) gives zeros, without an error."""
+    ort_cuda_or_skip()
+    model = hand_model("mmdeploy", "MMCVMultiScaleDeformableAttention", im2col_step=64)
+    sess = ort_session(model.SerializeToString(), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    value, shapes, starts, loc, attn = inputs32()
+    for bad in ((value, torch.tensor([[6, 5], [3, 4], [1, 1]]), starts, loc, attn),
+                (value, shapes, torch.tensor([0, 40, 42]), loc, attn)):
+        got = sess.run(None, feeds(bad))[0]
+        assert got.shape == msda(value, shapes, starts, loc, attn).shape and not got.any()
+
+
 def test_reference_runner_runs_the_node(tmp_path):
     """dcnkit's ONNX reference runner (onnx.reference + NumPy, no native code) runs the exported node too."""
     from dcnkit.runtime.reference_runner import ReferenceRunner

@@ -1,6 +1,11 @@
 // CUDA execution-provider kernels (libdcnkit_ort_cuda.so only): the core CUDA launchers on ONNX Runtime's
 // compute stream, GEMM through cuBLAS on that stream (dcnkit/cublas_gemm.h), scratch memory from the kernel
 // context's stream-ordered scratch buffer (ort_scratch.h).
+//
+// cuBLAS handles: only a node whose op runs a GEMM (OpDef::gemm: DeformConv2d) has one, created with the kernel
+// (create_cuda_state, on the device of the node's allocator) so that Compute never calls cublasCreate, which
+// allocates and may synchronise. Compute creates it only when that failed or the run's device differs (a
+// handle belongs to the device it was created on). DCNv3, DCNv4, MSDA and the RoI ops never get one.
 #include <cuda_runtime.h>
 
 #include <memory>
@@ -24,21 +29,46 @@ void destroy_cuda_state(CudaState* s) {
 
 namespace {
 
+bool runs_gemm(const Kernel& k) { return op_def(k.variant->kind).gemm; }
+
+// (Re)creates the handle of `s` on `device`, the current device.
+Status make_handle(CudaState* s, int device) {
+  if (s->gemm.handle != nullptr) cublasDestroy(s->gemm.handle);
+  s->gemm.handle = nullptr;
+  s->device = -1;
+  DCNKIT_RETURN_IF_ERROR(cublas_status(cublasCreate(&s->gemm.handle), "cublasCreate"));
+  s->device = device;
+  return Status::Ok();
+}
+
+// The device of the node's default (device) allocator; -1 when ONNX Runtime does not say.
+int kernel_device(const OrtKernelInfo* info) {
+  const OrtApi& a = api();
+  OrtAllocator* alloc = nullptr;
+  int id = -1;
+  if (from_ort(a.KernelInfoGetAllocator(info, OrtMemTypeDefault, &alloc), "").ok() && alloc != nullptr) {
+    const OrtMemoryInfo* mem = nullptr;
+    if (!from_ort(a.AllocatorGetInfo(alloc, &mem), "").ok() || mem == nullptr ||
+        !from_ort(a.MemoryInfoGetId(mem, &id), "").ok()) {
+      id = -1;
+    }
+    a.ReleaseAllocator(alloc);
+  }
+  return id;
+}
+
 Status prepare(Kernel& k, OrtKernelContext* ctx, CudaContext* out) {
   void* stream = nullptr;
   DCNKIT_RETURN_IF_ERROR(from_ort(api().KernelContext_GetGPUComputeStream(ctx, &stream), "GetGPUComputeStream"));
+  out->stream = stream;
+  if (!runs_gemm(k)) return Status::Ok();  // no GEMM, no handle
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return Status::DeviceError("cudaGetDevice failed");
   if (k.cuda_state == nullptr) k.cuda_state = new CudaState();
   CudaState* s = k.cuda_state;
-  if (s->gemm.handle == nullptr || s->device != device) {
-    if (s->gemm.handle != nullptr) cublasDestroy(s->gemm.handle);
-    s->gemm.handle = nullptr;
-    DCNKIT_RETURN_IF_ERROR(cublas_status(cublasCreate(&s->gemm.handle), "cublasCreate"));
-    s->device = device;
-  }
+  // Made with the kernel (create_cuda_state); here only if that failed or the run is on another device.
+  if (s->gemm.handle == nullptr || s->device != device) DCNKIT_RETURN_IF_ERROR(make_handle(s, device));
   s->gemm.stream = static_cast<cudaStream_t>(stream);
-  out->stream = stream;
   out->gemm = &cublas_gemm;
   out->gemm_self = &s->gemm;
   return Status::Ok();
@@ -80,6 +110,18 @@ Status compute_multi_level_cuda(Kernel& k, OrtKernelContext* ctx) {
 }
 
 }  // namespace
+
+void create_cuda_state(Kernel& k, const OrtKernelInfo* info) {
+  if (!runs_gemm(k)) return;
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess) return;  // Compute reports it
+  const int device = kernel_device(info);
+  const bool other = device >= 0 && device != current;
+  if (other && cudaSetDevice(device) != cudaSuccess) return;
+  auto s = std::make_unique<CudaState>();
+  if (make_handle(s.get(), other ? device : current).ok()) k.cuda_state = s.release();
+  if (other) cudaSetDevice(current);
+}
 
 Status compute_cuda(Kernel& k, OrtKernelContext* ctx) {
   if (k.variant->kind == OpKind::kMultiLevelRoIAlign) return compute_multi_level_cuda(k, ctx);
@@ -140,7 +182,7 @@ Status compute_cuda(Kernel& k, OrtKernelContext* ctx) {
     case OpKind::kMultiScaleDeformableAttention: {
       MsdaParams p;
       DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
-      // The level tables stay on the device: a level whose entries are out of range samples as zeros.
+      // The level tables stay on the device: a bad table gives zeros (msda_levels_valid; no sync to report it).
       return msda_forward_cuda(p, dt, ptr(in[kMsdaValue]), static_cast<const int64_t*>(ptr(in[kMsdaSpatialShapes])),
                                static_cast<const int64_t*>(ptr(in[kMsdaLevelStart])), ptr(in[kMsdaLocations]),
                                ptr(in[kMsdaWeights]), y, cuda);

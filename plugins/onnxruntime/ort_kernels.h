@@ -19,7 +19,7 @@ namespace dcnkit::ort {
 
 // Attribute and input indices (kDcStride, kRaRois, ...) and kMaxInputs come from dcnkit/op_attrs.h.
 
-struct CudaState;  // ort_cuda.cpp: cuBLAS handle (CUDA library only)
+struct CudaState;  // ort_cuda.cpp: cuBLAS handle of an op with a GEMM (CUDA library only)
 
 struct Kernel {
   const OpVariant* variant = nullptr;
@@ -80,6 +80,9 @@ Status compute_cpu(Kernel& k, OrtKernelContext* ctx);
 
 #ifdef DCNKIT_ORT_CUDA
 Status compute_cuda(Kernel& k, OrtKernelContext* ctx);
+// At kernel creation: the node's cuBLAS handle when its op runs a GEMM (else nothing); on failure none, and
+// Compute makes it.
+void create_cuda_state(Kernel& k, const OrtKernelInfo* info);
 void destroy_cuda_state(CudaState* s);
 #endif
 

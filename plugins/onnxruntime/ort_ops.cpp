@@ -305,6 +305,9 @@ OrtStatusPtr ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*, co
   if (s.ok()) s = make_op_attrs(*o.variant, values, &k->attrs);
   if (!s.ok()) return to_ort(s, k->prefix);
   if (o.variant->kind == OpKind::kDeformConv2d && !o.cuda) pack_constant_weight(info, k.get());
+#ifdef DCNKIT_ORT_CUDA
+  if (k->cuda) create_cuda_state(*k, info);
+#endif
   *kernel = k.release();
   return nullptr;
 }

@@ -47,7 +47,6 @@ class DeformConv2dPlugin final : public PluginBase {
 
  protected:
   PluginBase* make_copy() const override { return new DeformConv2dPlugin(*this); }
-  bool needs_blas() const override { return true; }
 
   Status output_shapes(const DimsExprs* const* in, IExprBuilder& b, DimsExprs* out) const override {
     const char* op = variant_->op_type;

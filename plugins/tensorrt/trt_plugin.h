@@ -167,8 +167,8 @@ class PluginBase : public nvinfer1::IPluginV3,
   // Runs the forward launcher on `stream` (never synchronises).
   virtual Status run(const CanonicalInputs& in, const TensorTypes& t, void* const* outputs, void* workspace,
                      cudaStream_t stream) = 0;
-  // Whether the op runs a GEMM (then attached instances share their context's cuBLAS handle).
-  virtual bool needs_blas() const { return false; }
+  // Whether the op runs a GEMM (OpDef::gemm; then attached instances share their context's cuBLAS handle).
+  bool needs_blas() const { return op_def(variant_->kind).gemm; }
 
   // The message prefix "<op_type> node '<name>': ".
   std::string where() const;

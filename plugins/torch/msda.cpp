@@ -1,7 +1,8 @@
 // PyTorch kernels of multi_scale_deformable_attn and its backward op: one function per op for CPU and
 // CUDA, dispatching on the device (run_on_device). Schemas: schema.cpp; fake kernels and autograd:
 // python/dcnkit/ops/msda.py. The level tables (int64) stay where they are: the CPU launchers check their
-// values on the host, the CUDA kernels read them on the device (never copied to the host).
+// values on the host, the CUDA kernels read them on the device (never copied to the host): a bad table gives
+// zeros there, and the op raises an asynchronous device-side assert (assert_levels_async).
 #include <c10/core/DeviceGuard.h>
 
 #include <string>
@@ -15,6 +16,22 @@ namespace {
 
 constexpr const char* kForward = "multi_scale_deformable_attn";
 constexpr const char* kBackward = "_multi_scale_deformable_attn_backward";
+
+// CUDA: msda_levels_valid's rules (msda_kernels.h) in tensor ops on the device, reported as torch reports a bad
+// index: an asynchronous device-side assert (no host sync, capturable in a CUDA graph; the error surfaces at the
+// next synchronisation). The kernels give zeros for such a table.
+void assert_levels_async(const char* op, const at::Tensor& spatial_shapes, const at::Tensor& level_start_index,
+                         int64_t S) {
+  const at::Tensor H = spatial_shapes.select(1, 0), W = spatial_shapes.select(1, 1), start = level_start_index;
+  // start + H*W <= S written without overflow: H <= (S - start) / W for W > 0.
+  const at::Tensor fits = (W == 0) | (H <= at::floor_divide(-start + S, W.clamp_min(1)));
+  const at::Tensor each = (H >= 0) & (W >= 0) & (start >= 0) & (start <= S) & fits;
+  const at::Tensor total = at::where(each, H * W, at::zeros_like(H)).sum();
+  at::_assert_async(at::logical_and(each.all(), total == S),
+                    std::string(op) + ": spatial_shapes / level_start_index: expected every H, W >= 0, 0 <= start, "
+                    "start + H*W <= S and sum of H*W equal to S = " + std::to_string(S) +
+                    " (value's dim 1), got a table that breaks one of these");
+}
 
 // Shapes (core checks), then devices and dtypes: the level tables int64 on value's device, the float
 // tensors of value's dtype.
@@ -81,6 +98,7 @@ at::Tensor multi_scale_deformable_attn(const at::Tensor& value_, const at::Tenso
                                    in.weights.const_data_ptr<T>(), output.mutable_data_ptr<T>(), cpu_context());
       },
       [&](const CudaContext& cuda) {
+        assert_levels_async(op, in.spatial_shapes, in.level_start_index, p.num_values);
         return msda_forward_cuda(p, dtype_of(value), value.const_data_ptr(), in.ss(), in.lsi(),
                                  in.locations.const_data_ptr(), in.weights.const_data_ptr(), output.mutable_data_ptr(),
                                  cuda);
@@ -130,6 +148,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> multi_scale_deformable_attn_backw
                                     grad_weights.mutable_data_ptr<T>(), cpu_context());
       },
       [&](const CudaContext& cuda) {
+        assert_levels_async(op, in.spatial_shapes, in.level_start_index, p.num_values);
         at::Tensor ws = workspace_for(value, msda_backward_workspace_cuda(p, dtype_of(value)));
         return msda_backward_cuda(p, dtype_of(value), grad_output.const_data_ptr(), value.const_data_ptr(), in.ss(),
                                   in.lsi(), in.locations.const_data_ptr(), in.weights.const_data_ptr(),

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "cuda_schedule_cpu.h"
 #include "dcnkit/dcnv3.h"
 #include "dcnkit/dcnv3_kernels.h"
 
@@ -132,6 +133,12 @@ Status make_dcnv4_params(const char* op, const Dcnv3Attrs& a, bool softmax, cons
 template <typename T>
 Status dcnv3_forward_cpu(const Dcnv3Params& p, const T* input, const T* offset, const T* mask, T* output,
                          const CpuContext& ctx) {
+  if (cuda_schedule_on_cpu()) {  // dcnv3_forward_cuda's grid, serially
+    for (int64_t i = 0; i < dcnv3_thread_count<kDcnv3ForwardChunk>(p); ++i) {
+      dcnv3_forward_thread<T, T>(p, input, offset, mask, output, i);
+    }
+    return Status::Ok();
+  }
   // The CUDA kernels' launch grid (dcnv3_thread), with runs of kCpuChannelChunk channels.
   parallel_for(ctx, dcnv3_thread_count<kCpuChannelChunk>(p), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
@@ -150,6 +157,13 @@ Status dcnv3_backward_cpu(const Dcnv3Params& p, const T* grad_output, const T* i
   std::fill(grad_input, grad_input + p.batch * p.height * p.width * p.channels(), T(0));
   std::fill(grad_offset, grad_offset + sites(p) * p.offset_row, T(0));
   if (!p.fused) std::fill(grad_mask, grad_mask + sites(p) * p.mask_row, T(0));
+  if (cuda_schedule_on_cpu()) {  // dcnv3_backward_cuda's grid, serially (DCNv4: weights' gradient in grad_offset)
+    T* gm = p.fused ? grad_offset : grad_mask;
+    for (int64_t i = 0; i < dcnv3_thread_count<kDcnv3BackwardChunk>(p); ++i) {
+      dcnv3_backward_thread<T, T>(p, grad_output, input, offset, mask, grad_input, grad_offset, gm, i, PlainAdd{});
+    }
+    return Status::Ok();
+  }
   // One task per (n, g): it alone writes grad_input[n, :, :, group g] and the point gradients of group g at the
   // positions of image n, so the result does not depend on the thread count.
   parallel_for(ctx, p.batch * G, [&](int64_t b, int64_t e) {

@@ -10,46 +10,19 @@
 namespace dcnkit {
 namespace {
 
-constexpr int kForwardChunk = 8;
-constexpr int kBackwardChunk = 4;
-
 template <typename T, typename Acc>
 __global__ void dcnv3_forward_kernel(Dcnv3Params p, const T* input, const T* offset, const T* mask, T* output) {
-  const int64_t total = dcnv3_thread_count<kForwardChunk>(p);
-  DCNKIT_CUDA_KERNEL_LOOP(i, total) {
-    const Dcnv3Thread t = dcnv3_thread<kForwardChunk>(p, i);
-    dcnv3_forward_channels<kForwardChunk, Acc, T>(p, input, offset, mask, t.n, t.ho, t.wo, t.g, t.run.c0,
-                                                  t.run.count, output);
-  }
+  const int64_t total = dcnv3_thread_count<kDcnv3ForwardChunk>(p);
+  DCNKIT_CUDA_KERNEL_LOOP(i, total) { dcnv3_forward_thread<Acc, T>(p, input, offset, mask, output, i); }
 }
-
-template <typename Acc>
-struct InputAtomicAdd {
-  Acc* base;
-  __device__ __forceinline__ void operator()(int64_t at, Acc v) const { atomicAdd(base + at, v); }
-};
-
-template <typename Acc>
-struct PointAtomicAdd {
-  Acc* grad_offset;
-  Acc* grad_mask;
-  __device__ __forceinline__ void operator()(int64_t o, int64_t mi, Acc gw, Acc gx, Acc gy) const {
-    if (gw != Acc(0)) atomicAdd(grad_mask + mi, gw);
-    if (gx != Acc(0)) atomicAdd(grad_offset + o, gx);
-    if (gy != Acc(0)) atomicAdd(grad_offset + o + 1, gy);
-  }
-};
 
 template <typename T, typename Acc>
 __global__ void dcnv3_backward_kernel(Dcnv3Params p, const T* grad_output, const T* input, const T* offset,
                                       const T* mask, Acc* grad_input, Acc* grad_offset, Acc* grad_mask) {
-  InputAtomicAdd<Acc> add_input{grad_input};
-  PointAtomicAdd<Acc> add_point{grad_offset, grad_mask};
-  const int64_t total = dcnv3_thread_count<kBackwardChunk>(p);
+  const int64_t total = dcnv3_thread_count<kDcnv3BackwardChunk>(p);
   DCNKIT_CUDA_KERNEL_LOOP(i, total) {
-    const Dcnv3Thread t = dcnv3_thread<kBackwardChunk>(p, i);
-    dcnv3_backward_channels<kBackwardChunk, Acc, T>(p, grad_output, input, offset, mask, t.n, t.ho, t.wo, t.g,
-                                                    t.run.c0, t.run.count, add_input, add_point);
+    dcnv3_backward_thread<Acc, T>(p, grad_output, input, offset, mask, grad_input, grad_offset, grad_mask, i,
+                                  AtomicAdd{});
   }
 }
 
@@ -66,7 +39,7 @@ size_t dcnv3_backward_workspace_cuda(const Dcnv3Params& p, DType dtype) {
 
 Status dcnv3_forward_cuda(const Dcnv3Params& p, DType dtype, const void* input, const void* offset, const void* mask,
                           void* output, const CudaContext& ctx) {
-  const int64_t n = dcnv3_thread_count<kForwardChunk>(p);
+  const int64_t n = dcnv3_thread_count<kDcnv3ForwardChunk>(p);
   if (n == 0) return Status::Ok();
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
@@ -96,7 +69,7 @@ Status dcnv3_backward_cuda(const Dcnv3Params& p, DType dtype, const void* grad_o
       gm = grad_acc(static_cast<T*>(grad_mask), mask_elements(p), &ws);
       DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gm, s, where));
     }
-    const int64_t n = dcnv3_thread_count<kBackwardChunk>(p);
+    const int64_t n = dcnv3_thread_count<kDcnv3BackwardChunk>(p);
     if (n > 0) {
       dcnv3_backward_kernel<T, Acc><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
           p, static_cast<const T*>(grad_output), static_cast<const T*>(input), static_cast<const T*>(offset),

@@ -47,6 +47,24 @@ __attribute__((always_inline)) inline void dots4(const T* __restrict g, const T*
   d[3] += s3;
 }
 
+// dots4 over the neighbours inside the map (ok) only: d[q] += sum_c g[c] * x_q[c]; a neighbour outside the
+// map is not read (its d[q] stays as it is).
+template <typename T>
+__attribute__((always_inline)) inline void dots_taps(const T* __restrict g, const T* const x[4], const bool ok[4],
+                                                     int64_t n, T d[4]) {
+  if (ok[0] && ok[1] && ok[2] && ok[3]) {
+    dots4<T>(g, x[0], x[1], x[2], x[3], n, d);
+    return;
+  }
+  for (int q = 0; q < 4; ++q) {
+    if (!ok[q]) continue;
+    const T* __restrict xq = x[q];
+    T s = T(0);
+    for (int64_t c = 0; c < n; ++c) s += g[c] * xq[c];
+    d[q] += s;
+  }
+}
+
 // One pass over the positions p0+b .. p0+e of a backward chunk (every k, g), each sampling point's
 // taps computed once and its four input rows read once for:
 //   col (if not null): the chunk's columns (rows b..e), as build_columns writes them;
@@ -81,17 +99,16 @@ __attribute__((always_inline)) inline void backward_pass_impl(const CpuImage<T>&
             const int64_t gc = cb / cin_g;
             const int64_t ce = std::min(cend, (gc + 1) * cin_g);
             const int64_t at = gc * KC + k * cin_g + (cb - gc * cin_g), len = ce - cb;
-            const T* x = im.x_hwc + cb;
-            const T *x0 = x + tp.idx[0] * Cin, *x1 = x + tp.idx[1] * Cin, *x2 = x + tp.idx[2] * Cin,
-                    *x3 = x + tp.idx[3] * Cin;
-            if (crow) blend4<T>(crow + at, x0, x1, x2, x3, w[0], w[1], w[2], w[3], len);
+            const T* x[4];
+            tap_rows(im.x_hwc + cb, Cin, tp, x);
+            if (crow) blend_taps<T>(crow + at, x, w, tp.ok, len);
             if (tp.inside) {
-              if (dots) dots4<T>(grow + at, x0, x1, x2, x3, len, d);
+              if (dots) dots_taps<T>(grow + at, x, tp.ok, len, d);
               if (gin) {
                 const T* __restrict src = grow + at;
                 for (int q = 0; q < 4; ++q) {
                   const T wq = w[q];
-                  if (wq == T(0)) continue;
+                  if (!tp.ok[q] || wq == T(0)) continue;
                   T* __restrict dst = gin + tp.idx[q] * Cin + cb;
                   for (int64_t c = 0; c < len; ++c) dst[c] += wq * src[c];
                 }
@@ -104,6 +121,7 @@ __attribute__((always_inline)) inline void backward_pass_impl(const CpuImage<T>&
           if (tp.inside) {
             // As taps_channel_dots: combine the four channel sums with the tap weights / derivatives.
             for (int q = 0; q < 4; ++q) {
+              if (!tp.ok[q]) continue;  // d[q] = 0: not read
               gy += tp.dwy[q] * d[q];
               gx += tp.dwx[q] * d[q];
               gm += tp.w[q] * d[q];

@@ -195,6 +195,29 @@ __attribute__((always_inline)) inline void blend4(T* __restrict dst, const T* __
   for (int64_t c = 0; c < n; ++c) dst[c] = w0 * s0[c] + w1 * s1[c] + w2 * s2[c] + w3 * s3[c];
 }
 
+// The rows of a sampling point's four neighbours in a channels-last map: x + idx_q * ld.
+template <typename T, typename TapsT>
+__attribute__((always_inline)) inline void tap_rows(const T* x, int64_t ld, const TapsT& taps, const T* rows[4]) {
+  for (int q = 0; q < 4; ++q) rows[q] = x + taps.idx[q] * ld;
+}
+
+// dst[c] = sum over the neighbours inside the map (ok) of w_q * x_q[c] for c < n: blend4 when all four are
+// inside (the common case); a neighbour outside the map is not read (bilinear.h).
+template <typename T>
+__attribute__((always_inline)) inline void blend_taps(T* __restrict dst, const T* const x[4], const T w[4],
+                                                      const bool ok[4], int64_t n) {
+  if (ok[0] && ok[1] && ok[2] && ok[3]) {
+    blend4<T>(dst, x[0], x[1], x[2], x[3], w[0], w[1], w[2], w[3], n);
+    return;
+  }
+  std::fill(dst, dst + n, T(0));
+  for (int q = 0; q < 4; ++q) {
+    if (!ok[q]) continue;
+    const T* __restrict s = x[q];
+    for (int64_t c = 0; c < n; ++c) dst[c] += w[q] * s[c];
+  }
+}
+
 // Columns of positions [p0, p0 + tn) into col (tn x Cin*K, position-major, see the file comment).
 template <typename T>
 __attribute__((always_inline)) inline void build_columns_impl(const CpuImage<T>& im, int64_t p0, int64_t tn, T* __restrict col) {
@@ -215,10 +238,9 @@ __attribute__((always_inline)) inline void build_columns_impl(const CpuImage<T>&
           for (int64_t cb = g * cpg, cend = (g + 1) * cpg; cb < cend;) {
             const int64_t gc = cb / cin_g;
             const int64_t ce = std::min(cend, (gc + 1) * cin_g);
-            const T* src = im.x_hwc + cb;
-            blend4<T>(crow + gc * K * cin_g + k * cin_g + (cb - gc * cin_g), src + s.idx[0] * Cin,
-                      src + s.idx[1] * Cin, src + s.idx[2] * Cin, src + s.idx[3] * Cin, s.w[0], s.w[1],
-                      s.w[2], s.w[3], ce - cb);
+            const T* rows[4];
+            tap_rows(im.x_hwc + cb, Cin, s, rows);
+            blend_taps<T>(crow + gc * K * cin_g + k * cin_g + (cb - gc * cin_g), rows, s.w, s.ok, ce - cb);
             cb = ce;
           }
         }

@@ -2,6 +2,9 @@
 // msda_kernels.h.
 #include <string>
 
+#include <algorithm>
+
+#include "cuda_schedule_cpu.h"
 #include "dcnkit/msda.h"
 #include "dcnkit/msda_kernels.h"
 
@@ -86,6 +89,13 @@ template <typename T>
 Status msda_forward_cpu(const MsdaParams& p, const T* value, const int64_t* spatial_shapes,
                         const int64_t* level_start_index, const T* sampling_locations, const T* attention_weights,
                         T* output, const CpuContext& ctx) {
+  if (cuda_schedule_on_cpu()) {  // msda_forward_cuda's grid, serially; no host check of the tables
+    for (int64_t i = 0; i < msda_thread_count<kMsdaForwardChunk>(p); ++i) {
+      msda_forward_thread<T, T>(p, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+                                output, i);
+    }
+    return Status::Ok();
+  }
   DCNKIT_RETURN_IF_ERROR(check_msda_levels("multi_scale_deformable_attn", p, spatial_shapes, level_start_index));
   // The CUDA kernels' launch grid (msda_thread), with runs of kCpuChannelChunk channels.
   parallel_for(ctx, msda_thread_count<kCpuChannelChunk>(p), [&](int64_t b, int64_t e) {
@@ -103,6 +113,19 @@ Status msda_backward_cpu(const MsdaParams& p, const T* grad_output, const T* val
                          const int64_t* level_start_index, const T* sampling_locations, const T* attention_weights,
                          T* grad_value, T* grad_sampling_locations, T* grad_attention_weights,
                          const CpuContext& ctx) {
+  if (cuda_schedule_on_cpu()) {  // msda_backward_cuda's zeroing and grid, serially; no host check of the tables
+    const int64_t nv = p.batch * p.num_values * p.heads * p.channels;
+    const int64_t nw = p.batch * p.num_queries * p.heads * p.num_levels * p.num_points;
+    std::fill(grad_value, grad_value + nv, T(0));
+    std::fill(grad_sampling_locations, grad_sampling_locations + 2 * nw, T(0));
+    std::fill(grad_attention_weights, grad_attention_weights + nw, T(0));
+    for (int64_t i = 0; i < msda_thread_count<kMsdaBackwardChunk>(p); ++i) {
+      msda_backward_thread<T, T>(p, grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+                                 attention_weights, grad_value, grad_sampling_locations, grad_attention_weights, i,
+                                 PlainAdd{});
+    }
+    return Status::Ok();
+  }
   DCNKIT_RETURN_IF_ERROR(
       check_msda_levels("_multi_scale_deformable_attn_backward", p, spatial_shapes, level_start_index));
   const int64_t N = p.batch, M = p.heads, Lq = p.num_queries, D = p.channels;

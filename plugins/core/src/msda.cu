@@ -1,7 +1,7 @@
 // MultiScaleDeformableAttention CUDA launchers: grid-stride kernels with one thread per (n, q, m, run of
-// kForwardChunk / kBackwardChunk channels) over the per-thread functions of msda_kernels.h, which compute each
-// sample's taps once per run. The level tables (spatial_shapes, level_start_index) are read on the device:
-// a level whose entries are out of range samples as zeros. float32, float64, float16, bfloat16; the
+// kMsdaForwardChunk / kMsdaBackwardChunk channels) over the per-thread functions of msda_kernels.h, which compute
+// each sample's taps once per run. The level tables (spatial_shapes, level_start_index) are read on the device: a
+// bad table (msda_levels_valid) gives zeros. float32, float64, float16, bfloat16; the
 // accumulation type follows the data. Backward scatters with atomicAdd (16-bit gradients into float32
 // workspace buffers, rounded once at the end). No synchronisation, no allocation.
 #include "dcnkit/cuda_utils.cuh"
@@ -10,55 +10,26 @@
 namespace dcnkit {
 namespace {
 
-// Channels per thread: the taps of a sample are shared by this many channels, and neighbouring threads read
-// neighbouring runs of the same value rows. Not measured on a GPU yet; ptxas -v (sm_75, sm_80, sm_90, by type):
-// forward 64-96 registers, backward 107-128 (128 everywhere with 8 channels), no local memory. Capping them with
-// __launch_bounds__(256, 4) spills 100-450 bytes in the backward: not done.
-constexpr int kForwardChunk = 8;
-constexpr int kBackwardChunk = 4;
-
 template <typename T, typename Acc>
 __global__ void msda_forward_kernel(MsdaParams p, const T* value, const int64_t* spatial_shapes,
                                     const int64_t* level_start_index, const T* sampling_locations,
                                     const T* attention_weights, T* output) {
-  const int64_t total = msda_thread_count<kForwardChunk>(p);
+  const int64_t total = msda_thread_count<kMsdaForwardChunk>(p);
   DCNKIT_CUDA_KERNEL_LOOP(i, total) {
-    const MsdaThread t = msda_thread<kForwardChunk>(p, i);
-    msda_forward_channels<kForwardChunk, Acc, T>(p, value, spatial_shapes, level_start_index, sampling_locations,
-                                                 attention_weights, t.n, t.q, t.m, t.run.c0, t.run.count, output);
+    msda_forward_thread<Acc, T>(p, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+                                output, i);
   }
 }
-
-template <typename Acc>
-struct ValueAtomicAdd {
-  Acc* base;
-  __device__ __forceinline__ void operator()(int64_t at, Acc v) const { atomicAdd(base + at, v); }
-};
-
-template <typename Acc>
-struct PointAtomicAdd {
-  Acc* grad_locations;
-  Acc* grad_weights;
-  __device__ __forceinline__ void operator()(int64_t i, Acc ga, Acc gx, Acc gy) const {
-    atomicAdd(grad_weights + i, ga);
-    atomicAdd(grad_locations + 2 * i, gx);
-    atomicAdd(grad_locations + 2 * i + 1, gy);
-  }
-};
 
 template <typename T, typename Acc>
 __global__ void msda_backward_kernel(MsdaParams p, const T* grad_output, const T* value,
                                      const int64_t* spatial_shapes, const int64_t* level_start_index,
                                      const T* sampling_locations, const T* attention_weights, Acc* grad_value,
                                      Acc* grad_locations, Acc* grad_weights) {
-  ValueAtomicAdd<Acc> add_value{grad_value};
-  PointAtomicAdd<Acc> add_point{grad_locations, grad_weights};
-  const int64_t total = msda_thread_count<kBackwardChunk>(p);
+  const int64_t total = msda_thread_count<kMsdaBackwardChunk>(p);
   DCNKIT_CUDA_KERNEL_LOOP(i, total) {
-    const MsdaThread t = msda_thread<kBackwardChunk>(p, i);
-    msda_backward_channels<kBackwardChunk, Acc, T>(p, grad_output, value, spatial_shapes, level_start_index,
-                                                   sampling_locations, attention_weights, t.n, t.q, t.m, t.run.c0,
-                                                   t.run.count, add_value, add_point);
+    msda_backward_thread<Acc, T>(p, grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+                                 attention_weights, grad_value, grad_locations, grad_weights, i, AtomicAdd{});
   }
 }
 
@@ -78,7 +49,7 @@ size_t msda_backward_workspace_cuda(const MsdaParams& p, DType dtype) {
 Status msda_forward_cuda(const MsdaParams& p, DType dtype, const void* value, const int64_t* spatial_shapes,
                          const int64_t* level_start_index, const void* sampling_locations,
                          const void* attention_weights, void* output, const CudaContext& ctx) {
-  const int64_t n = msda_thread_count<kForwardChunk>(p);
+  const int64_t n = msda_thread_count<kMsdaForwardChunk>(p);
   if (n == 0) return Status::Ok();
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
@@ -107,7 +78,7 @@ Status msda_backward_cuda(const MsdaParams& p, DType dtype, const void* grad_out
     DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gv, s, where));
     DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gl, s, where));
     DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gw, s, where));
-    const int64_t n = msda_thread_count<kBackwardChunk>(p);
+    const int64_t n = msda_thread_count<kMsdaBackwardChunk>(p);
     if (n > 0) {
       msda_backward_kernel<T, Acc><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
           p, static_cast<const T*>(grad_output), static_cast<const T*>(value), spatial_shapes, level_start_index,

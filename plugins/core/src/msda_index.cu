@@ -1,17 +1,16 @@
 // MultiScaleDeformableAttention's level tables from int32 to int64 (see msda.h): one grid-stride kernel over
-// the 3L entries of both tables, writing them one after the other into the caller's workspace.
+// the 3L entries of both tables (widened_level_entry, msda_kernels.h), writing them one after the other into the
+// caller's workspace.
 #include "dcnkit/cuda_utils.cuh"
 #include "dcnkit/msda.h"
+#include "dcnkit/msda_kernels.h"
 
 namespace dcnkit {
 namespace {
 
 __global__ void widen_levels_kernel(int64_t num_levels, const int32_t* spatial_shapes,
                                     const int32_t* level_start_index, int64_t* out) {
-  DCNKIT_CUDA_KERNEL_LOOP(i, 3 * num_levels) {
-    out[i] = i < 2 * num_levels ? static_cast<int64_t>(spatial_shapes[i])
-                                : static_cast<int64_t>(level_start_index[i - 2 * num_levels]);
-  }
+  DCNKIT_CUDA_KERNEL_LOOP(i, 3 * num_levels) { out[i] = widened_level_entry(i, num_levels, spatial_shapes, level_start_index); }
 }
 
 }  // namespace

@@ -61,7 +61,7 @@ std::string build_json() {
       s += "{\"name\": " + quoted(at.name) + ", \"kind\": " + quoted(kind_name(at.kind)) +
            ", \"default\": " + quoted(at.default_value) + ", \"doc\": " + quoted(at.doc) + "}";
     }
-    s += "]}";
+    s += std::string("], \"gemm\": ") + (d.gemm ? "true" : "false") + "}";
   }
   return s + "]}";
 }

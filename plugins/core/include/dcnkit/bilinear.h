@@ -2,9 +2,11 @@
 //
 // Each rule turns a sampling point into `Taps`: the four neighbours' linear indices into an H x W map,
 // their interpolation weights, and the weights' derivatives with respect to the point's coordinates
-// (the bilinear form on the cell that contains the point). A neighbour that does not contribute has
-// weight 0, derivative 0 and index 0, so a caller may read all four taps unconditionally: every index
-// is inside [0, H*W) whatever the coordinates, NaN and infinities included (they sample as outside).
+// (the bilinear form on the cell that contains the point). A neighbour outside the map has ok = false,
+// weight 0, derivative 0 and index 0, and is NEVER read (docs/operators.md: it contributes nothing, so an
+// Inf or NaN elsewhere in the map cannot leak into a border sample): every reader tests `ok` (taps_value,
+// taps_coord_grad and the kernels' own loops). A neighbour inside the map is read even when its weight is
+// 0, as torchvision and grid_sample do. NaN and infinite coordinates sample as outside.
 #pragma once
 
 #include <cmath>
@@ -19,6 +21,7 @@ struct Taps {
   Acc w[4];        // interpolation weights
   Acc dwy[4];      // d w / d y
   Acc dwx[4];      // d w / d x
+  bool ok[4];      // neighbour i is inside the map (read it); false: never read, contributes nothing
   bool inside;     // false: the point samples as 0 and has no neighbours
 };
 
@@ -29,6 +32,7 @@ DCNKIT_HD void taps_clear(Taps<Acc>& t) {
     t.w[i] = Acc(0);
     t.dwy[i] = Acc(0);
     t.dwx[i] = Acc(0);
+    t.ok[i] = false;
   }
   t.inside = false;
 }
@@ -49,13 +53,14 @@ DCNKIT_HD void taps_fill(Taps<Acc>& t, int64_t W, int64_t y0, int64_t x0, int64_
     t.w[i] = ok[i] ? w[i] : Acc(0);
     t.dwy[i] = ok[i] ? dy[i] : Acc(0);
     t.dwx[i] = ok[i] ? dx[i] : Acc(0);
+    t.ok[i] = ok[i];
   }
   t.inside = true;
 }
 
 // Corner sampling S_dcn (deformable convolution, DCNv2 rule): 0 when py <= -1, py >= H, px <= -1 or
 // px >= W; otherwise the four integer neighbours of (floor(py), floor(px)), each outside the map
-// contributing 0.
+// contributing 0 without being read (ok = false).
 template <typename Acc>
 DCNKIT_HD Taps<Acc> dcn_taps(Acc py, Acc px, int64_t H, int64_t W) {
   Taps<Acc> t;
@@ -140,7 +145,9 @@ DCNKIT_HD T from_acc(Acc v) {
 template <typename Acc, typename T>
 DCNKIT_HD Acc taps_value(const T* img, const Taps<Acc>& t) {
   Acc v = Acc(0);
-  for (int i = 0; i < 4; ++i) v += t.w[i] * to_acc<Acc>(img[t.idx[i]]);
+  for (int i = 0; i < 4; ++i) {
+    if (t.ok[i]) v += t.w[i] * to_acc<Acc>(img[t.idx[i]]);
+  }
   return v;
 }
 
@@ -150,6 +157,7 @@ DCNKIT_HD void taps_coord_grad(const T* img, const Taps<Acc>& t, Acc& gy, Acc& g
   gy = Acc(0);
   gx = Acc(0);
   for (int i = 0; i < 4; ++i) {
+    if (!t.ok[i]) continue;
     const Acc v = to_acc<Acc>(img[t.idx[i]]);
     gy += t.dwy[i] * v;
     gx += t.dwx[i] * v;

@@ -10,6 +10,7 @@
 #include "dcnkit/bilinear.h"
 #include "dcnkit/common.h"
 #include "dcnkit/context.h"
+#include "dcnkit/grad_adders.h"
 
 namespace dcnkit {
 
@@ -121,7 +122,7 @@ Status grad_acc_zero(const GradAcc<T>& g, cudaStream_t stream, const char* where
 
 template <typename T, typename Acc>
 __global__ void store_acc_kernel(const Acc* __restrict__ acc, int64_t n, T* __restrict__ out) {
-  DCNKIT_CUDA_KERNEL_LOOP(i, n) { out[i] = from_acc<T>(acc[i]); }
+  DCNKIT_CUDA_KERNEL_LOOP(i, n) { store_acc<T, Acc>(acc, i, out); }
 }
 
 // Rounds the float32 accumulation into the 16-bit gradient (nothing to do for float and double).

@@ -4,7 +4,8 @@
 // channels-last, so the run is contiguous at each tap).
 //
 // Sampling is S_zero: bilinear with zeros outside and pixel centres at integers, the corner rule of bilinear.h
-// (dcn_taps); NaN and infinite locations sample as 0.
+// (dcn_taps): a neighbour outside the map is never read, one inside is read even with weight 0 (as
+// InternImage's kernels and grid_sample); NaN and infinite locations sample as 0.
 #pragma once
 
 #include <cmath>
@@ -12,8 +13,13 @@
 #include "dcnkit/bilinear.h"
 #include "dcnkit/channel_runs.h"
 #include "dcnkit/dcnv3.h"
+#include "dcnkit/grad_adders.h"
 
 namespace dcnkit {
+
+// Channels per CUDA thread (dcnv3.cu), also run by the CPU over the same grid (DCNKIT_DCN_CPU_PATH=cuda-schedule).
+constexpr int kDcnv3ForwardChunk = 8;
+constexpr int kDcnv3BackwardChunk = 4;
 
 // Kernel point k (0 <= k < K) as (i_h, i_w): w-major, the centre skipped when remove_center.
 DCNKIT_HD void dcnv3_point_index(const Dcnv3Params& p, int64_t k, int64_t* i_h, int64_t* i_w) {
@@ -128,8 +134,8 @@ DCNKIT_HD void dcnv3_forward_channels(const Dcnv3Params& p, const T* input, cons
     if (!t.inside) continue;
     const Acc m = weight(k);
     for (int q = 0; q < 4; ++q) {
+      if (!t.ok[q]) continue;  // outside the map: never read
       const Acc w = m * t.w[q];
-      if (t.w[q] == Acc(0)) continue;  // also every tap outside the map
       const T* v = img + t.idx[q] * C;
       for (int c = 0; c < count; ++c) acc[c] += w * to_acc<Acc>(v[c]);
     }
@@ -161,14 +167,14 @@ DCNKIT_HD void dcnv3_backward_channels(const Dcnv3Params& p, const T* grad_outpu
     const Acc m = weight(k);
     Acc gm = Acc(0), gy = Acc(0), gx = Acc(0);
     for (int q = 0; q < 4; ++q) {
-      if (t.w[q] == Acc(0) && t.dwy[q] == Acc(0) && t.dwx[q] == Acc(0)) continue;
+      if (!t.ok[q]) continue;  // outside the map: never read, no gradient
       const int64_t at = img0 + t.idx[q] * C;
       Acc dot = Acc(0);  // grad_output . input at this tap
       for (int c = 0; c < count; ++c) dot += go[c] * to_acc<Acc>(input[at + c]);
       gm += t.w[q] * dot;
       gy += t.dwy[q] * dot;
       gx += t.dwx[q] * dot;
-      if (t.w[q] == Acc(0)) continue;  // also every tap outside the map
+      if (t.w[q] == Acc(0)) continue;  // adds nothing
       const Acc w = m * t.w[q];
       for (int c = 0; c < count; ++c) add_input(at + c, w * go[c]);
     }
@@ -180,6 +186,42 @@ DCNKIT_HD void dcnv3_backward_channels(const Dcnv3Params& p, const T* grad_outpu
     for (int64_t k = 0; k < p.points; ++k) add_point(s.off0 + 2 * k, s.mask0 + k, -weight(k) * weighted_sum, Acc(0),
                                                      Acc(0));
   }
+}
+
+// The work of one CUDA thread i of the forward kernel (kDcnv3ForwardChunk channels).
+template <typename Acc, typename T>
+DCNKIT_HD void dcnv3_forward_thread(const Dcnv3Params& p, const T* input, const T* offset, const T* mask, T* output,
+                                    int64_t i) {
+  const Dcnv3Thread t = dcnv3_thread<kDcnv3ForwardChunk>(p, i);
+  dcnv3_forward_channels<kDcnv3ForwardChunk, Acc, T>(p, input, offset, mask, t.n, t.ho, t.wo, t.g, t.run.c0,
+                                                     t.run.count, output);
+}
+
+// add_point of dcnv3_backward_channels through `Add` (AtomicAdd on CUDA, PlainAdd on the CPU); a zero share is not
+// added (it changes nothing, and saves an atomic).
+template <typename Acc, typename Add>
+struct Dcnv3PointAdd {
+  Acc* grad_offset;
+  Acc* grad_mask;
+  Add add;
+  DCNKIT_HD void operator()(int64_t o, int64_t mi, Acc gw, Acc gx, Acc gy) const {
+    if (gw != Acc(0)) add(grad_mask + mi, gw);
+    if (gx != Acc(0)) add(grad_offset + o, gx);
+    if (gy != Acc(0)) add(grad_offset + o + 1, gy);
+  }
+};
+
+// The work of one CUDA thread i of the backward kernel (kDcnv3BackwardChunk channels), scattering through `Add`
+// into the zeroed accumulation-type gradients (DCNv4: grad_mask is grad_offset, the fused offset_mask gradient).
+template <typename Acc, typename T, typename Add>
+DCNKIT_HD void dcnv3_backward_thread(const Dcnv3Params& p, const T* grad_output, const T* input, const T* offset,
+                                     const T* mask, Acc* grad_input, Acc* grad_offset, Acc* grad_mask, int64_t i,
+                                     Add add) {
+  IndexAdd<Acc, Add> add_input{grad_input, add};
+  Dcnv3PointAdd<Acc, Add> add_point{grad_offset, grad_mask, add};
+  const Dcnv3Thread t = dcnv3_thread<kDcnv3BackwardChunk>(p, i);
+  dcnv3_backward_channels<kDcnv3BackwardChunk, Acc, T>(p, grad_output, input, offset, mask, t.n, t.ho, t.wo, t.g,
+                                                       t.run.c0, t.run.count, add_input, add_point);
 }
 
 }  // namespace dcnkit

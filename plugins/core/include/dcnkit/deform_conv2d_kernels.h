@@ -21,6 +21,7 @@ template <typename Acc>
 struct SampleTaps {
   int64_t idx[4];
   Acc w[4];
+  bool ok[4];  // as Taps::ok: a neighbour outside the map is never read
 };
 
 // Sampling point (py, px) and mask m of (deformable group g, kernel point k = i*kw + j, output position
@@ -53,6 +54,7 @@ DCNKIT_HD SampleTaps<Acc> masked_taps(Acc py, Acc px, Acc m, int64_t H, int64_t 
   SampleTaps<Acc> s;
   for (int q = 0; q < 4; ++q) {
     s.idx[q] = t.idx[q];
+    s.ok[q] = t.ok[q];
     // A point outside the map contributes 0 whatever its mask.
     s.w[q] = t.inside ? t.w[q] * m : Acc(0);
   }
@@ -70,13 +72,15 @@ DCNKIT_HD SampleTaps<Acc> deform_conv2d_sample_taps(const DeformConv2dParams& p,
 }
 
 // m * S_dcn(img, py, px) from precomputed taps. Pixel idx of the channel is img[idx * pixel_stride]
-// (1 for NCHW maps; Cin for a channels-last copy, where img points at the channel).
+// (1 for NCHW maps; Cin for a channels-last copy, where img points at the channel). Neighbours outside
+// the map are not read.
 template <typename Acc, typename T>
 DCNKIT_HD Acc sample_value(const T* img, const SampleTaps<Acc>& s, int64_t pixel_stride = 1) {
-  return s.w[0] * to_acc<Acc>(img[s.idx[0] * pixel_stride]) +
-         s.w[1] * to_acc<Acc>(img[s.idx[1] * pixel_stride]) +
-         s.w[2] * to_acc<Acc>(img[s.idx[2] * pixel_stride]) +
-         s.w[3] * to_acc<Acc>(img[s.idx[3] * pixel_stride]);
+  Acc v = Acc(0);
+  for (int q = 0; q < 4; ++q) {
+    if (s.ok[q]) v += s.w[q] * to_acc<Acc>(img[s.idx[q] * pixel_stride]);
+  }
+  return v;
 }
 
 // One column element: row r = c*K + k, position pos (the sampled value times the mask).
@@ -91,12 +95,12 @@ DCNKIT_HD Acc deform_conv2d_column(const DeformConv2dParams& p, const T* input_n
 // Input-gradient scatter of one column-gradient value v at precomputed taps: grad_img[idx] += w * v.
 // `add(G* dst, Acc value)` is a plain += on the CPU and atomicAdd on CUDA; G is the type of the gradient
 // buffer the scatter adds into (the storage type, or float32 for 16-bit types on CUDA). Taps of weight 0 are
-// skipped (their index is 0 and they contribute nothing).
+// skipped (they add nothing; every neighbour outside the map has weight 0).
 template <typename Acc, typename G, typename Add>
 DCNKIT_HD void sample_scatter(G* grad_img, const SampleTaps<Acc>& s, Acc v, Add add,
                               int64_t pixel_stride = 1) {
   for (int q = 0; q < 4; ++q) {
-    if (s.w[q] != Acc(0)) add(grad_img + s.idx[q] * pixel_stride, s.w[q] * v);
+    if (s.ok[q] && s.w[q] != Acc(0)) add(grad_img + s.idx[q] * pixel_stride, s.w[q] * v);
   }
 }
 
@@ -113,6 +117,7 @@ DCNKIT_HD void deform_conv2d_scatter_input(const DeformConv2dParams& p, const T*
 
 // Partial sums over the channels c in [0, nc) of gcol(c) * (dS/dy, dS/dx, S) at the (unmasked) taps t,
 // with the value of channel c at pixel idx = x[c * x_cs + idx * x_ps] and gcol(c) = gcol[c * g_cs].
+// Neighbours outside the map are not read.
 template <typename Acc, typename T>
 DCNKIT_HD void taps_channel_dots(const Taps<Acc>& t, const T* x, int64_t x_cs, int64_t x_ps,
                                  const T* gcol, int64_t g_cs, int64_t nc, Acc* sy, Acc* sx, Acc* sv) {
@@ -120,10 +125,13 @@ DCNKIT_HD void taps_channel_dots(const Taps<Acc>& t, const T* x, int64_t x_cs, i
   for (int64_t c = 0; c < nc; ++c) {
     const Acc gc = to_acc<Acc>(gcol[c * g_cs]);
     const T* xc = x + c * x_cs;
-    for (int q = 0; q < 4; ++q) d[q] += gc * to_acc<Acc>(xc[t.idx[q] * x_ps]);
+    for (int q = 0; q < 4; ++q) {
+      if (t.ok[q]) d[q] += gc * to_acc<Acc>(xc[t.idx[q] * x_ps]);
+    }
   }
   Acc gy = Acc(0), gx = Acc(0), gv = Acc(0);
   for (int q = 0; q < 4; ++q) {
+    if (!t.ok[q]) continue;
     gy += t.dwy[q] * d[q];
     gx += t.dwx[q] * d[q];
     gv += t.w[q] * d[q];

@@ -39,8 +39,8 @@ Status make_msda_params(const char* op, const Shape& value, const Shape& spatial
 
 // Host check of the level tables (where they are on the host: the CPU launchers call it): every H_l, W_l
 // >= 0, level_start_index[l] >= 0 and level_start_index[l] + H_l*W_l <= S, and sum of H_l*W_l == S.
-// The CUDA kernels never copy the tables to the host: a level whose entries break these rules samples
-// as zeros there (msda_level in msda_kernels.h), never an out-of-bounds read.
+// The CUDA kernels never copy the tables to the host: a table that breaks these rules gives zeros there
+// (msda_levels_valid in msda_kernels.h), never an out-of-bounds read.
 Status check_msda_levels(const char* op, const MsdaParams& p, const int64_t* spatial_shapes,
                          const int64_t* level_start_index);
 
@@ -75,7 +75,7 @@ Status msda_backward_cuda(const MsdaParams& p, DType dtype, const void* grad_out
 // the kernels read int64 tables, so a front end widens them into its workspace first (msda_index.cu). The workspace
 // holds spatial_shapes (2L int64) then level_start_index (L int64): msda_int32_levels_workspace_cuda(p) bytes,
 // growing with p.num_levels only. The widening is one kernel on ctx's stream (values copied as they are: an entry
-// out of range still samples as zeros); no synchronisation. On success *spatial_shapes64 and *level_start_index64
+// out of range still gives zeros); no synchronisation. On success *spatial_shapes64 and *level_start_index64
 // point into `workspace` (8-byte aligned).
 size_t msda_int32_levels_workspace_cuda(const MsdaParams& p);
 Status msda_levels_to_int64_cuda(const MsdaParams& p, const int32_t* spatial_shapes, const int32_t* level_start_index,

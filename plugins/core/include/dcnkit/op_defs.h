@@ -36,6 +36,8 @@ struct OpDef {
   size_t num_outputs;
   const AttrDef* attrs;
   size_t num_attrs;
+  bool gemm = false;  // its launchers run a GEMM (GemmFn; cuBLAS on CUDA): only such ops get a cuBLAS handle in
+                      // the ONNX Runtime CUDA kernels and the TensorRT plugins
 };
 
 constexpr const char* kOnnxDomain = "dcnkit";
@@ -170,7 +172,7 @@ constexpr AttrDef kDcnv4Attrs[] = {DCNKIT_DCNV3_ATTRS,
 constexpr OpDef kOpDefs[] = {
     {"deform_conv2d", "DeformConv2d", kDeformConv2dInputs, DCNKIT_N(kDeformConv2dInputs),
      kDeformConv2dOutputs, DCNKIT_N(kDeformConv2dOutputs), kDeformConv2dAttrs,
-     DCNKIT_N(kDeformConv2dAttrs)},
+     DCNKIT_N(kDeformConv2dAttrs), /*gemm=*/true},
     {"roi_align", "RoIAlign", kRoIAlignInputs, DCNKIT_N(kRoIAlignInputs), kRoIAlignOutputs,
      DCNKIT_N(kRoIAlignOutputs), kRoIAlignAttrs, DCNKIT_N(kRoIAlignAttrs)},
     {"deform_roi_pool", "DeformRoIPool", kDeformRoIPoolInputs, DCNKIT_N(kDeformRoIPoolInputs),
@@ -198,6 +200,7 @@ const OpDef* find_op_def(const char* name);
 }  // namespace dcnkit
 
 // JSON of all OpDefs: {"domain": "dcnkit", "opset": 1, "ops": [{"name", "onnx_type", "inputs": [{"name",
-// "optional", "doc", "variadic", "int64"}], "outputs": [...], "attrs": [{"name", "kind", "default", "doc"}]}]}
+// "optional", "doc", "variadic", "int64"}], "outputs": [...], "attrs": [{"name", "kind", "default", "doc"}],
+// "gemm"}]}
 // (kind: int | ints | float | floats | string). Exported by every dcnkit library.
 extern "C" const char* dcnkit_op_defs_json();
