@@ -66,13 +66,9 @@ GATED = {
                                            note="registers and loops only"),
 }
 
-# Kernels known to break a gate today, with the reason (issue 25 items 5 and the local-memory arrays).
-PENDING = {
-    "dcnv3_forward_kernel": "local-memory acc[] (issue 25: constant-length channel loops)",
-    "dcnv3_backward_kernel": "local-memory arrays (issue 25: constant-length channel loops)",
-    "multi_level_roi_align_forward_kernel": "local-memory level arrays (issue 25)",
-    "multi_level_roi_align_backward_kernel": "local-memory level arrays (issue 25)",
-}
+# Kernels known to break a gate, with the reason (none today: DCNv3/DCNv4's and MultiLevelRoIAlign's local-memory
+# arrays became registers, constant-length loops).
+PENDING: dict[str, str] = {}
 
 _DTYPES = {"f": "float", "d": "double", "6__half": "half", "13__nv_bfloat16": "bfloat16"}
 

@@ -31,12 +31,13 @@ __global__ void multi_level_roi_align_forward_kernel(MultiLevelRoIAlignParams p,
     }
     Acc box[5];
     const int64_t l = multi_level_roi_box<Acc>(p.attrs, roi, box);
-    const int64_t H = p.heights[l], W = p.widths[l];
+    const int64_t H = level_pick(p.heights, l), W = level_pick(p.widths, l);
     const RoIAlignBox<Acc> rb = multi_level_roi_align_box<Acc>(p, box, l);
     Acc y0, x0;
     roi_bin_origin<Acc, T>(rb, e.ph, e.pw, nullptr, nullptr, Acc(0), &y0, &x0);
     output[i] = from_acc<T>(
-        roi_align_bin_forward<Acc>(features.ptr[l] + (b * C + e.c) * H * W, H, W, rb, y0, x0, max_mode));
+        roi_align_bin_forward<Acc>(level_pick(features.ptr, l) + (b * C + e.c) * H * W, H, W, rb, y0, x0,
+                                   max_mode));
   }
 }
 
@@ -56,12 +57,12 @@ __global__ void multi_level_roi_align_backward_kernel(MultiLevelRoIAlignParams p
     if (g == Acc(0)) continue;
     Acc box[5];
     const int64_t l = multi_level_roi_box<Acc>(p.attrs, roi, box);
-    const int64_t H = p.heights[l], W = p.widths[l];
+    const int64_t H = level_pick(p.heights, l), W = level_pick(p.widths, l);
     const RoIAlignBox<Acc> rb = multi_level_roi_align_box<Acc>(p, box, l);
     Acc y0, x0;
     roi_bin_origin<Acc, T>(rb, e.ph, e.pw, nullptr, nullptr, Acc(0), &y0, &x0);
-    const T* img = max_mode ? features.ptr[l] + (b * C + e.c) * H * W : nullptr;
-    RoIAtomicAdd<Acc> add{grad_features.ptr[l] + (b * C + e.c) * H * W};
+    const T* img = max_mode ? level_pick(features.ptr, l) + (b * C + e.c) * H * W : nullptr;
+    RoIAtomicAdd<Acc> add{level_pick(grad_features.ptr, l) + (b * C + e.c) * H * W};
     roi_align_bin_backward<Acc, T>(img, H, W, rb, y0, x0, max_mode, g, add);
   }
 }

@@ -10,6 +10,17 @@
 
 namespace dcnkit {
 
+// a[l] for a level l known at run time, by a loop of constant length: on CUDA an array in the kernel's parameters
+// then stays there (indexing it at run time would copy it to local memory, a stack frame).
+template <typename V, int N>
+DCNKIT_HD V level_pick(const V (&a)[N], int64_t l) {
+  V v = a[0];
+  for (int i = 1; i < N; ++i) {
+    if (i == l) v = a[i];
+  }
+  return v;
+}
+
 // clamp(floor(log2(sqrt((x2 - x1) * (y2 - y1)) / finest_scale + 1e-6)), 0, L - 1); a NaN value (a box of
 // negative area, non-finite coordinates) gives level 0, +infinity level L - 1.
 template <typename Acc>
@@ -47,7 +58,7 @@ template <typename Acc>
 DCNKIT_HD RoIAlignBox<Acc> multi_level_roi_align_box(const MultiLevelRoIAlignParams& p, const Acc box[5],
                                                      int64_t level) {
   const MultiLevelRoIAlignAttrs& a = p.attrs;
-  return roi_align_box<Acc>(box, static_cast<Acc>(p.spatial_scales[level]), a.aligned, a.pooled_h, a.pooled_w,
+  return roi_align_box<Acc>(box, static_cast<Acc>(level_pick(p.spatial_scales, level)), a.aligned, a.pooled_h, a.pooled_w,
                             a.sampling_ratio);
 }
 
