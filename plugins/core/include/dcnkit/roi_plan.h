@@ -3,9 +3,9 @@
 // then its sampling plan (roi_plan_fill: every sample of every bin as int32 taps and weights, in shared memory),
 // then loops over (channel, bin) pairs, bin fastest, applying the plan with the bin functions of roi_kernels.h
 // (roi_plan_forward_items / roi_plan_backward_items): the samples the CPU drivers visit, in the same order, so the
-// same sums. Grids too large for a plan (more than kRoIPlanSamples samples per
-// bin or kRoIPlanEntries per RoI, an adaptive grid of a huge box, maps of 2^31 pixels or more) go through the
-// bounded visit instead (roi_visit_*_items), per (channel, bin), in a block of the same shape.
+// same sums. Grids too large for a plan (more than kRoIPlanSamples samples per bin or roi_plan_capacity() per RoI,
+// an adaptive grid of a huge box, maps of 2^31 pixels or more) go through the bounded visit instead
+// (roi_visit_*_items), per (channel, bin), in a block of the same shape.
 // Every function here is DCNKIT_HD: `tid` / `step` are the thread's index in its block and the block size.
 #pragma once
 
@@ -22,7 +22,7 @@ constexpr int64_t kRoIPlanSamples = 16;     // most samples per bin of a planned
 constexpr int64_t kRoIPlanBytes = 32768;    // most shared memory of a plan's entries
 constexpr int64_t kRoIPlanChannels = 32;    // channels per block
 
-// One sample of the plan: its four taps (idx[0] < 0: a run of samples outside the map) and weights.
+// One sample of the plan: its four taps (idx[0] < 0: a sample outside the map) and weights.
 template <typename Acc>
 struct RoIPlanEntry {
   int32_t idx[4];
