@@ -1,7 +1,7 @@
 // RoIAlign: params, checks and CPU launchers. The math is in roi_kernels.h.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <algorithm>
 #include <cstring>
 
 #include "dcnkit/roi_align.h"
