@@ -1,9 +1,10 @@
-"""RoIAlign's CUDA block schedule checked on the CPU: DCNKIT_ROI_CPU_PATH=cuda-schedule runs the launchers'
+"""RoIAlign's and MultiLevelRoIAlign's CUDA block schedule checked on the CPU: DCNKIT_ROI_CPU_PATH=cuda-schedule runs the launchers'
 decomposition (plugins/core/include/dcnkit/roi_plan.h: one block per (RoI, group of 32 channels), the RoI's
 sampling plan computed once per block, then 256 threads over (channel, bin) pairs; the bounded visit for grids
 too large to plan) serially, and its forward and backward must give the CPU driver's results: the plan path
 (explicit grids, small adaptive grids), the visit path (ratio 5, a huge adaptive box), both in one call, avg
-and max, two channel groups (40 channels), boxes partly and wholly outside the map."""
+and max, two channel groups (40 channels), boxes partly and wholly outside the map; MultiLevelRoIAlign with RoIs
+on three levels (each block plans on its RoI's level)."""
 from __future__ import annotations
 
 import os
@@ -13,7 +14,7 @@ import sys
 import torch
 
 import dcnkit  # noqa: F401
-from dcnkit.ops import roi_align
+from dcnkit.ops import multi_level_roi_align, roi_align
 
 # (pooled, sampling_ratio, aligned, mode)
 CASES = [((7, 7), 2, True, "avg"), ((7, 7), 2, False, "max"), ((3, 2), 4, True, "avg"), ((2, 3), 1, False, "max"),
@@ -23,16 +24,36 @@ CASES = [((7, 7), 2, True, "avg"), ((7, 7), 2, False, "max"), ((3, 2), 4, True, 
 _CHILD = """
 import sys, torch
 import dcnkit
-from dcnkit.ops import roi_align
+from dcnkit.ops import multi_level_roi_align, roi_align
 inp = torch.load(sys.argv[1])
 out = []
 for a in inp:
+    if "levels" in a:
+        fs = [f.clone().requires_grad_() for f in a["levels"]]
+        y = multi_level_roi_align(fs, a["rois"], a["pooled"], [2.0, 4.0, 8.0], a["ratio"], 8, 1.0, a["aligned"],
+                                  a["mode"])
+        y.backward(a["gy"])
+        out.append({"y": y.detach(), "gx": [f.grad for f in fs]})
+        continue
     x = a["x"].clone().requires_grad_()
     y = roi_align(x, a["rois"], a["pooled"], 0.5, a["ratio"], a["aligned"], a["mode"])
     y.backward(a["gy"])
     out.append({"y": y.detach(), "gx": x.grad})
 torch.save(out, sys.argv[2])
 """
+
+
+def _run_here(a):
+    if "levels" in a:
+        fs = [f.clone().requires_grad_() for f in a["levels"]]
+        y = multi_level_roi_align(fs, a["rois"], a["pooled"], [2.0, 4.0, 8.0], a["ratio"], 8, 1.0, a["aligned"],
+                                  a["mode"])
+        y.backward(a["gy"])
+        return y.detach(), [f.grad for f in fs]
+    x = a["x"].clone().requires_grad_()
+    y = roi_align(x, a["rois"], a["pooled"], 0.5, a["ratio"], a["aligned"], a["mode"])
+    y.backward(a["gy"])
+    return y.detach(), x.grad
 
 
 def _inputs():
@@ -50,6 +71,15 @@ def _inputs():
         y = roi_align(x, rois, pooled, 0.5, ratio, aligned, mode)
         cases.append({"x": x, "rois": rois, "pooled": pooled, "ratio": ratio, "aligned": aligned, "mode": mode,
                       "gy": torch.randn(y.shape, generator=g, dtype=torch.float64)})
+    # MultiLevelRoIAlign: levels of stride 2, 4, 8 on a 40 x 48 image; finest_scale 8 sends small boxes to
+    # level 0 and large ones to level 2
+    levels = [torch.randn(2, 40, 20 // s_, 24 // s_, generator=g, dtype=torch.float64) for s_ in (1, 2, 4)]
+    ml_rois = torch.tensor([[0, 2.0, 3.0, 9.0, 8.0], [1, 1.0, 1.0, 20.0, 18.0], [0, 0.0, 0.0, 45.0, 38.0],
+                            [1, -10.0, 5.0, 30.0, 60.0], [0, 30.0, 20.0, 31.0, 21.0]], dtype=torch.float64)
+    for pooled, ratio, aligned, mode in [((7, 7), 2, True, "avg"), ((3, 3), 0, False, "max"), ((2, 2), 5, True, "avg")]:
+        y = multi_level_roi_align(levels, ml_rois, pooled, [2.0, 4.0, 8.0], ratio, 8, 1.0, aligned, mode)
+        cases.append({"levels": levels, "rois": ml_rois, "pooled": pooled, "ratio": ratio, "aligned": aligned,
+                      "mode": mode, "gy": torch.randn(y.shape, generator=g, dtype=torch.float64)})
     return cases
 
 
@@ -61,11 +91,9 @@ def test_cuda_schedule_matches_the_cpu_driver(tmp_path):
                    check=True, timeout=300)
     got = torch.load(tmp_path / "out.pt")
     for a, o in zip(cases, got):
-        x = a["x"].clone().requires_grad_()
-        y = roi_align(x, a["rois"], a["pooled"], 0.5, a["ratio"], a["aligned"], a["mode"])
-        y.backward(a["gy"])
-        what = f"{a['pooled']} ratio {a['ratio']} aligned {a['aligned']} {a['mode']}"
+        y, gx = _run_here(a)
+        what = f"{'multi-level ' if 'levels' in a else ''}{a['pooled']} ratio {a['ratio']} {a['aligned']} {a['mode']}"
         assert y.abs().sum() > 0, what
         # the same samples in the same order: the forward is bit-identical; the backward adds in another order
-        torch.testing.assert_close(o["y"], y.detach(), rtol=0, atol=0, msg=lambda m: f"{what}: {m}")
-        torch.testing.assert_close(o["gx"], x.grad, rtol=1e-12, atol=1e-12, msg=lambda m: f"{what} grad: {m}")
+        torch.testing.assert_close(o["y"], y, rtol=0, atol=0, msg=lambda m: f"{what}: {m}")
+        torch.testing.assert_close(o["gx"], gx, rtol=1e-12, atol=1e-12, msg=lambda m: f"{what} grad: {m}")

@@ -68,7 +68,7 @@ int main() {
     g_roi_loads = g_other_loads = g_stores = 0;
     int64_t planned = 0;
     roi_block_schedule_serial<double>(
-        p, rois.data(), 256,
+        p, [&](int64_t k) { return roi_plan_head<double>(p, rois.data(), k); }, 256,
         [&](const RoIPlanHead<double>& h, int64_t k, int64_t c0, int64_t nc, const RoIPlanEntry<double>* plan,
             int tid) {
           if (plan == nullptr) return;

@@ -1,8 +1,6 @@
 // RoIAlign: params, checks and CPU launchers. The math is in roi_kernels.h.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 #include "dcnkit/roi_align.h"
 #include "dcnkit/roi_cpu_drivers.h"
@@ -56,22 +54,15 @@ auto roi_align_origin_of() {
   };
 }
 
-// DCNKIT_ROI_CPU_PATH=cuda-schedule (read once per process; for tests): the CUDA launchers' block schedule of
-// roi_plan.h run serially on the CPU, block by block and thread by thread (kCudaScheduleThreads threads), with
-// the same kernels' choice of plan or bounded visit per RoI, so that CPU tests check the GPU code's
-// decomposition.
-bool roi_cuda_schedule_path() {
-  static const bool on = [] {
-    const char* e = std::getenv("DCNKIT_ROI_CPU_PATH");
-    return e != nullptr && std::strcmp(e, "cuda-schedule") == 0;
-  }();
-  return on;
-}
+// DCNKIT_ROI_CPU_PATH=cuda-schedule (roi_cuda_schedule_path): the CUDA launchers' block schedule of roi_plan.h
+// run serially on the CPU, block by block and thread by thread, with the kernels' choice of plan or bounded
+// visit per RoI, so that CPU tests check the GPU code's decomposition.
 constexpr int kCudaScheduleThreads = 256;
 
 template <typename T, typename Block>
 void roi_cuda_schedule(const RoIAlignParams& p, const T* rois, const Block& block) {
-  roi_block_schedule_serial<T>(p, rois, kCudaScheduleThreads, block);
+  roi_block_schedule_serial<T>(p, [&](int64_t k) { return roi_plan_head<T>(p, rois, k); }, kCudaScheduleThreads,
+                               block);
 }
 
 template <typename T>
@@ -82,7 +73,7 @@ void roi_align_forward_cuda_schedule(const RoIAlignParams& p, const T* input, co
     if (plan != nullptr) {
       roi_plan_forward_items<T, T>(p, h, plan, input, k, c0, nc, tid, kCudaScheduleThreads, output, max_mode);
     } else {
-      roi_visit_forward_items<T, T>(p, h, input, k, c0, nc, tid, kCudaScheduleThreads, output);
+      roi_visit_forward_items<T, T>(p, h, p.height, p.width, input, k, c0, nc, tid, kCudaScheduleThreads, output);
     }
   });
 }
@@ -99,7 +90,7 @@ void roi_align_backward_cuda_schedule(const RoIAlignParams& p, const T* grad_out
       roi_plan_backward_items<T, T>(p, h, plan, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads, add_at,
                                     max_mode);
     } else {
-      roi_visit_backward_items<T, T>(p, h, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads, add_at);
+      roi_visit_backward_items<T, T>(p, h, p.height, p.width, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads, add_at);
     }
   });
 }

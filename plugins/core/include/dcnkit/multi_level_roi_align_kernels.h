@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "dcnkit/multi_level_roi_align.h"
-#include "dcnkit/roi_kernels.h"
+#include "dcnkit/roi_plan.h"
 
 namespace dcnkit {
 
@@ -60,6 +60,29 @@ DCNKIT_HD RoIAlignBox<Acc> multi_level_roi_align_box(const MultiLevelRoIAlignPar
   const MultiLevelRoIAlignAttrs& a = p.attrs;
   return roi_align_box<Acc>(box, static_cast<Acc>(level_pick(p.spatial_scales, level)), a.aligned, a.pooled_h, a.pooled_w,
                             a.sampling_ratio);
+}
+
+// The RoI block schedule's head of RoI k (roi_plan.h): its level's map, box, batch index and plan stride.
+template <typename Acc, typename T>
+DCNKIT_HD RoIPlanHead<Acc> multi_level_plan_head(const MultiLevelRoIAlignParams& p, const T* rois, int64_t k) {
+  const T* roi = rois + k * 5;
+  RoIPlanHead<Acc> h;
+  if (!roi_batch_index<Acc>(roi, p.batch, &h.b)) h.b = -1;
+  Acc box[5];
+  const int64_t l = multi_level_roi_box<Acc>(p.attrs, roi, box);
+  h.level = static_cast<int32_t>(l);
+  h.H = level_pick(p.heights, l);
+  h.W = level_pick(p.widths, l);
+  h.box = multi_level_roi_align_box<Acc>(p, box, l);
+  roi_plan_finish(h, p.attrs.pooled_h * p.attrs.pooled_w);
+  return h;
+}
+
+// The largest level's pixels (the launch decision of roi_plan_launch).
+inline int64_t multi_level_max_pixels(const MultiLevelRoIAlignParams& p) {
+  int64_t m = 0;
+  for (int64_t l = 0; l < p.attrs.num_levels; ++l) m = p.heights[l] * p.widths[l] > m ? p.heights[l] * p.widths[l] : m;
+  return m;
 }
 
 }  // namespace dcnkit

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #if !defined(__CUDACC__)
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 #endif
 
@@ -35,6 +37,8 @@ struct RoIPlanHead {
   RoIAlignBox<Acc> box;
   Acc n;            // samples per bin: the divisor of avg (0: empty grid)
   int64_t b;        // batch index; -1 when outside [0, N) or NaN (the block writes zeros)
+  int64_t H, W;     // the map the RoI pools (MultiLevelRoIAlign: its level's)
+  int32_t level;    // MultiLevelRoIAlign: the RoI's level (RoIAlign: 0)
   int32_t stride;   // plan entries per bin (gh * gw); 0: not planned (bounded visit)
 };
 
@@ -44,32 +48,39 @@ DCNKIT_HD constexpr int64_t roi_plan_capacity() {
   return kRoIPlanBytes / static_cast<int64_t>(sizeof(RoIPlanEntry<Acc>));
 }
 
-// Whether a grid of gh x gw samples per bin, `bins` bins, on an H x W map is planned.
+// Whether a grid of gh x gw samples per bin, `bins` bins, on a map of hw pixels is planned.
 template <typename Acc>
-DCNKIT_HD bool roi_plan_fits(int64_t gh, int64_t gw, int64_t bins, int64_t H, int64_t W) {
+DCNKIT_HD bool roi_plan_fits(int64_t gh, int64_t gw, int64_t bins, int64_t hw) {
   return gh >= 1 && gw >= 1 && gh <= kRoIPlanSamples && gw <= kRoIPlanSamples && gh * gw <= kRoIPlanSamples &&
-         bins <= roi_plan_capacity<Acc>() / (gh * gw) && H * W <= int64_t(0x7fffffff);
+         bins <= roi_plan_capacity<Acc>() / (gh * gw) && hw <= int64_t(0x7fffffff);
 }
 
 // The launcher's choice, known on the host: kPlanOnly (an explicit grid that fits), kVisitOnly (an explicit grid
 // that does not), or kBoth (adaptive: each RoI's grid decides; both kernels run and each skips the other's RoIs).
 // The plan's entries then fill capacity() (kBoth) or bins * ratio^2 (kPlanOnly).
 enum class RoIPlanLaunch { kPlanOnly, kVisitOnly, kBoth };
+// max_hw: the largest map's pixels.
 template <typename Acc>
-inline RoIPlanLaunch roi_plan_launch(const RoIAlignParams& p, int64_t* plan_entries) {
-  const int64_t r = p.attrs.sampling_ratio, bins = p.attrs.pooled_h * p.attrs.pooled_w;
+inline RoIPlanLaunch roi_plan_launch(int64_t r, int64_t bins, int64_t max_hw, int64_t* plan_entries) {
   *plan_entries = 0;
   if (r <= 0) {
-    if (!roi_plan_fits<Acc>(1, 1, bins, p.height, p.width)) return RoIPlanLaunch::kVisitOnly;
+    if (!roi_plan_fits<Acc>(1, 1, bins, max_hw)) return RoIPlanLaunch::kVisitOnly;
     *plan_entries = roi_plan_capacity<Acc>();
     return RoIPlanLaunch::kBoth;
   }
-  if (!roi_plan_fits<Acc>(r, r, bins, p.height, p.width)) return RoIPlanLaunch::kVisitOnly;
+  if (!roi_plan_fits<Acc>(r, r, bins, max_hw)) return RoIPlanLaunch::kVisitOnly;
   *plan_entries = bins * r * r;
   return RoIPlanLaunch::kPlanOnly;
 }
 
-// The head of RoI k (one thread per block).
+// The divisor and the plan's stride of a head whose box and map are set.
+template <typename Acc>
+DCNKIT_HD void roi_plan_finish(RoIPlanHead<Acc>& h, int64_t bins) {
+  h.n = roi_bin_count(h.box);
+  h.stride = roi_plan_fits<Acc>(h.box.gh, h.box.gw, bins, h.H * h.W) ? int32_t(h.box.gh * h.box.gw) : 0;
+}
+
+// The head of RoI k of RoIAlign (one thread per block).
 template <typename Acc, typename T>
 DCNKIT_HD RoIPlanHead<Acc> roi_plan_head(const RoIAlignParams& p, const T* rois, int64_t k) {
   const T* roi = rois + k * 5;
@@ -78,8 +89,10 @@ DCNKIT_HD RoIPlanHead<Acc> roi_plan_head(const RoIAlignParams& p, const T* rois,
   const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
   h.box = roi_align_box<Acc>(roi, static_cast<Acc>(p.attrs.spatial_scale), p.attrs.aligned, oh, ow,
                              p.attrs.sampling_ratio);
-  h.n = roi_bin_count(h.box);
-  h.stride = roi_plan_fits<Acc>(h.box.gh, h.box.gw, oh * ow, p.height, p.width) ? int32_t(h.box.gh * h.box.gw) : 0;
+  h.H = p.height;
+  h.W = p.width;
+  h.level = 0;
+  roi_plan_finish(h, oh * ow);
   return h;
 }
 
@@ -87,9 +100,8 @@ DCNKIT_HD RoIPlanHead<Acc> roi_plan_head(const RoIAlignParams& p, const T* rois,
 // sample of the grid in the full loop's order (a sample outside the map is an entry with idx[0] = -1). The bin
 // functions then see what roi_bin_visit gives them: the samples inside, in order (avg), and a 0 candidate where
 // samples outside begin (max: the same maximum and arg-max, the first on ties).
-template <typename Acc>
-DCNKIT_HD void roi_plan_fill(const RoIAlignParams& p, const RoIPlanHead<Acc>& h, int tid, int step,
-                             RoIPlanEntry<Acc>* plan) {
+template <typename Acc, typename P>
+DCNKIT_HD void roi_plan_fill(const P& p, const RoIPlanHead<Acc>& h, int tid, int step, RoIPlanEntry<Acc>* plan) {
   const int32_t ow = static_cast<int32_t>(p.attrs.pooled_w), S = h.stride, gw = static_cast<int32_t>(h.box.gw);
   const int32_t total = static_cast<int32_t>(p.attrs.pooled_h) * ow * S;
   for (int32_t e = tid; e < total; e += step) {
@@ -97,7 +109,7 @@ DCNKIT_HD void roi_plan_fill(const RoIAlignParams& p, const RoIPlanHead<Acc>& h,
     Acc y0, x0;
     roi_bin_origin<Acc, Acc>(h.box, bin / ow, bin % ow, nullptr, nullptr, Acc(0), &y0, &x0);
     const Taps<Acc> t = roi_taps(RoIAxis<Acc>{y0, h.box.bin_h, h.box.gh}(s / gw),
-                                 RoIAxis<Acc>{x0, h.box.bin_w, h.box.gw}(s % gw), p.height, p.width);
+                                 RoIAxis<Acc>{x0, h.box.bin_w, h.box.gw}(s % gw), h.H, h.W);
     for (int i = 0; i < 4; ++i) {
       plan[e].idx[i] = t.inside ? static_cast<int32_t>(t.idx[i]) : -1;
       plan[e].w[i] = t.w[i];
@@ -175,11 +187,11 @@ DCNKIT_HD int64_t roi_group_channels(int64_t C, int64_t g) {
 
 // Forward of a planned block: output (K, C, oh, ow) of RoI k, channels [c0, c0 + nc). max_mode is
 // p.attrs.mode == kMax (the kernels pass it as a compile-time constant).
-template <typename Acc, typename T>
-DCNKIT_HD void roi_plan_forward_items(const RoIAlignParams& p, const RoIPlanHead<Acc>& h,
+template <typename Acc, typename T, typename P>
+DCNKIT_HD void roi_plan_forward_items(const P& p, const RoIPlanHead<Acc>& h,
                                       const RoIPlanEntry<Acc>* plan, const T* input, int64_t k, int64_t c0,
                                       int64_t nc, int tid, int step, T* output, bool max_mode) {
-  const int64_t C = p.channels, HW = p.height * p.width;
+  const int64_t C = p.channels, HW = h.H * h.W;
   const int32_t bins = static_cast<int32_t>(p.attrs.pooled_h * p.attrs.pooled_w);
   T* out = output + (k * C + c0) * bins;
   const T* img = input + ((h.b < 0 ? 0 : h.b) * C + c0) * HW;
@@ -194,13 +206,13 @@ DCNKIT_HD void roi_plan_forward_items(const RoIAlignParams& p, const RoIPlanHead
 
 // Backward of a planned block: scatters grad_output of RoI k, channels [c0, c0 + nc), through add(index, value)
 // into grad_input's (N, C, H, W) accumulation buffer. Max mode reads `input` for the arg-max.
-template <typename Acc, typename T, typename AddAt>
-DCNKIT_HD void roi_plan_backward_items(const RoIAlignParams& p, const RoIPlanHead<Acc>& h,
+template <typename Acc, typename T, typename P, typename AddAt>
+DCNKIT_HD void roi_plan_backward_items(const P& p, const RoIPlanHead<Acc>& h,
                                        const RoIPlanEntry<Acc>* plan, const T* grad_output, const T* input,
                                        int64_t k, int64_t c0, int64_t nc, int tid, int step, const AddAt& add_at,
                                        bool max_mode) {
   if (h.b < 0 || !(h.n > Acc(0))) return;
-  const int64_t C = p.channels, HW = p.height * p.width;
+  const int64_t C = p.channels, HW = h.H * h.W;
   const int32_t bins = static_cast<int32_t>(p.attrs.pooled_h * p.attrs.pooled_w);
   const T* go = grad_output + (k * C + c0) * bins;
   const int64_t base = (h.b * C + c0) * HW;
@@ -218,10 +230,11 @@ DCNKIT_HD void roi_plan_backward_items(const RoIAlignParams& p, const RoIPlanHea
 }
 
 // The same two for a block whose RoI is not planned: each (channel, bin) samples on the fly (bounded visit).
-template <typename Acc, typename T>
-DCNKIT_HD void roi_visit_forward_items(const RoIAlignParams& p, const RoIPlanHead<Acc>& h, const T* input,
+// H, W: the head's map (RoIAlign passes its params' sizes, which stay in the kernel's parameters).
+template <typename Acc, typename T, typename P>
+DCNKIT_HD void roi_visit_forward_items(const P& p, const RoIPlanHead<Acc>& h, int64_t H, int64_t W, const T* input,
                                        int64_t k, int64_t c0, int64_t nc, int tid, int step, T* output) {
-  const int64_t C = p.channels, H = p.height, W = p.width;
+  const int64_t C = p.channels;
   const int64_t ow = p.attrs.pooled_w, bins = p.attrs.pooled_h * ow;
   const bool max_mode = p.attrs.mode == PoolMode::kMax;
   T* out = output + (k * C + c0) * bins;
@@ -236,12 +249,12 @@ DCNKIT_HD void roi_visit_forward_items(const RoIAlignParams& p, const RoIPlanHea
   });
 }
 
-template <typename Acc, typename T, typename AddAt>
-DCNKIT_HD void roi_visit_backward_items(const RoIAlignParams& p, const RoIPlanHead<Acc>& h,
+template <typename Acc, typename T, typename P, typename AddAt>
+DCNKIT_HD void roi_visit_backward_items(const P& p, const RoIPlanHead<Acc>& h, int64_t H, int64_t W,
                                         const T* grad_output, const T* input, int64_t k, int64_t c0, int64_t nc,
                                         int tid, int step, const AddAt& add_at) {
   if (h.b < 0 || !(h.n > Acc(0))) return;
-  const int64_t C = p.channels, H = p.height, W = p.width;
+  const int64_t C = p.channels;
   const int64_t ow = p.attrs.pooled_w, bins = p.attrs.pooled_h * ow;
   const bool max_mode = p.attrs.mode == PoolMode::kMax;
   const T* go = grad_output + (k * C + c0) * bins;
@@ -258,15 +271,15 @@ DCNKIT_HD void roi_visit_backward_items(const RoIAlignParams& p, const RoIPlanHe
 
 #if !defined(__CUDACC__)
 // The CUDA grid of the block kernels run serially on the host (the CPU test path and the counting harness):
-// for each block (RoI k, channel group), its head, its plan where planned (every thread's share), then
-// block(head, k, c0, nc, plan or null (visit), tid) for each thread, in grid order.
-template <typename Acc, typename T, typename Block>
-void roi_block_schedule_serial(const RoIAlignParams& p, const T* rois, int threads, const Block& block) {
+// for each block (RoI k, channel group), its head (head_of(k)), its plan where planned (every thread's share),
+// then block(head, k, c0, nc, plan or null (visit), tid) for each thread, in grid order.
+template <typename Acc, typename P, typename HeadOf, typename Block>
+void roi_block_schedule_serial(const P& p, const HeadOf& head_of, int threads, const Block& block) {
   std::vector<RoIPlanEntry<Acc>> plan(static_cast<size_t>(roi_plan_capacity<Acc>()));
   const int64_t groups = (p.channels + kRoIPlanChannels - 1) / kRoIPlanChannels;
   for (int64_t k = 0; k < p.num_rois; ++k) {
     for (int64_t g = 0; g < groups; ++g) {
-      const RoIPlanHead<Acc> h = roi_plan_head<Acc>(p, rois, k);
+      const RoIPlanHead<Acc> h = head_of(k);
       if (h.stride != 0) {
         for (int tid = 0; tid < threads; ++tid) roi_plan_fill<Acc>(p, h, tid, threads, plan.data());
       }
@@ -276,6 +289,16 @@ void roi_block_schedule_serial(const RoIAlignParams& p, const T* rois, int threa
       }
     }
   }
+}
+
+// DCNKIT_ROI_CPU_PATH=cuda-schedule (read once per process; for tests): the CPU launchers of RoIAlign and
+// MultiLevelRoIAlign run the CUDA block schedule above instead of their own drivers.
+inline bool roi_cuda_schedule_path() {
+  static const bool on = [] {
+    const char* e = std::getenv("DCNKIT_ROI_CPU_PATH");
+    return e != nullptr && std::strcmp(e, "cuda-schedule") == 0;
+  }();
+  return on;
 }
 #endif
 
