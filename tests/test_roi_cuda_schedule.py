@@ -1,4 +1,4 @@
-"""RoIAlign's and MultiLevelRoIAlign's CUDA block schedule checked on the CPU: DCNKIT_ROI_CPU_PATH=cuda-schedule runs the launchers'
+"""RoIAlign's and MultiLevelRoIAlign's CUDA block schedule, checked on the CPU: DCNKIT_ROI_CPU_PATH=cuda-schedule runs the launchers'
 decomposition (plugins/core/include/dcnkit/roi_plan.h: one block per (RoI, group of 32 channels), the RoI's
 sampling plan computed once per block, then 256 threads over (channel, bin) pairs; the bounded visit for grids
 too large to plan) serially, and its forward and backward must give the CPU driver's results: the plan path

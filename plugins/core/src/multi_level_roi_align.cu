@@ -46,8 +46,9 @@ __global__ void __launch_bounds__(kCudaThreads)
                       &head);
   if (head.stride != 0) return;  // the plan kernel's RoI
   const int64_t g = blockIdx.y;
-  roi_visit_forward_items<Acc, T>(p, head, head.H, head.W, level_pick(features.ptr, head.level), blockIdx.x, g * kRoIPlanChannels,
-                                  roi_group_channels(p.channels, g), threadIdx.x, blockDim.x, output);
+  roi_visit_forward_items<Acc, T>(p, head, head.H, head.W, level_pick(features.ptr, head.level), blockIdx.x,
+                                  g * kRoIPlanChannels, roi_group_channels(p.channels, g), threadIdx.x, blockDim.x,
+                                  output);
 }
 
 // Backward: the same blocks, scattering with atomicAdd into the level's accumulation buffer (type Acc).
@@ -85,9 +86,9 @@ __global__ void __launch_bounds__(kCudaThreads)
                       &head);
   if (head.stride != 0) return;
   const int64_t g = blockIdx.y;
-  roi_visit_backward_items<Acc, T>(p, head, head.H, head.W, grad_output, level_pick(features.ptr, head.level), blockIdx.x,
-                                   g * kRoIPlanChannels, roi_group_channels(p.channels, g), threadIdx.x, blockDim.x,
-                                   LevelAtomicAt<Acc>{level_pick(grad_features.ptr, head.level)});
+  roi_visit_backward_items<Acc, T>(p, head, head.H, head.W, grad_output, level_pick(features.ptr, head.level),
+                                   blockIdx.x, g * kRoIPlanChannels, roi_group_channels(p.channels, g), threadIdx.x,
+                                   blockDim.x, LevelAtomicAt<Acc>{level_pick(grad_features.ptr, head.level)});
 }
 
 int64_t output_elements(const MultiLevelRoIAlignParams& p) {

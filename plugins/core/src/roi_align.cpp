@@ -90,7 +90,8 @@ void roi_align_backward_cuda_schedule(const RoIAlignParams& p, const T* grad_out
       roi_plan_backward_items<T, T>(p, h, plan, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads, add_at,
                                     max_mode);
     } else {
-      roi_visit_backward_items<T, T>(p, h, p.height, p.width, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads, add_at);
+      roi_visit_backward_items<T, T>(p, h, p.height, p.width, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads,
+                                     add_at);
     }
   });
 }

@@ -58,7 +58,8 @@ template <typename Acc>
 DCNKIT_HD RoIAlignBox<Acc> multi_level_roi_align_box(const MultiLevelRoIAlignParams& p, const Acc box[5],
                                                      int64_t level) {
   const MultiLevelRoIAlignAttrs& a = p.attrs;
-  return roi_align_box<Acc>(box, static_cast<Acc>(level_pick(p.spatial_scales, level)), a.aligned, a.pooled_h, a.pooled_w,
+  return roi_align_box<Acc>(box, static_cast<Acc>(level_pick(p.spatial_scales, level)), a.aligned, a.pooled_h,
+                            a.pooled_w,
                             a.sampling_ratio);
 }
 

@@ -1,5 +1,6 @@
-// RoIAlign's block schedule (the CUDA launchers, and the CPU test path DCNKIT_ROI_CPU_PATH=cuda-schedule): one
-// block per (RoI, group of kRoIPlanChannels channels). The block computes the RoI's box once (roi_plan_head),
+// The RoI block schedule of RoIAlign and MultiLevelRoIAlign (their CUDA launchers, and the CPU test path
+// DCNKIT_ROI_CPU_PATH=cuda-schedule): one block per (RoI, group of kRoIPlanChannels channels). The block computes
+// the RoI's box once (roi_plan_head; MultiLevelRoIAlign: multi_level_plan_head, on the RoI's level),
 // then its sampling plan (roi_plan_fill: every sample of every bin as int32 taps and weights, in shared memory),
 // then loops over (channel, bin) pairs, bin fastest, applying the plan with the bin functions of roi_kernels.h
 // (roi_plan_forward_items / roi_plan_backward_items): the samples the CPU drivers visit, in the same order, so the
