@@ -16,9 +16,10 @@ BW = 3.0e12          # DRAM bytes per second
 GEMM_FLOPS = {"float32": 50e12, "float16": 300e12, "bfloat16": 300e12}
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
-# SASS per element when the kernel report is not at hand: dcnkit's im2col before the gather (static count of its
-# hot loop per column element), the gather's and the fused backward's gates, RoIAlign's plan kernels (sm_90).
-DEFAULT_SASS = {"dcn_gather": 241.0, "dcn_backward": 320.0, "roi_align_forward": 190.0, "roi_align_backward": 230.0}
+# SASS per element when the kernel report is not at hand: dcnkit's im2col and col2im (about 241 and 320 per column
+# element: static counts of their hot loops, sm_90) until the gather and the fused backward land; RoIAlign's plan
+# forward as the kernel report counts it (about 370 per output); its backward: an estimate, not a count.
+DEFAULT_SASS = {"dcn_gather": 241.0, "dcn_backward": 320.0, "roi_align_forward": 370.0, "roi_align_backward": 400.0}
 
 
 def kernel_ms(elements: float, sass_per_element: float, bytes_moved: float) -> float:
