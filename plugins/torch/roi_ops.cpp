@@ -28,6 +28,12 @@ void assert_batch_indices_async(const char* op, const at::Tensor& rois, int64_t 
   at::_assert_async(at::logical_and(b >= 0, b < batch).all(), roi_batch_device_message(op, batch));
 }
 
+// RoIAlign's CUDA kernels raise that assert themselves (no extra ATen ops per call): the params flag.
+RoIAlignParams with_batch_assert(RoIAlignParams p) {
+  p.assert_batch_index = true;
+  return p;
+}
+
 // The gradient buffer of an optional input: shaped like it, or empty (numel 0) when it is absent.
 at::Tensor grad_of_optional(const at::Tensor& t, const at::Tensor& input) {
   return t.defined() ? at::empty_like(t, at::MemoryFormat::Contiguous) : input.new_empty({0});
@@ -74,9 +80,8 @@ at::Tensor roi_align(const at::Tensor& input_, const at::Tensor& rois_, int64_t 
                                         output.mutable_data_ptr<T>(), cpu_context());
       },
       [&](const CudaContext& cuda) {
-        assert_batch_indices_async(op, rois, p.batch);
         at::Tensor ws = workspace_for(input, roi_align_workspace_cuda(p));
-        return roi_align_forward_cuda(p, dtype_of(input), input.const_data_ptr(),
+        return roi_align_forward_cuda(with_batch_assert(p), dtype_of(input), input.const_data_ptr(),
                                       rois.const_data_ptr(), output.mutable_data_ptr(),
                                       ws.mutable_data_ptr(), cuda);
       });
@@ -113,9 +118,8 @@ at::Tensor roi_align_backward(const at::Tensor& grad_output_, const at::Tensor& 
                                          grad_input.mutable_data_ptr<T>(), cpu_context());
       },
       [&](const CudaContext& cuda) {
-        assert_batch_indices_async(op, rois, p.batch);
         at::Tensor ws = workspace_for(input, roi_align_backward_workspace_cuda(p, dtype_of(input)));
-        return roi_align_backward_cuda(p, dtype_of(input), grad_output.const_data_ptr(),
+        return roi_align_backward_cuda(with_batch_assert(p), dtype_of(input), grad_output.const_data_ptr(),
                                        input.const_data_ptr(), rois.const_data_ptr(),
                                        grad_input.mutable_data_ptr(), ws.mutable_data_ptr(), cuda);
       });

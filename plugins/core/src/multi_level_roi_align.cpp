@@ -1,6 +1,7 @@
 // MultiLevelRoIAlign: params, checks and CPU launchers. Per RoI the level and box come from
 // multi_level_roi_align_kernels.h; everything per bin is RoIAlign's CPU driver and bin functions
 // (roi_kernels.h) on the chosen level's map.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -90,11 +91,64 @@ int64_t multi_level_roi_align_level(const MultiLevelRoIAlignParams& p, const dou
   return multi_level_roi_box<double>(p.attrs, roi, box);
 }
 
+namespace {
+
+// DCNKIT_ROI_CPU_PATH=cuda-schedule (roi_cuda_schedule_path): the CUDA launchers' block schedule run serially.
+constexpr int kCudaScheduleThreads = 256;
+
+template <typename T, typename Block>
+void multi_level_cuda_schedule(const MultiLevelRoIAlignParams& p, const T* rois, const Block& block) {
+  roi_block_schedule_serial<T>(p, [&](int64_t k) { return multi_level_plan_head<T>(p, rois, k); },
+                               kCudaScheduleThreads, block);
+}
+
+template <typename T>
+void multi_level_forward_cuda_schedule(const MultiLevelRoIAlignParams& p, const T* const* features, const T* rois,
+                                       T* output) {
+  const bool max_mode = p.attrs.mode == PoolMode::kMax;
+  multi_level_cuda_schedule<T>(p, rois, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
+                                            const RoIPlanEntry<T>* plan, int tid) {
+    const T* input = features[h.level];
+    if (plan != nullptr) {
+      roi_plan_forward_items<T, T>(p, h, plan, input, k, c0, nc, tid, kCudaScheduleThreads, output, max_mode);
+    } else {
+      roi_visit_forward_items<T, T>(p, h, h.H, h.W, input, k, c0, nc, tid, kCudaScheduleThreads, output);
+    }
+  });
+}
+
+template <typename T>
+void multi_level_backward_cuda_schedule(const MultiLevelRoIAlignParams& p, const T* grad_output,
+                                        const T* const* features, const T* rois, T* const* grad_features) {
+  const bool max_mode = p.attrs.mode == PoolMode::kMax;
+  for (int64_t l = 0; l < p.attrs.num_levels; ++l) {
+    std::fill(grad_features[l], grad_features[l] + p.batch * p.channels * p.heights[l] * p.widths[l], T(0));
+  }
+  multi_level_cuda_schedule<T>(p, rois, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
+                                            const RoIPlanEntry<T>* plan, int tid) {
+    T* grad = grad_features[h.level];
+    const auto add_at = [grad](int64_t offset) { return CpuAddTo<T>{grad + offset}; };
+    const T* input = features != nullptr ? features[h.level] : nullptr;
+    if (plan != nullptr) {
+      roi_plan_backward_items<T, T>(p, h, plan, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads, add_at,
+                                    max_mode);
+    } else {
+      roi_visit_backward_items<T, T>(p, h, h.H, h.W, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads, add_at);
+    }
+  });
+}
+
+}  // namespace
+
 template <typename T>
 Status multi_level_roi_align_forward_cpu(const MultiLevelRoIAlignParams& p, const T* const* features,
                                          const T* rois, T* output, const CpuContext& ctx) {
   const char* op = "multi_level_roi_align";
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices(op, rois, p.num_rois, p.batch));
+  if (roi_cuda_schedule_path()) {
+    multi_level_forward_cuda_schedule(p, features, rois, output);
+    return Status::Ok();
+  }
   const MultiLevelRoIAlignAttrs& a = p.attrs;
   const int64_t C = p.channels, oh = a.pooled_h, ow = a.pooled_w;
   const bool max_mode = a.mode == PoolMode::kMax;
@@ -120,6 +174,10 @@ Status multi_level_roi_align_backward_cpu(const MultiLevelRoIAlignParams& p, con
                                           const CpuContext& ctx) {
   const char* op = "_multi_level_roi_align_backward";
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices(op, rois, p.num_rois, p.batch));
+  if (roi_cuda_schedule_path()) {
+    multi_level_backward_cuda_schedule(p, grad_output, features, rois, grad_features);
+    return Status::Ok();
+  }
   const MultiLevelRoIAlignAttrs& a = p.attrs;
   const bool max_mode = a.mode == PoolMode::kMax;
   const auto origin_of = [](int64_t, const RoIAlignBox<T>& b, int64_t ph, int64_t pw, T* y0, T* x0) {

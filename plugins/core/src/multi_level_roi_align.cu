@@ -1,11 +1,12 @@
-// MultiLevelRoIAlign CUDA launchers: grid-stride kernels over the output, one thread per output element
-// (k, c, ph, pw): the RoI's level and box (multi_level_roi_align_kernels.h), then RoIAlign's bin functions
-// (roi_kernels.h) on that level's map. The maps' pointers travel by value in the kernel arguments (no
+// MultiLevelRoIAlign CUDA launchers: RoIAlign's block schedule (roi_plan.h, roi_plan_cuda.cuh) on each RoI's level:
+// the RoI's level and box (multi_level_roi_align_kernels.h), then RoIAlign's plan or bounded visit on that level's
+// map. The maps' pointers travel by value in the kernel arguments (no
 // device copy, no synchronisation). float32, float64, float16, bfloat16; the accumulation type follows the
 // data (16-bit gradients accumulate in a float32 workspace buffer). A RoI whose batch index is outside
 // [0, N) or NaN gives zeros.
 #include "dcnkit/cuda_utils.cuh"
 #include "dcnkit/multi_level_roi_align_kernels.h"
+#include "dcnkit/roi_plan_cuda.cuh"
 
 namespace dcnkit {
 namespace {
@@ -16,54 +17,78 @@ struct LevelPointers {
   P ptr[kMaxFeatureLevels];
 };
 
-template <typename T, typename Acc>
-__global__ void multi_level_roi_align_forward_kernel(MultiLevelRoIAlignParams p, LevelPointers<const T*> features,
-                                                     const T* rois, T* output) {
-  const int64_t C = p.channels, oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
-  const bool max_mode = p.attrs.mode == PoolMode::kMax;
-  DCNKIT_CUDA_KERNEL_LOOP(i, p.num_rois * C * oh * ow) {
-    const RoIElement e = roi_element(i, C, oh, ow);
-    const T* roi = rois + e.k * 5;
-    int64_t b = 0;
-    if (!roi_batch_index<Acc>(roi, p.batch, &b)) {
-      output[i] = from_acc<T>(Acc(0));
-      continue;
-    }
-    Acc box[5];
-    const int64_t l = multi_level_roi_box<Acc>(p.attrs, roi, box);
-    const int64_t H = p.heights[l], W = p.widths[l];
-    const RoIAlignBox<Acc> rb = multi_level_roi_align_box<Acc>(p, box, l);
-    Acc y0, x0;
-    roi_bin_origin<Acc, T>(rb, e.ph, e.pw, nullptr, nullptr, Acc(0), &y0, &x0);
-    output[i] = from_acc<T>(
-        roi_align_bin_forward<Acc>(features.ptr[l] + (b * C + e.c) * H * W, H, W, rb, y0, x0, max_mode));
-  }
+// One block per (RoI, group of kRoIPlanChannels channels), RoIAlign's block schedule (roi_plan.h) on the RoI's
+// level: thread 0 finds the level and the box, the block plans (plan kernels) or samples on the fly (visit
+// kernels) and loops over its (channel, bin) pairs.
+template <typename T, typename Acc, bool kMax>
+__global__ void __launch_bounds__(kCudaThreads)
+    multi_level_roi_align_plan_forward_kernel(MultiLevelRoIAlignParams p, LevelPointers<const T*> features,
+                                              const T* rois, T* output) {
+  __shared__ RoIPlanHead<Acc> head;
+  roi_block_head<Acc>([&](int64_t k) { return multi_level_plan_head<Acc>(p, rois, k); }, rois, p.batch, false,
+                      &head);
+  if (head.stride == 0) return;  // the visit kernel's RoI
+  RoIPlanEntry<Acc>* plan = roi_plan_smem<Acc>();
+  roi_plan_fill<Acc>(p, head, threadIdx.x, blockDim.x, plan);
+  __syncthreads();
+  const int64_t g = blockIdx.y;
+  roi_plan_forward_items<Acc, T>(p, head, plan, level_pick(features.ptr, head.level), blockIdx.x,
+                                 g * kRoIPlanChannels, roi_group_channels(p.channels, g), threadIdx.x, blockDim.x,
+                                 output, kMax);
 }
 
-// One thread per output gradient element, scattering with atomicAdd into the level's accumulation buffer.
 template <typename T, typename Acc>
-__global__ void multi_level_roi_align_backward_kernel(MultiLevelRoIAlignParams p, const T* grad_output,
-                                                      LevelPointers<const T*> features, const T* rois,
-                                                      LevelPointers<Acc*> grad_features) {
-  const int64_t C = p.channels, oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
-  const bool max_mode = p.attrs.mode == PoolMode::kMax;
-  DCNKIT_CUDA_KERNEL_LOOP(i, p.num_rois * C * oh * ow) {
-    const RoIElement e = roi_element(i, C, oh, ow);
-    const T* roi = rois + e.k * 5;
-    int64_t b = 0;
-    if (!roi_batch_index<Acc>(roi, p.batch, &b)) continue;
-    const Acc g = to_acc<Acc>(grad_output[i]);
-    if (g == Acc(0)) continue;
-    Acc box[5];
-    const int64_t l = multi_level_roi_box<Acc>(p.attrs, roi, box);
-    const int64_t H = p.heights[l], W = p.widths[l];
-    const RoIAlignBox<Acc> rb = multi_level_roi_align_box<Acc>(p, box, l);
-    Acc y0, x0;
-    roi_bin_origin<Acc, T>(rb, e.ph, e.pw, nullptr, nullptr, Acc(0), &y0, &x0);
-    const T* img = max_mode ? features.ptr[l] + (b * C + e.c) * H * W : nullptr;
-    RoIAtomicAdd<Acc> add{grad_features.ptr[l] + (b * C + e.c) * H * W};
-    roi_align_bin_backward<Acc, T>(img, H, W, rb, y0, x0, max_mode, g, add);
-  }
+__global__ void __launch_bounds__(kCudaThreads)
+    multi_level_roi_align_visit_forward_kernel(MultiLevelRoIAlignParams p, LevelPointers<const T*> features,
+                                               const T* rois, T* output) {
+  __shared__ RoIPlanHead<Acc> head;
+  roi_block_head<Acc>([&](int64_t k) { return multi_level_plan_head<Acc>(p, rois, k); }, rois, p.batch, false,
+                      &head);
+  if (head.stride != 0) return;  // the plan kernel's RoI
+  const int64_t g = blockIdx.y;
+  roi_visit_forward_items<Acc, T>(p, head, head.H, head.W, level_pick(features.ptr, head.level), blockIdx.x,
+                                  g * kRoIPlanChannels, roi_group_channels(p.channels, g), threadIdx.x, blockDim.x,
+                                  output);
+}
+
+// Backward: the same blocks, scattering with atomicAdd into the level's accumulation buffer (type Acc).
+template <typename Acc>
+struct LevelAtomicAt {
+  Acc* base;
+  __device__ __forceinline__ RoIAtomicAdd<Acc> operator()(int64_t offset) const { return {base + offset}; }
+};
+
+template <typename T, typename Acc, bool kMax>
+__global__ void __launch_bounds__(kCudaThreads)
+    multi_level_roi_align_plan_backward_kernel(MultiLevelRoIAlignParams p, const T* grad_output,
+                                               LevelPointers<const T*> features, const T* rois,
+                                               LevelPointers<Acc*> grad_features) {
+  __shared__ RoIPlanHead<Acc> head;
+  roi_block_head<Acc>([&](int64_t k) { return multi_level_plan_head<Acc>(p, rois, k); }, rois, p.batch, false,
+                      &head);
+  if (head.stride == 0) return;
+  RoIPlanEntry<Acc>* plan = roi_plan_smem<Acc>();
+  roi_plan_fill<Acc>(p, head, threadIdx.x, blockDim.x, plan);
+  __syncthreads();
+  const int64_t g = blockIdx.y;
+  roi_plan_backward_items<Acc, T>(p, head, plan, grad_output, level_pick(features.ptr, head.level), blockIdx.x,
+                                  g * kRoIPlanChannels, roi_group_channels(p.channels, g), threadIdx.x, blockDim.x,
+                                  LevelAtomicAt<Acc>{level_pick(grad_features.ptr, head.level)}, kMax);
+}
+
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kCudaThreads)
+    multi_level_roi_align_visit_backward_kernel(MultiLevelRoIAlignParams p, const T* grad_output,
+                                                LevelPointers<const T*> features, const T* rois,
+                                                LevelPointers<Acc*> grad_features) {
+  __shared__ RoIPlanHead<Acc> head;
+  roi_block_head<Acc>([&](int64_t k) { return multi_level_plan_head<Acc>(p, rois, k); }, rois, p.batch, false,
+                      &head);
+  if (head.stride != 0) return;
+  const int64_t g = blockIdx.y;
+  roi_visit_backward_items<Acc, T>(p, head, head.H, head.W, grad_output, level_pick(features.ptr, head.level),
+                                   blockIdx.x, g * kRoIPlanChannels, roi_group_channels(p.channels, g), threadIdx.x,
+                                   blockDim.x, LevelAtomicAt<Acc>{level_pick(grad_features.ptr, head.level)});
 }
 
 int64_t output_elements(const MultiLevelRoIAlignParams& p) {
@@ -94,9 +119,18 @@ Status multi_level_roi_align_forward_cuda(const MultiLevelRoIAlignParams& p, DTy
     using T = decltype(tag);
     LevelPointers<const T*> f{};
     for (int64_t l = 0; l < p.attrs.num_levels; ++l) f.ptr[l] = static_cast<const T*>(features[l]);
-    multi_level_roi_align_forward_kernel<T, typename AccType<T>::type><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
-        p, f, static_cast<const T*>(rois), static_cast<T*>(output));
-    return cuda_launch_status("multi_level_roi_align_forward_cuda");
+    using Acc = typename AccType<T>::type;
+    const T* r = static_cast<const T*>(rois);
+    T* y = static_cast<T*>(output);
+    const dim3 grid = roi_block_grid(p.num_rois, p.channels);
+    return roi_block_launch<Acc>(
+        "multi_level_roi_align_forward_cuda", p.num_rois, p.channels, p.attrs.sampling_ratio,
+        p.attrs.pooled_h * p.attrs.pooled_w, multi_level_max_pixels(p), p.attrs.mode == PoolMode::kMax,
+        [&](auto max_mode, size_t smem) {
+          multi_level_roi_align_plan_forward_kernel<T, Acc, decltype(max_mode)::value>
+              <<<grid, kCudaThreads, smem, s>>>(p, f, r, y);
+        },
+        [&] { multi_level_roi_align_visit_forward_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, f, r, y); });
   });
 }
 
@@ -120,9 +154,16 @@ Status multi_level_roi_align_backward_cuda(const MultiLevelRoIAlignParams& p, DT
       g.ptr[l] = gin[l].acc;
     }
     if (n > 0) {
-      multi_level_roi_align_backward_kernel<T, Acc><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
-          p, static_cast<const T*>(grad_output), f, static_cast<const T*>(rois), g);
-      DCNKIT_RETURN_IF_ERROR(cuda_launch_status("multi_level_roi_align_backward_cuda"));
+      const T *go = static_cast<const T*>(grad_output), *r = static_cast<const T*>(rois);
+      const dim3 grid = roi_block_grid(p.num_rois, p.channels);
+      DCNKIT_RETURN_IF_ERROR(roi_block_launch<Acc>(
+          "multi_level_roi_align_backward_cuda", p.num_rois, p.channels, p.attrs.sampling_ratio,
+          p.attrs.pooled_h * p.attrs.pooled_w, multi_level_max_pixels(p), p.attrs.mode == PoolMode::kMax,
+          [&](auto max_mode, size_t smem) {
+            multi_level_roi_align_plan_backward_kernel<T, Acc, decltype(max_mode)::value>
+                <<<grid, kCudaThreads, smem, s>>>(p, go, f, r, g);
+          },
+          [&] { multi_level_roi_align_visit_backward_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, go, f, r, g); }));
     }
     for (int64_t l = 0; l < p.attrs.num_levels; ++l) {
       DCNKIT_RETURN_IF_ERROR(grad_acc_store(gin[l], s, "multi_level_roi_align_backward_cuda: store"));

@@ -1,8 +1,10 @@
 // RoIAlign: params, checks and CPU launchers. The math is in roi_kernels.h.
+#include <algorithm>
 #include <cmath>
 
 #include "dcnkit/roi_align.h"
 #include "dcnkit/roi_cpu_drivers.h"
+#include "dcnkit/roi_plan.h"
 
 namespace dcnkit {
 
@@ -52,12 +54,58 @@ auto roi_align_origin_of() {
   };
 }
 
+// DCNKIT_ROI_CPU_PATH=cuda-schedule (roi_cuda_schedule_path): the CUDA launchers' block schedule of roi_plan.h
+// run serially on the CPU, block by block and thread by thread, with the kernels' choice of plan or bounded
+// visit per RoI, so that CPU tests check the GPU code's decomposition.
+constexpr int kCudaScheduleThreads = 256;
+
+template <typename T, typename Block>
+void roi_cuda_schedule(const RoIAlignParams& p, const T* rois, const Block& block) {
+  roi_block_schedule_serial<T>(p, [&](int64_t k) { return roi_plan_head<T>(p, rois, k); }, kCudaScheduleThreads,
+                               block);
+}
+
+template <typename T>
+void roi_align_forward_cuda_schedule(const RoIAlignParams& p, const T* input, const T* rois, T* output) {
+  const bool max_mode = p.attrs.mode == PoolMode::kMax;
+  roi_cuda_schedule<T>(p, rois, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
+                                    const RoIPlanEntry<T>* plan, int tid) {
+    if (plan != nullptr) {
+      roi_plan_forward_items<T, T>(p, h, plan, input, k, c0, nc, tid, kCudaScheduleThreads, output, max_mode);
+    } else {
+      roi_visit_forward_items<T, T>(p, h, p.height, p.width, input, k, c0, nc, tid, kCudaScheduleThreads, output);
+    }
+  });
+}
+
+template <typename T>
+void roi_align_backward_cuda_schedule(const RoIAlignParams& p, const T* grad_output, const T* input, const T* rois,
+                                      T* grad_input) {
+  const bool max_mode = p.attrs.mode == PoolMode::kMax;
+  std::fill(grad_input, grad_input + p.batch * p.channels * p.height * p.width, T(0));
+  const auto add_at = [grad_input](int64_t offset) { return CpuAddTo<T>{grad_input + offset}; };
+  roi_cuda_schedule<T>(p, rois, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
+                                    const RoIPlanEntry<T>* plan, int tid) {
+    if (plan != nullptr) {
+      roi_plan_backward_items<T, T>(p, h, plan, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads, add_at,
+                                    max_mode);
+    } else {
+      roi_visit_backward_items<T, T>(p, h, p.height, p.width, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads,
+                                     add_at);
+    }
+  });
+}
+
 }  // namespace
 
 template <typename T>
 Status roi_align_forward_cpu(const RoIAlignParams& p, const T* input, const T* rois, T* output,
                              const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("roi_align", rois, p.num_rois, p.batch));
+  if (roi_cuda_schedule_path()) {
+    roi_align_forward_cuda_schedule(p, input, rois, output);
+    return Status::Ok();
+  }
   const RoIAlignAttrs& a = p.attrs;
   const auto box_of = roi_align_box_of<T>(a);
   const auto origin_of = roi_align_origin_of<T>();
@@ -70,6 +118,10 @@ template <typename T>
 Status roi_align_backward_cpu(const RoIAlignParams& p, const T* grad_output, const T* input,
                               const T* rois, T* grad_input, const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("roi_align", rois, p.num_rois, p.batch));
+  if (roi_cuda_schedule_path()) {
+    roi_align_backward_cuda_schedule(p, grad_output, input, rois, grad_input);
+    return Status::Ok();
+  }
   const RoIAlignAttrs& a = p.attrs;
   const auto box_of = roi_align_box_of<T>(a);
   const auto origin_of = roi_align_origin_of<T>();

@@ -1,57 +1,80 @@
-// RoIAlign CUDA launchers: grid-stride kernels over the per-element functions of roi_kernels.h.
+// RoIAlign CUDA launchers: block kernels over the plan / visit functions of roi_plan.h.
 // float32, float64, float16, bfloat16, forward and backward (the accumulation type follows the data; 16-bit
 // gradients accumulate in a float32 workspace buffer). A RoI whose batch index is outside [0, N) gives zeros.
 #include "dcnkit/cuda_utils.cuh"
-#include "dcnkit/roi_kernels.h"
+#include "dcnkit/roi_plan_cuda.cuh"
 
 namespace dcnkit {
 namespace {
 
-// One thread per output element (k, c, ph, pw).
-template <typename T, typename Acc>
-__global__ void roi_align_forward_kernel(RoIAlignParams p, const T* input, const T* rois, T* output) {
-  const int64_t C = p.channels, H = p.height, W = p.width;
-  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
-  const bool max_mode = p.attrs.mode == PoolMode::kMax;
-  DCNKIT_CUDA_KERNEL_LOOP(i, p.num_rois * C * oh * ow) {
-    const RoIElement e = roi_element(i, C, oh, ow);
-    const T* roi = rois + e.k * 5;
-    int64_t b = 0;
-    if (!roi_batch_index<Acc>(roi, p.batch, &b)) {
-      output[i] = from_acc<T>(Acc(0));
-      continue;
-    }
-    const RoIAlignBox<Acc> box = roi_align_box<Acc>(roi, static_cast<Acc>(p.attrs.spatial_scale),
-                                                    p.attrs.aligned, oh, ow, p.attrs.sampling_ratio);
-    Acc y0, x0;
-    roi_bin_origin<Acc, T>(box, e.ph, e.pw, nullptr, nullptr, Acc(0), &y0, &x0);
-    output[i] = from_acc<T>(
-        roi_align_bin_forward<Acc>(input + (b * C + e.c) * H * W, H, W, box, y0, x0, max_mode));
-  }
+// One block per (RoI, group of kRoIPlanChannels channels) = (blockIdx.x, blockIdx.y): thread 0 computes the
+// RoI's head into shared memory (and raises the batch-index assert where the params ask), then the block plans
+// (plan kernels) or samples on the fly (visit kernels) and loops over its (channel, bin) pairs. The head's
+// stride selects the RoIs a kernel serves: with an adaptive grid both kernels run, and each leaves the other's
+// RoIs alone (roi_plan.h).
+template <typename T, typename Acc, bool kMax>
+__global__ void __launch_bounds__(kCudaThreads)
+    roi_align_plan_forward_kernel(RoIAlignParams p, const T* input, const T* rois, T* output) {
+  __shared__ RoIPlanHead<Acc> head;
+  roi_block_head<Acc>([&](int64_t k) { return roi_plan_head<Acc>(p, rois, k); }, rois + blockIdx.x * 5, p.batch,
+                      p.assert_batch_index, &head);
+  if (head.stride == 0) return;  // the visit kernel's RoI
+  RoIPlanEntry<Acc>* plan = roi_plan_smem<Acc>();
+  roi_plan_fill<Acc>(p, head, threadIdx.x, blockDim.x, plan);
+  __syncthreads();
+  const int64_t g = blockIdx.y;
+  roi_plan_forward_items<Acc, T>(p, head, plan, input, blockIdx.x, g * kRoIPlanChannels,
+                                 roi_group_channels(p.channels, g), threadIdx.x, blockDim.x, output, kMax);
 }
 
-// One thread per output gradient element, scattering with atomicAdd into grad_input's accumulation
-// buffer (type Acc).
 template <typename T, typename Acc>
-__global__ void roi_align_backward_kernel(RoIAlignParams p, const T* grad_output, const T* input,
-                                          const T* rois, Acc* grad_input) {
-  const int64_t C = p.channels, H = p.height, W = p.width;
-  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
-  const bool max_mode = p.attrs.mode == PoolMode::kMax;
-  DCNKIT_CUDA_KERNEL_LOOP(i, p.num_rois * C * oh * ow) {
-    const RoIElement e = roi_element(i, C, oh, ow);
-    const T* roi = rois + e.k * 5;
-    int64_t b = 0;
-    if (!roi_batch_index<Acc>(roi, p.batch, &b)) continue;
-    const Acc g = to_acc<Acc>(grad_output[i]);
-    if (g == Acc(0)) continue;
-    const RoIAlignBox<Acc> box = roi_align_box<Acc>(roi, static_cast<Acc>(p.attrs.spatial_scale),
-                                                    p.attrs.aligned, oh, ow, p.attrs.sampling_ratio);
-    Acc y0, x0;
-    roi_bin_origin<Acc, T>(box, e.ph, e.pw, nullptr, nullptr, Acc(0), &y0, &x0);
-    RoIAtomicAdd<Acc> add{grad_input + (b * C + e.c) * H * W};
-    roi_align_bin_backward<Acc, T>(input + (b * C + e.c) * H * W, H, W, box, y0, x0, max_mode, g, add);
-  }
+__global__ void __launch_bounds__(kCudaThreads)
+    roi_align_visit_forward_kernel(RoIAlignParams p, const T* input, const T* rois, T* output) {
+  __shared__ RoIPlanHead<Acc> head;
+  roi_block_head<Acc>([&](int64_t k) { return roi_plan_head<Acc>(p, rois, k); }, rois + blockIdx.x * 5, p.batch,
+                      p.assert_batch_index, &head);
+  if (head.stride != 0) return;  // the plan kernel's RoI
+  const int64_t g = blockIdx.y;
+  roi_visit_forward_items<Acc, T>(p, head, p.height, p.width, input, blockIdx.x, g * kRoIPlanChannels,
+                                  roi_group_channels(p.channels, g), threadIdx.x, blockDim.x, output);
+}
+
+// Backward: the same blocks, scattering with atomicAdd into grad_input's accumulation buffer (type Acc).
+template <typename Acc>
+struct RoIAtomicAt {
+  Acc* base;
+  __device__ __forceinline__ RoIAtomicAdd<Acc> operator()(int64_t offset) const { return {base + offset}; }
+};
+
+template <typename T, typename Acc, bool kMax>
+__global__ void __launch_bounds__(kCudaThreads)
+    roi_align_plan_backward_kernel(RoIAlignParams p, const T* grad_output, const T* input, const T* rois,
+                                   Acc* grad_input) {
+  __shared__ RoIPlanHead<Acc> head;
+  roi_block_head<Acc>([&](int64_t k) { return roi_plan_head<Acc>(p, rois, k); }, rois + blockIdx.x * 5, p.batch,
+                      p.assert_batch_index, &head);
+  if (head.stride == 0) return;
+  RoIPlanEntry<Acc>* plan = roi_plan_smem<Acc>();
+  roi_plan_fill<Acc>(p, head, threadIdx.x, blockDim.x, plan);
+  __syncthreads();
+  const int64_t g = blockIdx.y;
+  roi_plan_backward_items<Acc, T>(p, head, plan, grad_output, input, blockIdx.x, g * kRoIPlanChannels,
+                                  roi_group_channels(p.channels, g), threadIdx.x, blockDim.x,
+                                  RoIAtomicAt<Acc>{grad_input}, kMax);
+}
+
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kCudaThreads)
+    roi_align_visit_backward_kernel(RoIAlignParams p, const T* grad_output, const T* input, const T* rois,
+                                    Acc* grad_input) {
+  __shared__ RoIPlanHead<Acc> head;
+  roi_block_head<Acc>([&](int64_t k) { return roi_plan_head<Acc>(p, rois, k); }, rois + blockIdx.x * 5, p.batch,
+                      p.assert_batch_index, &head);
+  if (head.stride != 0) return;
+  const int64_t g = blockIdx.y;
+  roi_visit_backward_items<Acc, T>(p, head, p.height, p.width, grad_output, input, blockIdx.x, g * kRoIPlanChannels,
+                                   roi_group_channels(p.channels, g), threadIdx.x, blockDim.x,
+                                   RoIAtomicAt<Acc>{grad_input});
 }
 
 int64_t output_elements(const RoIAlignParams& p) {
@@ -71,14 +94,21 @@ size_t roi_align_backward_workspace_cuda(const RoIAlignParams& p, DType dtype) {
 Status roi_align_forward_cuda(const RoIAlignParams& p, DType dtype, const void* input,
                               const void* rois, void* output, void* /*workspace*/,
                               const CudaContext& ctx) {
-  const int64_t n = output_elements(p);
-  if (n == 0) return Status::Ok();
+  if (output_elements(p) == 0) return Status::Ok();
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    roi_align_forward_kernel<T, typename AccType<T>::type><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
-        p, static_cast<const T*>(input), static_cast<const T*>(rois), static_cast<T*>(output));
-    return cuda_launch_status("roi_align_forward_cuda");
+    using Acc = typename AccType<T>::type;
+    const T *x = static_cast<const T*>(input), *r = static_cast<const T*>(rois);
+    T* y = static_cast<T*>(output);
+    const dim3 grid = roi_block_grid(p.num_rois, p.channels);
+    return roi_block_launch<Acc>(
+        "roi_align_forward_cuda", p.num_rois, p.channels, p.attrs.sampling_ratio, p.attrs.pooled_h * p.attrs.pooled_w,
+        p.height * p.width, p.attrs.mode == PoolMode::kMax,
+        [&](auto max_mode, size_t smem) {
+          roi_align_plan_forward_kernel<T, Acc, decltype(max_mode)::value><<<grid, kCudaThreads, smem, s>>>(p, x, r, y);
+        },
+        [&] { roi_align_visit_forward_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, x, r, y); });
   });
 }
 
@@ -94,10 +124,17 @@ Status roi_align_backward_cuda(const RoIAlignParams& p, DType dtype, const void*
     const GradAcc<T> gin = grad_acc(static_cast<T*>(grad_input), input_elements(p), &ws);
     DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gin, s, "roi_align_backward_cuda: memset"));
     if (n > 0) {
-      roi_align_backward_kernel<T, Acc><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
-          p, static_cast<const T*>(grad_output), static_cast<const T*>(input), static_cast<const T*>(rois),
-          gin.acc);
-      DCNKIT_RETURN_IF_ERROR(cuda_launch_status("roi_align_backward_cuda"));
+      const T *go = static_cast<const T*>(grad_output), *x = static_cast<const T*>(input);
+      const T* r = static_cast<const T*>(rois);
+      const dim3 grid = roi_block_grid(p.num_rois, p.channels);
+      DCNKIT_RETURN_IF_ERROR(roi_block_launch<Acc>(
+          "roi_align_backward_cuda", p.num_rois, p.channels, p.attrs.sampling_ratio,
+          p.attrs.pooled_h * p.attrs.pooled_w, p.height * p.width, p.attrs.mode == PoolMode::kMax,
+          [&](auto max_mode, size_t smem) {
+            roi_align_plan_backward_kernel<T, Acc, decltype(max_mode)::value>
+                <<<grid, kCudaThreads, smem, s>>>(p, go, x, r, gin.acc);
+          },
+          [&] { roi_align_visit_backward_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, go, x, r, gin.acc); }));
     }
     return grad_acc_store(gin, s, "roi_align_backward_cuda: store");
   });

@@ -30,4 +30,17 @@ DCNKIT_HD ChannelRun channel_run(int64_t i, int64_t runs, int64_t width) {
   return r;
 }
 
+// f(c) for c in [0, count), count <= kChunk: loops of constant length kChunk, the full run separate from the
+// tail (unrolled, vectorised; on CUDA the per-channel arrays stay in registers, never indexed at run time).
+template <int kChunk, typename F>
+DCNKIT_HD void for_channels(int count, F&& f) {
+  if (count == kChunk) {
+    for (int c = 0; c < kChunk; ++c) f(c);
+  } else {
+    for (int c = 0; c < kChunk; ++c) {
+      if (c < count) f(c);
+    }
+  }
+}
+
 }  // namespace dcnkit

@@ -137,11 +137,11 @@ DCNKIT_HD void dcnv3_forward_channels(const Dcnv3Params& p, const T* input, cons
       if (!t.ok[q]) continue;  // outside the map: never read
       const Acc w = m * t.w[q];
       const T* v = img + t.idx[q] * C;
-      for (int c = 0; c < count; ++c) acc[c] += w * to_acc<Acc>(v[c]);
+      for_channels<kChunk>(count, [&](int c) { acc[c] += w * to_acc<Acc>(v[c]); });
     }
   }
   T* out = output + s.out0 + c0;
-  for (int c = 0; c < count; ++c) out[c] = from_acc<T>(acc[c]);
+  for_channels<kChunk>(count, [&](int c) { out[c] = from_acc<T>(acc[c]); });
 }
 
 // Backward of channels [c0, c0 + count) of (n, ho, wo, g), count <= kChunk. Scatters the input gradient with
@@ -170,13 +170,13 @@ DCNKIT_HD void dcnv3_backward_channels(const Dcnv3Params& p, const T* grad_outpu
       if (!t.ok[q]) continue;  // outside the map: never read, no gradient
       const int64_t at = img0 + t.idx[q] * C;
       Acc dot = Acc(0);  // grad_output . input at this tap
-      for (int c = 0; c < count; ++c) dot += go[c] * to_acc<Acc>(input[at + c]);
+      for_channels<kChunk>(count, [&](int c) { dot += go[c] * to_acc<Acc>(input[at + c]); });
       gm += t.w[q] * dot;
       gy += t.dwy[q] * dot;
       gx += t.dwx[q] * dot;
       if (t.w[q] == Acc(0)) continue;  // adds nothing
       const Acc w = m * t.w[q];
-      for (int c = 0; c < count; ++c) add_input(at + c, w * go[c]);
+      for_channels<kChunk>(count, [&](int c) { add_input(at + c, w * go[c]); });
     }
     // x = ... + dx * scale: d x / d dx = scale.
     add_point(s.off0 + 2 * k, s.mask0 + k, p.softmax ? m * gm : gm, m * gx * scale, m * gy * scale);

@@ -89,8 +89,6 @@ DCNKIT_HD MsdaSite msda_site(const MsdaParams& p, int64_t n, int64_t q, int64_t 
   return s;
 }
 
-// f(c) for c in [0, count), count <= kChunk: loops of constant length kChunk (unrolled, vectorised; on CUDA the
-// per-channel arrays stay in registers, never indexed at run time).
 // The launch grid of the CUDA kernels, which the CPU forward runs too: thread i covers the site (n, q, m) and one
 // run of kChunk of the head's channels (dcnkit/channel_runs.h).
 struct MsdaThread {
@@ -111,17 +109,6 @@ DCNKIT_HD MsdaThread msda_thread(const MsdaParams& p, int64_t i) {
   t.q = (t.run.site / p.heads) % p.num_queries;
   t.n = t.run.site / (p.heads * p.num_queries);
   return t;
-}
-
-template <int kChunk, typename F>
-DCNKIT_HD void for_channels(int count, F&& f) {
-  if (count == kChunk) {
-    for (int c = 0; c < kChunk; ++c) f(c);
-  } else {
-    for (int c = 0; c < kChunk; ++c) {
-      if (c < count) f(c);
-    }
-  }
 }
 
 // f(i, taps, level, first) for every sample (l, p) of (n, q, m) that lands on its level's map: i indexes

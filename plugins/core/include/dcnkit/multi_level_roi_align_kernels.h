@@ -6,9 +6,20 @@
 #include <cmath>
 
 #include "dcnkit/multi_level_roi_align.h"
-#include "dcnkit/roi_kernels.h"
+#include "dcnkit/roi_plan.h"
 
 namespace dcnkit {
+
+// a[l] for a level l known at run time, by a loop of constant length: on CUDA an array in the kernel's parameters
+// then stays there (indexing it at run time would copy it to local memory, a stack frame).
+template <typename V, int N>
+DCNKIT_HD V level_pick(const V (&a)[N], int64_t l) {
+  V v = a[0];
+  for (int i = 1; i < N; ++i) {
+    if (i == l) v = a[i];
+  }
+  return v;
+}
 
 // clamp(floor(log2(sqrt((x2 - x1) * (y2 - y1)) / finest_scale + 1e-6)), 0, L - 1); a NaN value (a box of
 // negative area, non-finite coordinates) gives level 0, +infinity level L - 1.
@@ -47,8 +58,32 @@ template <typename Acc>
 DCNKIT_HD RoIAlignBox<Acc> multi_level_roi_align_box(const MultiLevelRoIAlignParams& p, const Acc box[5],
                                                      int64_t level) {
   const MultiLevelRoIAlignAttrs& a = p.attrs;
-  return roi_align_box<Acc>(box, static_cast<Acc>(p.spatial_scales[level]), a.aligned, a.pooled_h, a.pooled_w,
+  return roi_align_box<Acc>(box, static_cast<Acc>(level_pick(p.spatial_scales, level)), a.aligned, a.pooled_h,
+                            a.pooled_w,
                             a.sampling_ratio);
+}
+
+// The RoI block schedule's head of RoI k (roi_plan.h): its level's map, box, batch index and plan stride.
+template <typename Acc, typename T>
+DCNKIT_HD RoIPlanHead<Acc> multi_level_plan_head(const MultiLevelRoIAlignParams& p, const T* rois, int64_t k) {
+  const T* roi = rois + k * 5;
+  RoIPlanHead<Acc> h;
+  if (!roi_batch_index<Acc>(roi, p.batch, &h.b)) h.b = -1;
+  Acc box[5];
+  const int64_t l = multi_level_roi_box<Acc>(p.attrs, roi, box);
+  h.level = static_cast<int32_t>(l);
+  h.H = level_pick(p.heights, l);
+  h.W = level_pick(p.widths, l);
+  h.box = multi_level_roi_align_box<Acc>(p, box, l);
+  roi_plan_finish(h, p.attrs.pooled_h * p.attrs.pooled_w);
+  return h;
+}
+
+// The largest level's pixels (the launch decision of roi_plan_launch).
+inline int64_t multi_level_max_pixels(const MultiLevelRoIAlignParams& p) {
+  int64_t m = 0;
+  for (int64_t l = 0; l < p.attrs.num_levels; ++l) m = p.heights[l] * p.widths[l] > m ? p.heights[l] * p.widths[l] : m;
+  return m;
 }
 
 }  // namespace dcnkit

@@ -24,6 +24,9 @@ struct RoIAlignAttrs {
 struct RoIAlignParams {
   RoIAlignAttrs attrs;
   int64_t batch = 0, channels = 0, height = 0, width = 0, num_rois = 0;
+  // CUDA: a RoI whose batch index is outside [0, N) or NaN raises a device-side assert (the torch ops set it,
+  // as torch reports a bad index); false (ONNX Runtime, TensorRT): its output is zeros and it has no gradient.
+  bool assert_batch_index = false;
   Shape output_shape() const { return {num_rois, channels, attrs.pooled_h, attrs.pooled_w}; }
 };
 

@@ -468,6 +468,18 @@ struct RoIAtomicAdd {
   Acc* base;
   __device__ __forceinline__ void operator()(int64_t i, Acc v) const { atomicAdd(base + i, v); }
 };
+
+}  // namespace dcnkit
+// glibc's assert handler, which CUDA implements on the device (declared here: <assert.h> does not under NDEBUG).
+extern "C" __host__ __device__ void __assert_fail(const char*, const char*, unsigned int, const char*) noexcept;
+namespace dcnkit {
+
+// The device-side assert of a RoI whose batch index is outside [0, N) or NaN, raised where the params ask for
+// it (RoIAlignParams::assert_batch_index: the torch ops). It holds under NDEBUG too (as torch's kernel asserts).
+__device__ __noinline__ inline void roi_batch_index_assert_fail() {
+  __assert_fail("rois[:, 0] (batch index): expected values in [0, N) (the batch size of input)", __FILE__,
+                __LINE__, "roi batch index");
+}
 #endif
 
 }  // namespace dcnkit

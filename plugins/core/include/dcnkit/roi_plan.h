@@ -1,0 +1,306 @@
+// The RoI block schedule of RoIAlign and MultiLevelRoIAlign (their CUDA launchers, and the CPU test path
+// DCNKIT_ROI_CPU_PATH=cuda-schedule): one block per (RoI, group of kRoIPlanChannels channels). The block computes
+// the RoI's box once (roi_plan_head; MultiLevelRoIAlign: multi_level_plan_head, on the RoI's level),
+// then its sampling plan (roi_plan_fill: every sample of every bin as int32 taps and weights, in shared memory),
+// then loops over (channel, bin) pairs, bin fastest, applying the plan with the bin functions of roi_kernels.h
+// (roi_plan_forward_items / roi_plan_backward_items): the samples the CPU drivers visit, in the same order, so the
+// same sums. Grids too large for a plan (more than kRoIPlanSamples samples per bin or roi_plan_capacity() per RoI,
+// an adaptive grid of a huge box, maps of 2^31 pixels or more) go through the bounded visit instead
+// (roi_visit_*_items), per (channel, bin), in a block of the same shape.
+// Every function here is DCNKIT_HD: `tid` / `step` are the thread's index in its block and the block size.
+#pragma once
+
+#include <cstdint>
+#if !defined(__CUDACC__)
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#endif
+
+#include "dcnkit/roi_kernels.h"
+
+namespace dcnkit {
+
+constexpr int64_t kRoIPlanSamples = 16;     // most samples per bin of a planned grid
+constexpr int64_t kRoIPlanBytes = 32768;    // most shared memory of a plan's entries
+constexpr int64_t kRoIPlanChannels = 32;    // channels per block
+
+// One sample of the plan: its four taps (idx[0] < 0: a sample outside the map) and weights.
+template <typename Acc>
+struct RoIPlanEntry {
+  int32_t idx[4];
+  Acc w[4];
+};
+
+// What a block knows about its RoI.
+template <typename Acc>
+struct RoIPlanHead {
+  RoIAlignBox<Acc> box;
+  Acc n;            // samples per bin: the divisor of avg (0: empty grid)
+  int64_t b;        // batch index; -1 when outside [0, N) or NaN (the block writes zeros)
+  int64_t H, W;     // the map the RoI pools (MultiLevelRoIAlign: its level's)
+  int32_t level;    // MultiLevelRoIAlign: the RoI's level (RoIAlign: 0)
+  int32_t stride;   // plan entries per bin (gh * gw); 0: not planned (bounded visit)
+};
+
+// Most plan entries per RoI (1024 for float, 682 for double).
+template <typename Acc>
+DCNKIT_HD constexpr int64_t roi_plan_capacity() {
+  return kRoIPlanBytes / static_cast<int64_t>(sizeof(RoIPlanEntry<Acc>));
+}
+
+// Whether a grid of gh x gw samples per bin, `bins` bins, on a map of hw pixels is planned.
+template <typename Acc>
+DCNKIT_HD bool roi_plan_fits(int64_t gh, int64_t gw, int64_t bins, int64_t hw) {
+  return gh >= 1 && gw >= 1 && gh <= kRoIPlanSamples && gw <= kRoIPlanSamples && gh * gw <= kRoIPlanSamples &&
+         bins <= roi_plan_capacity<Acc>() / (gh * gw) && hw <= int64_t(0x7fffffff);
+}
+
+// The launcher's choice, known on the host: kPlanOnly (an explicit grid that fits), kVisitOnly (an explicit grid
+// that does not), or kBoth (adaptive: each RoI's grid decides; both kernels run and each skips the other's RoIs).
+// The plan's entries then fill capacity() (kBoth) or bins * ratio^2 (kPlanOnly).
+enum class RoIPlanLaunch { kPlanOnly, kVisitOnly, kBoth };
+// max_hw: the largest map's pixels.
+template <typename Acc>
+inline RoIPlanLaunch roi_plan_launch(int64_t r, int64_t bins, int64_t max_hw, int64_t* plan_entries) {
+  *plan_entries = 0;
+  if (r <= 0) {
+    if (!roi_plan_fits<Acc>(1, 1, bins, max_hw)) return RoIPlanLaunch::kVisitOnly;
+    *plan_entries = roi_plan_capacity<Acc>();
+    return RoIPlanLaunch::kBoth;
+  }
+  if (!roi_plan_fits<Acc>(r, r, bins, max_hw)) return RoIPlanLaunch::kVisitOnly;
+  *plan_entries = bins * r * r;
+  return RoIPlanLaunch::kPlanOnly;
+}
+
+// The divisor and the plan's stride of a head whose box and map are set.
+template <typename Acc>
+DCNKIT_HD void roi_plan_finish(RoIPlanHead<Acc>& h, int64_t bins) {
+  h.n = roi_bin_count(h.box);
+  h.stride = roi_plan_fits<Acc>(h.box.gh, h.box.gw, bins, h.H * h.W) ? int32_t(h.box.gh * h.box.gw) : 0;
+}
+
+// The head of RoI k of RoIAlign (one thread per block).
+template <typename Acc, typename T>
+DCNKIT_HD RoIPlanHead<Acc> roi_plan_head(const RoIAlignParams& p, const T* rois, int64_t k) {
+  const T* roi = rois + k * 5;
+  RoIPlanHead<Acc> h;
+  if (!roi_batch_index<Acc>(roi, p.batch, &h.b)) h.b = -1;
+  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
+  h.box = roi_align_box<Acc>(roi, static_cast<Acc>(p.attrs.spatial_scale), p.attrs.aligned, oh, ow,
+                             p.attrs.sampling_ratio);
+  h.H = p.height;
+  h.W = p.width;
+  h.level = 0;
+  roi_plan_finish(h, oh * ow);
+  return h;
+}
+
+// The plan of a planned head: entry e = bin * stride + iy * gw + ix is sample (iy, ix) of bin `bin`, every
+// sample of the grid in the full loop's order (a sample outside the map is an entry with idx[0] = -1). The bin
+// functions then see what roi_bin_visit gives them: the samples inside, in order (avg), and a 0 candidate where
+// samples outside begin (max: the same maximum and arg-max, the first on ties).
+template <typename Acc, typename P>
+DCNKIT_HD void roi_plan_fill(const P& p, const RoIPlanHead<Acc>& h, int tid, int step, RoIPlanEntry<Acc>* plan) {
+  const int32_t ow = static_cast<int32_t>(p.attrs.pooled_w), S = h.stride, gw = static_cast<int32_t>(h.box.gw);
+  const int32_t total = static_cast<int32_t>(p.attrs.pooled_h) * ow * S;
+  for (int32_t e = tid; e < total; e += step) {
+    const int32_t bin = e / S, s = e % S;
+    Acc y0, x0;
+    roi_bin_origin<Acc, Acc>(h.box, bin / ow, bin % ow, nullptr, nullptr, Acc(0), &y0, &x0);
+    const Taps<Acc> t = roi_taps(RoIAxis<Acc>{y0, h.box.bin_h, h.box.gh}(s / gw),
+                                 RoIAxis<Acc>{x0, h.box.bin_w, h.box.gw}(s % gw), h.H, h.W);
+    for (int i = 0; i < 4; ++i) {
+      plan[e].idx[i] = t.inside ? static_cast<int32_t>(t.idx[i]) : -1;
+      plan[e].w[i] = t.w[i];
+    }
+  }
+}
+
+// An entry as the taps of the bin functions (no derivatives).
+template <typename Acc>
+DCNKIT_HD Taps<Acc> roi_plan_taps(const RoIPlanEntry<Acc>& e) {
+  Taps<Acc> t;
+  t.inside = e.idx[0] >= 0;
+  for (int j = 0; j < 4; ++j) {
+    t.idx[j] = t.inside ? e.idx[j] : 0;
+    t.w[j] = e.w[j];
+  }
+  return t;
+}
+
+// A bin's plan entries as a sample source of the bin functions (roi_bin_reduce, roi_bin_scatter).
+template <typename Acc>
+struct RoIPlanSamples {
+  const RoIPlanEntry<Acc>* e;
+  int32_t n;
+  template <typename Visit>
+  DCNKIT_HD void visit(Visit& v) const {
+    for (int32_t i = 0; i < n; ++i) {
+      const Taps<Acc> t = roi_plan_taps(e[i]);
+      if (!v(t, t.inside ? Acc(1) : Acc(0))) return;
+    }
+  }
+};
+
+// Max-mode backward of a planned bin: roi_bin_scatter's choice (the first largest sample, outside samples 0)
+// keeping the arg-max's entry index rather than its taps (fewer registers).
+template <typename Acc, typename T, typename Add>
+DCNKIT_HD void roi_plan_max_scatter(const T* img, const RoIPlanEntry<Acc>* e, int32_t n, Acc g, Add& add) {
+  int32_t best_i = -1;
+  Acc best = Acc(0);
+  for (int32_t i = 0; i < n; ++i) {
+    const Taps<Acc> t = roi_plan_taps(e[i]);
+    const Acc v = t.inside ? taps_value(img, t) : Acc(0);
+    if (best_i < 0 || v > best) {
+      best_i = i;
+      best = v;
+    }
+  }
+  if (best_i < 0 || e[best_i].idx[0] < 0) return;
+  for (int j = 0; j < 4; ++j) add(e[best_i].idx[j], g * e[best_i].w[j]);
+}
+
+// The (channel, bin) pairs of a block's nc channels, bin fastest, this thread's share: f(c, bin) (c in [0, nc))
+// for item tid, tid + step, ... (no division inside the loop). I: the index type (int32_t for a plan).
+template <typename I, typename F>
+DCNKIT_HD void roi_block_items(I nc, I bins, int tid, int step, const F& f) {
+  const I total = nc * bins;
+  const I dc = static_cast<I>(step) / bins, db = static_cast<I>(step) % bins;
+  I c = static_cast<I>(tid) / bins, bin = static_cast<I>(tid) % bins;
+  for (I item = tid; item < total; item += step) {
+    f(c, bin);
+    c += dc;
+    bin += db;
+    if (bin >= bins) {
+      bin -= bins;
+      ++c;
+    }
+  }
+}
+
+// Channels of block group g: [g * kRoIPlanChannels, ...) clipped to C (the first, c0, is g * kRoIPlanChannels).
+DCNKIT_HD int64_t roi_group_channels(int64_t C, int64_t g) {
+  const int64_t c0 = g * kRoIPlanChannels;
+  return C - c0 < kRoIPlanChannels ? C - c0 : kRoIPlanChannels;
+}
+
+// Forward of a planned block: output (K, C, oh, ow) of RoI k, channels [c0, c0 + nc). max_mode is
+// p.attrs.mode == kMax (the kernels pass it as a compile-time constant).
+template <typename Acc, typename T, typename P>
+DCNKIT_HD void roi_plan_forward_items(const P& p, const RoIPlanHead<Acc>& h,
+                                      const RoIPlanEntry<Acc>* plan, const T* input, int64_t k, int64_t c0,
+                                      int64_t nc, int tid, int step, T* output, bool max_mode) {
+  const int64_t C = p.channels, HW = h.H * h.W;
+  const int32_t bins = static_cast<int32_t>(p.attrs.pooled_h * p.attrs.pooled_w);
+  T* out = output + (k * C + c0) * bins;
+  const T* img = input + ((h.b < 0 ? 0 : h.b) * C + c0) * HW;
+  roi_block_items<int32_t>(static_cast<int32_t>(nc), bins, tid, step, [&](int32_t c, int32_t bin) {
+    Acc v = Acc(0);
+    if (h.b >= 0) {
+      v = roi_bin_reduce<Acc>(img + c * HW, h.n, RoIPlanSamples<Acc>{plan + bin * h.stride, h.stride}, max_mode);
+    }
+    out[c * bins + bin] = from_acc<T>(v);
+  });
+}
+
+// Backward of a planned block: scatters grad_output of RoI k, channels [c0, c0 + nc), through add(index, value)
+// into grad_input's (N, C, H, W) accumulation buffer. Max mode reads `input` for the arg-max.
+template <typename Acc, typename T, typename P, typename AddAt>
+DCNKIT_HD void roi_plan_backward_items(const P& p, const RoIPlanHead<Acc>& h,
+                                       const RoIPlanEntry<Acc>* plan, const T* grad_output, const T* input,
+                                       int64_t k, int64_t c0, int64_t nc, int tid, int step, const AddAt& add_at,
+                                       bool max_mode) {
+  if (h.b < 0 || !(h.n > Acc(0))) return;
+  const int64_t C = p.channels, HW = h.H * h.W;
+  const int32_t bins = static_cast<int32_t>(p.attrs.pooled_h * p.attrs.pooled_w);
+  const T* go = grad_output + (k * C + c0) * bins;
+  const int64_t base = (h.b * C + c0) * HW;
+  roi_block_items<int32_t>(static_cast<int32_t>(nc), bins, tid, step, [&](int32_t c, int32_t bin) {
+    const Acc g = to_acc<Acc>(go[c * bins + bin]);
+    if (g == Acc(0)) return;
+    auto add = add_at(base + c * HW);
+    if (max_mode) {
+      roi_plan_max_scatter<Acc>(input + base + c * HW, plan + bin * h.stride, h.stride, g, add);
+    } else {
+      roi_bin_scatter<Acc>(static_cast<const T*>(nullptr), h.n, RoIPlanSamples<Acc>{plan + bin * h.stride, h.stride},
+                           false, g, add);
+    }
+  });
+}
+
+// The same two for a block whose RoI is not planned: each (channel, bin) samples on the fly (bounded visit).
+// H, W: the head's map (RoIAlign passes its params' sizes, which stay in the kernel's parameters).
+template <typename Acc, typename T, typename P>
+DCNKIT_HD void roi_visit_forward_items(const P& p, const RoIPlanHead<Acc>& h, int64_t H, int64_t W, const T* input,
+                                       int64_t k, int64_t c0, int64_t nc, int tid, int step, T* output) {
+  const int64_t C = p.channels;
+  const int64_t ow = p.attrs.pooled_w, bins = p.attrs.pooled_h * ow;
+  const bool max_mode = p.attrs.mode == PoolMode::kMax;
+  T* out = output + (k * C + c0) * bins;
+  roi_block_items<int64_t>(nc, bins, tid, step, [&](int64_t c, int64_t bin) {
+    Acc v = Acc(0);
+    if (h.b >= 0) {
+      Acc y0, x0;
+      roi_bin_origin<Acc, Acc>(h.box, bin / ow, bin % ow, nullptr, nullptr, Acc(0), &y0, &x0);
+      v = roi_align_bin_forward<Acc>(input + (h.b * C + c0 + c) * H * W, H, W, h.box, y0, x0, max_mode);
+    }
+    out[c * bins + bin] = from_acc<T>(v);
+  });
+}
+
+template <typename Acc, typename T, typename P, typename AddAt>
+DCNKIT_HD void roi_visit_backward_items(const P& p, const RoIPlanHead<Acc>& h, int64_t H, int64_t W,
+                                        const T* grad_output, const T* input, int64_t k, int64_t c0, int64_t nc,
+                                        int tid, int step, const AddAt& add_at) {
+  if (h.b < 0 || !(h.n > Acc(0))) return;
+  const int64_t C = p.channels;
+  const int64_t ow = p.attrs.pooled_w, bins = p.attrs.pooled_h * ow;
+  const bool max_mode = p.attrs.mode == PoolMode::kMax;
+  const T* go = grad_output + (k * C + c0) * bins;
+  roi_block_items<int64_t>(nc, bins, tid, step, [&](int64_t c, int64_t bin) {
+    const Acc g = to_acc<Acc>(go[c * bins + bin]);
+    if (g == Acc(0)) return;
+    Acc y0, x0;
+    roi_bin_origin<Acc, Acc>(h.box, bin / ow, bin % ow, nullptr, nullptr, Acc(0), &y0, &x0);
+    auto add = add_at((h.b * C + c0 + c) * H * W);
+    const T* img = max_mode ? input + (h.b * C + c0 + c) * H * W : nullptr;
+    roi_align_bin_backward<Acc, T>(img, H, W, h.box, y0, x0, max_mode, g, add);
+  });
+}
+
+#if !defined(__CUDACC__)
+// The CUDA grid of the block kernels run serially on the host (the CPU test path and the counting harness):
+// for each block (RoI k, channel group), its head (head_of(k)), its plan where planned (every thread's share),
+// then block(head, k, c0, nc, plan or null (visit), tid) for each thread, in grid order.
+template <typename Acc, typename P, typename HeadOf, typename Block>
+void roi_block_schedule_serial(const P& p, const HeadOf& head_of, int threads, const Block& block) {
+  std::vector<RoIPlanEntry<Acc>> plan(static_cast<size_t>(roi_plan_capacity<Acc>()));
+  const int64_t groups = (p.channels + kRoIPlanChannels - 1) / kRoIPlanChannels;
+  for (int64_t k = 0; k < p.num_rois; ++k) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const RoIPlanHead<Acc> h = head_of(k);
+      if (h.stride != 0) {
+        for (int tid = 0; tid < threads; ++tid) roi_plan_fill<Acc>(p, h, tid, threads, plan.data());
+      }
+      for (int tid = 0; tid < threads; ++tid) {
+        block(h, k, g * kRoIPlanChannels, roi_group_channels(p.channels, g), h.stride != 0 ? plan.data() : nullptr,
+              tid);
+      }
+    }
+  }
+}
+
+// DCNKIT_ROI_CPU_PATH=cuda-schedule (read once per process; for tests): the CPU launchers of RoIAlign and
+// MultiLevelRoIAlign run the CUDA block schedule above instead of their own drivers.
+inline bool roi_cuda_schedule_path() {
+  static const bool on = [] {
+    const char* e = std::getenv("DCNKIT_ROI_CPU_PATH");
+    return e != nullptr && std::strcmp(e, "cuda-schedule") == 0;
+  }();
+  return on;
+}
+#endif
+
+}  // namespace dcnkit

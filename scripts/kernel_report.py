@@ -1,0 +1,394 @@
+"""Kernel report for sm_90: what ptxas and the SASS say about every CUDA kernel of plugins/core, with gates.
+
+    python scripts/kernel_report.py                  # all plugins/core/src/*.cu; exit 1 when a gate fails
+    python scripts/kernel_report.py --sources roi_align.cu --json report.json
+
+Each core .cu is compiled as CMake compiles it (nvcc -std=c++17 --expt-relaxed-constexpr -O3), for sm_90 only,
+with ``-cubin -Xptxas -v`` into a temporary folder (nothing is cached), then disassembled with ``cuobjdump -sass``
+(the ``nvidia-cuda-cuobjdump`` wheel, which needs ``nvidia-cuda-nvdisasm``). Per kernel it prints registers,
+stack frame and spills; per loop (a backward branch) the static SASS count, CALLs (the 64-bit division slow
+path: a CALL whose callee is integer division) and 64-bit int<->float conversions (I2F/F2I .S64/.U64) inside loops; and for the kernels with a known
+trip count the estimated SASS per element (a static cost model):
+
+    per element = (loop body, inner loops times their trip count / unroll) / elements per loop iteration
+                  + (instructions before that loop) / elements per thread
+(the element loop: the loop issuing the per-element marker with the most global loads).
+
+Gates (issue 25 item 6): 0 spill and 0 stack frame in every kernel; for the hot kernels (GATED below, float,
+half and bfloat16 instantiations) <= 48 registers, no CALL and no 64-bit int<->float conversion inside loops,
+and the SASS per element under the kernel's bound. A gated kernel missing from the sources is reported as
+"kernel absent" and fails nothing. PENDING lists kernels known to break a gate, with the reason; they are
+reported and do not fail the run, but one that passes every gate fails it (take it off the list).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CORE = ROOT / "plugins" / "core"
+NVCC_FLAGS = ["-std=c++17", "--expt-relaxed-constexpr", "-O3", "-arch=sm_90"]
+MAX_REGISTERS = 48
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The gates of one hot kernel. ``marker``: the opcode prefix issued once per element (each column element
+    or output is stored once: STG; the fused backward's 4 atomics: RED, per_element 4). ``inner_trip``: trip
+    count of the loops nested in the element loop (samples per bin), ``inner_loads``: global loads per inner
+    iteration (the 4 taps), used to find the unroll factor. ``elements_per_thread``: the amortisation of the
+    rest of the kernel (prologue, plan)."""
+    max_sass_per_element: float
+    marker: str = "STG"
+    per_element: int = 1
+    inner_trip: int = 1
+    inner_loads: int = 4
+    elements_per_thread: float = 16.0
+    note: str = ""
+
+
+# Hot kernels, keyed by their (unqualified) name.
+GATED = {
+    "deform_conv2d_gather_kernel": Spec(40, note="per column element, 16 channels per thread slice"),
+    "deform_conv2d_sampling_backward_kernel": Spec(60, marker="RED", per_element=4,
+                                                   note="per column element, 16 channels per thread slice"),
+    "roi_align_plan_forward_kernel": Spec(250, inner_trip=4, elements_per_thread=32 * 49 / 256,
+                                          note="per output, sampling ratio 2, 7x7 bins, 32 channels per block"),
+    "roi_align_plan_backward_kernel": Spec(float("inf"), marker="RED", per_element=16, inner_trip=4,
+                                           note="registers and loops only"),
+    "multi_level_roi_align_plan_forward_kernel": Spec(250, inner_trip=4, elements_per_thread=32 * 49 / 256,
+                                                      note="per output, as RoIAlign's"),
+    "multi_level_roi_align_plan_backward_kernel": Spec(float("inf"), marker="RED", per_element=16, inner_trip=4,
+                                                       note="registers and loops only"),
+}
+
+# Kernels known to break a gate, with the reason.
+_PLAN_SASS = ("about 370 SASS per output at sampling ratio 2 (gate 250): ~41 per sample (4 LDG, 2 LDS.128, int64 tap "
+              "addresses, selects) and ~100 per (channel, bin) item, against the design's ~22 and ~100")
+PENDING: dict[str, str] = {
+    "roi_align_plan_forward_kernel": _PLAN_SASS,
+    "multi_level_roi_align_plan_forward_kernel": _PLAN_SASS,
+}
+
+_DTYPES = {"f": "float", "d": "double", "6__half": "half", "13__nv_bfloat16": "bfloat16"}
+
+
+def kernel_name(mangled: str) -> tuple[str, str]:
+    """(unqualified name, first template argument as a dtype) of an Itanium-mangled kernel name."""
+    i = 3 if mangled.startswith("_ZN") else 2
+    name = ""
+    while i < len(mangled) and mangled[i].isdigit():
+        n = re.match(r"\d+", mangled[i:]).group(0)
+        i += len(n)
+        name, i = mangled[i:i + int(n)], i + int(n)
+    args = mangled[i + 1:] if mangled[i:i + 1] == "I" else ""
+    dtype = next((v for k, v in _DTYPES.items() if args.startswith(k)), "")
+    return name or mangled, dtype
+
+
+# ---- ptxas -v -------------------------------------------------------------------------------------
+
+@dataclass
+class Kernel:
+    source: str
+    mangled: str
+    name: str
+    dtype: str
+    registers: int = 0
+    stack: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    sass: int = 0
+    loops: list = field(default_factory=list)  # [(start, end, static count)]
+    call_in_loops: int = 0
+    conv64_in_loops: int = 0
+    sass_per_element: float | None = None
+    failures: list = field(default_factory=list)
+    status: str = ""
+
+
+def parse_ptxas(text: str, source: str) -> dict[str, Kernel]:
+    kernels, cur = {}, None
+    for line in text.splitlines():
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            name, dtype = kernel_name(m.group(1))
+            cur = kernels.setdefault(m.group(1), Kernel(source, m.group(1), name, dtype))
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and cur is not None:
+            cur.stack, cur.spill_stores, cur.spill_loads = map(int, m.groups())
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m and cur is not None:
+            cur.registers = int(m.group(1))
+    return kernels
+
+
+# ---- SASS -----------------------------------------------------------------------------------------
+
+_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+
+
+def parse_sass(text: str) -> dict[str, list[tuple[int, str, str]]]:
+    """Function name -> [(address, opcode, operands)]."""
+    funcs, cur = {}, None
+    for line in text.splitlines():
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            cur = funcs.setdefault(m.group(1), [])
+            continue
+        m = _INSTR.search(line)
+        if m and cur is not None:
+            cur.append((int(m.group(1), 16), m.group(3), m.group(4).strip()))
+    return funcs
+
+
+def is_conv64(op: str) -> bool:
+    """A 64-bit integer <-> float conversion (I2F.S64, I2F.F64.U64, F2I.S64.TRUNC, ...)."""
+    parts = op.split(".")
+    return parts[0] in ("I2F", "F2I") and any(p in ("S64", "U64") for p in parts[1:])
+
+
+def integer_division_calls(instrs, positions) -> int:
+    """CALLs at `positions` whose callee is an integer division slow path (integer multiply-high work and no
+    floating-point arithmetic; the fp32 division slow path, also a CALL, has FFMA/FSETP)."""
+    pos = {a: i for i, (a, _, _) in enumerate(instrs)}
+    n = 0
+    for i in positions:
+        addr, op, args = instrs[i]
+        t = re.search(r"0x([0-9a-f]+)", args)
+        if not op.startswith("CALL") or t is None or int(t.group(1), 16) not in pos:
+            continue
+        j, ops = pos[int(t.group(1), 16)], []
+        while j < len(instrs) and not instrs[j][1].startswith("RET"):
+            ops.append(instrs[j][1])
+            j += 1
+        fp = any(o.split(".")[0] in ("FFMA", "FSETP", "DFMA", "DSETP", "FMUL", "FADD") for o in ops)
+        if not fp and any(o.startswith("IMAD.HI") or o.startswith("IMAD.WIDE") for o in ops):
+            n += 1
+    return n
+
+
+def find_loops(instrs) -> list[tuple[int, int]]:
+    """[(first, last)] instruction positions of each loop: a branch back to an earlier address."""
+    pos = {a: i for i, (a, _, _) in enumerate(instrs)}
+    loops = []
+    for i, (addr, op, args) in enumerate(instrs):
+        if op.split(".")[0] != "BRA":
+            continue
+        t = re.search(r"0x([0-9a-f]+)", args)
+        if t and int(t.group(1), 16) <= addr and int(t.group(1), 16) in pos:
+            loops.append((pos[int(t.group(1), 16)], i))
+    return sorted(set(loops))
+
+
+def _inside(inner, outer) -> bool:
+    return outer[0] <= inner[0] and inner[1] <= outer[1] and inner != outer
+
+
+def sass_per_element(instrs, loops, spec: Spec):
+    """(the static cost model above, the element loop); (None, None) when no loop issues the marker."""
+    def count(lo, hi, pred):
+        return sum(1 for _, op, _ in instrs[lo:hi + 1] if pred(op))
+
+    def marker(op):
+        return op.startswith(spec.marker)
+
+    # The element loop: of the loops whose own body (without nested loops) issues the marker, the one with the
+    # most global loads (the hot path; a loop that only stores, such as writing zeros, is not it).
+    best = None
+    for lp in loops:
+        inner = [q for q in loops if _inside(q, lp) and not any(_inside(q, r) and _inside(r, lp) for r in loops)]
+        own = count(lp[0], lp[1], marker) - sum(count(q[0], q[1], marker) for q in inner)
+        loads = count(lp[0], lp[1], lambda op: op.startswith("LDG"))
+        if own > 0 and (best is None or (loads, lp[1] - lp[0]) > best[3]):
+            best = (lp, inner, own, (loads, lp[1] - lp[0]))
+    if best is None:
+        return None, None
+    lp, inner, own, _ = best
+    size = lp[1] - lp[0] + 1
+    body = size - sum(q[1] - q[0] + 1 for q in inner)
+    for q in inner:
+        loads = count(q[0], q[1], lambda op: op.startswith("LDG") or op.startswith("LDS"))
+        unroll = max(1, loads // spec.inner_loads) if spec.inner_loads else 1
+        trips = -(-spec.inner_trip // unroll)
+        body += (q[1] - q[0] + 1) * trips
+    elements = own / spec.per_element
+    prologue = lp[0]  # everything before the element loop, once per thread (cold paths there included)
+    return body / elements + prologue / spec.elements_per_thread, lp
+
+
+def analyse(kernel: Kernel, instrs) -> None:
+    """Loops, and CALL / 64-bit conversions inside loops: for a gated kernel only in its hot loops (the element
+    loop, the loops nested in it and those around it), for the others in every loop."""
+    loops = find_loops(instrs)
+    kernel.sass = len(instrs)
+    kernel.loops = [(instrs[a][0], instrs[b][0], b - a + 1) for a, b in loops]
+    spec = GATED.get(kernel.name)
+    hot = loops
+    if spec is not None:
+        kernel.sass_per_element, lp = sass_per_element(instrs, loops, spec)
+        hot = [q for q in loops if lp is not None and (q == lp or _inside(q, lp) or _inside(lp, q))]
+    in_loop = set()
+    for a, b in hot:
+        in_loop.update(range(a, b + 1))
+    kernel.call_in_loops = integer_division_calls(instrs, sorted(in_loop))
+    kernel.conv64_in_loops = sum(1 for i in in_loop if is_conv64(instrs[i][1]))
+
+
+def gate(kernel: Kernel) -> None:
+    f = kernel.failures
+    if kernel.stack:
+        f.append(f"stack frame {kernel.stack} B (expected 0)")
+    if kernel.spill_stores or kernel.spill_loads:
+        f.append(f"spills {kernel.spill_stores}/{kernel.spill_loads} B (expected 0)")
+    spec = GATED.get(kernel.name)
+    if spec is not None and kernel.dtype != "double":
+        if kernel.registers > MAX_REGISTERS:
+            f.append(f"{kernel.registers} registers (expected <= {MAX_REGISTERS})")
+        if kernel.call_in_loops:
+            f.append(f"{kernel.call_in_loops} CALL (integer division) in loops (expected 0)")
+        if kernel.conv64_in_loops:
+            f.append(f"{kernel.conv64_in_loops} 64-bit int<->float conversions in loops (expected 0)")
+        if kernel.dtype == "float":
+            if kernel.sass_per_element is None:
+                f.append(f"no loop issues {spec.marker} (the element loop was not found)")
+            elif kernel.sass_per_element > spec.max_sass_per_element:
+                f.append(f"{kernel.sass_per_element:.0f} SASS per element (expected <= {spec.max_sass_per_element:g})")
+    kernel.status = "FAIL: " + "; ".join(f) if f else "ok"
+
+
+def settle_pending(kernels: list[Kernel]) -> None:
+    """A PENDING kernel's failing instantiations are reported as pending; when none of them fails any more, they
+    all fail the run ("passes": take it off the list)."""
+    for name, why in PENDING.items():
+        same = [k for k in kernels if k.name == name]
+        if not same:
+            continue
+        if any(k.failures for k in same):
+            for k in same:
+                if k.failures:
+                    k.status = "pending: " + why
+        else:
+            for k in same:
+                k.status = "passes (remove it from PENDING)"
+
+
+def failed(kernel: Kernel) -> bool:
+    return kernel.status.startswith("FAIL") or kernel.status.startswith("passes")
+
+
+# ---- tools ---------------------------------------------------------------------------------------
+
+def find_nvcc() -> str | None:
+    for d in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if d and Path(d, "bin", "nvcc").exists():
+            return str(Path(d, "bin", "nvcc"))
+    return shutil.which("nvcc")
+
+
+def find_cuobjdump() -> str | None:
+    """cuobjdump from the nvidia-cuda-cuobjdump wheel (with nvdisasm from nvidia-cuda-nvdisasm beside it),
+    else one on PATH that has nvdisasm beside it or on PATH."""
+    try:
+        import nvidia  # namespace package of the CUDA wheels
+        for base in nvidia.__path__:
+            for exe in sorted(Path(base).glob("cu*/bin/cuobjdump")):
+                if exe.with_name("nvdisasm").exists():
+                    return str(exe)
+    except ImportError:
+        pass
+    exe = shutil.which("cuobjdump")
+    if exe and (Path(exe).with_name("nvdisasm").exists() or shutil.which("nvdisasm")):
+        return exe
+    return None
+
+
+def missing_tools() -> str | None:
+    if not find_nvcc():
+        return "nvcc not found (CUDA_HOME, /usr/local/cuda or PATH)"
+    if not find_cuobjdump():
+        return "cuobjdump with nvdisasm not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"
+    return None
+
+
+def compile_one(nvcc: str, cuobjdump: str, src: Path, out: Path) -> dict[str, Kernel]:
+    cubin = out / (src.stem + ".cubin")
+    cmd = [nvcc, *NVCC_FLAGS, f"-I{CORE / 'include'}", "-cubin", "-Xptxas", "-v", "-o", str(cubin), str(src)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"nvcc failed on {src.name}:\n{r.stderr[-4000:]}")
+    kernels = parse_ptxas(r.stdout + r.stderr, src.name)
+    env = dict(os.environ, PATH=str(Path(cuobjdump).parent) + os.pathsep + os.environ.get("PATH", ""))
+    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, env=env, check=True)
+    funcs = parse_sass(sass.stdout)
+    for mangled, k in kernels.items():
+        analyse(k, funcs.get(mangled, []))
+        gate(k)
+    return kernels
+
+
+def report(sources: list[Path], jobs: int) -> list[Kernel]:
+    nvcc, cuobjdump = find_nvcc(), find_cuobjdump()
+    with tempfile.TemporaryDirectory(prefix="dcnkit-kernel-report-") as tmp:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            results = list(pool.map(lambda s: compile_one(nvcc, cuobjdump, s, Path(tmp)), sources))
+    kernels = sorted((k for r in results for k in r.values()), key=lambda k: (k.source, k.name, k.dtype, k.mangled))
+    settle_pending(kernels)
+    return kernels
+
+
+def table(kernels: list[Kernel]) -> str:
+    head = "| source | kernel | dtype | regs | stack | spill | SASS | loops (static SASS) | CALL div/I2F64 in (hot) loops | SASS/elem | gate |"
+    rows = [head, "|" + "---|" * 11]
+    for k in kernels:
+        loops = ", ".join(str(n) for _, _, n in k.loops[:6]) + (" ..." if len(k.loops) > 6 else "")
+        spec = GATED.get(k.name)
+        shown = k.sass_per_element is not None and spec is not None and spec.max_sass_per_element != float("inf")
+        per = f"{k.sass_per_element:.0f}" if shown else ""
+        rows.append(f"| {k.source} | {k.name} | {k.dtype} | {k.registers} | {k.stack} | "
+                    f"{k.spill_stores}/{k.spill_loads} | {k.sass} | {loops} | {k.call_in_loops}/{k.conv64_in_loops} | "
+                    f"{per} | {k.status} |")
+    present = {k.name for k in kernels}
+    for name, spec in GATED.items():
+        if name not in present:
+            rows.append(f"| | {name} | | | | | | | | | kernel absent ({spec.note}) |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sources", nargs="*", help="file names under plugins/core/src (default: every .cu)")
+    ap.add_argument("--jobs", type=int, default=2, help="parallel nvcc processes (default 2)")
+    ap.add_argument("--json", help="also write the report as JSON here")
+    args = ap.parse_args(argv)
+    why = missing_tools()
+    if why:
+        print(f"kernel report skipped: {why}")
+        return 0
+    src_dir = CORE / "src"
+    sources = [src_dir / s for s in args.sources] if args.sources else sorted(src_dir.glob("*.cu"))
+    for s in sources:
+        if not s.exists():
+            ap.error(f"--sources: expected files under {src_dir}, got {s.name} (not found)")
+    kernels = report(sources, args.jobs)
+    print(table(kernels))
+    bad = [k for k in kernels if failed(k)]
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(k) for k in kernels], indent=1))
+    print(f"\n{len(kernels)} kernels, {len(bad)} failing a gate" + "".join(f"\n  {k.name} ({k.dtype}): {k.status}" for k in bad))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+// Counting harness of RoIAlign's CUDA block schedule (issue 25, proxy (a)): the per-thread DCNKIT_HD bodies of
+// roi_plan.h run over the launch grid with a counting storage type, whose every read (to_acc) and write
+// (from_acc) is one global load or store; a read is a RoI-field load when it lands in the rois buffer. Prints
+// the counts per output element and exits 1 when a gate fails:
+//   RoI-field loads per output <= 0.1, stores per output == 1, tap loads per output <= 4 * samples per bin.
+// Built and run by tests/test_kernel_counts.py (the system C++ compiler, plugins/core/include only).
+#include <cstdio>
+#include <vector>
+
+#include "dcnkit/bilinear.h"
+
+namespace {
+struct Counted {
+  double v;
+};
+const Counted* g_rois_begin = nullptr;
+const Counted* g_rois_end = nullptr;
+long g_roi_loads = 0, g_other_loads = 0, g_stores = 0;
+}  // namespace
+
+namespace dcnkit {
+template <>
+double to_acc<double, Counted>(const Counted& x) {
+  if (&x >= g_rois_begin && &x < g_rois_end) {
+    ++g_roi_loads;
+  } else {
+    ++g_other_loads;
+  }
+  return x.v;
+}
+template <>
+Counted from_acc<Counted, double>(double v) {
+  ++g_stores;
+  return Counted{v};
+}
+}  // namespace dcnkit
+
+#include "dcnkit/roi_plan.h"
+
+int main() {
+  using namespace dcnkit;
+  // The RoIAlign benchmark's layout at a smaller size: 7x7 bins, sampling ratio 2, avg and max.
+  RoIAlignParams p;
+  p.batch = 2;
+  p.channels = 64;
+  p.height = 32;
+  p.width = 32;
+  p.num_rois = 24;
+  p.attrs.pooled_h = p.attrs.pooled_w = 7;
+  p.attrs.sampling_ratio = 2;
+  p.attrs.spatial_scale = 0.5;
+  p.attrs.aligned = true;
+  std::vector<Counted> input(p.batch * p.channels * p.height * p.width, Counted{1.0});
+  std::vector<Counted> rois;
+  for (int64_t k = 0; k < p.num_rois; ++k) {
+    const double x1 = 3.0 * (k % 5), y1 = 2.0 * (k % 7);
+    for (double v : {double(k % 2), x1, y1, x1 + 20.0 + k, y1 + 16.0 + 0.5 * k}) rois.push_back(Counted{v});
+  }
+  g_rois_begin = rois.data();
+  g_rois_end = rois.data() + rois.size();
+  const int64_t outputs = p.num_rois * p.channels * 49;
+  const double samples = 4.0;
+  bool ok = true;
+  std::printf("| mode | RoI-field loads / output | tap loads / output | stores / output |\n|---|---|---|---|\n");
+  for (PoolMode mode : {PoolMode::kAvg, PoolMode::kMax}) {
+    p.attrs.mode = mode;
+    std::vector<Counted> output(outputs, Counted{0.0});
+    g_roi_loads = g_other_loads = g_stores = 0;
+    int64_t planned = 0;
+    roi_block_schedule_serial<double>(
+        p, [&](int64_t k) { return roi_plan_head<double>(p, rois.data(), k); }, 256,
+        [&](const RoIPlanHead<double>& h, int64_t k, int64_t c0, int64_t nc, const RoIPlanEntry<double>* plan,
+            int tid) {
+          if (plan == nullptr) return;
+          planned += tid == 0;
+          roi_plan_forward_items<double, Counted>(p, h, plan, input.data(), k, c0, nc, tid, 256, output.data(),
+                                                  mode == PoolMode::kMax);
+        });
+    const double roi = double(g_roi_loads) / outputs, taps = double(g_other_loads) / outputs,
+                 stores = double(g_stores) / outputs;
+    std::printf("| %s | %.4f | %.2f | %.3f |\n", pool_mode_name(mode), roi, taps, stores);
+    if (planned != p.num_rois * 2) {
+      std::printf("FAIL: %lld of %lld blocks planned\n", (long long)planned, (long long)(p.num_rois * 2));
+      ok = false;
+    }
+    if (!(roi <= 0.1)) {
+      std::printf("FAIL: RoI-field loads per output %.4f (expected <= 0.1)\n", roi);
+      ok = false;
+    }
+    if (stores != 1.0) {
+      std::printf("FAIL: stores per output %.3f (expected 1)\n", stores);
+      ok = false;
+    }
+    if (!(taps <= 4 * samples)) {
+      std::printf("FAIL: tap loads per output %.2f (expected <= %g)\n", taps, 4 * samples);
+      ok = false;
+    }
+  }
+  return ok ? 0 : 1;
+}
