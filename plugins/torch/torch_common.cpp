@@ -38,7 +38,8 @@ Status aten_gemm(void* device_options, const GemmArgs& g) {
   const auto& base = *static_cast<const at::TensorOptions*>(device_options);
   const auto opt = base.dtype(scalar_type_of(g.dtype));
   if (g.m == 0 || g.n == 0) return Status::Ok();
-  // A profiler scope, so that a test can check that nothing is allocated inside (tests/test_gemm_no_alloc.py).
+  // A profiler scope, so that a test can check that nothing is allocated inside
+  // (tests/test_deform_conv2d_cuda_schedule.py).
   RECORD_FUNCTION("dcnkit::aten_gemm", std::vector<c10::IValue>());
   // op(A) is m x k: stored k x m when transposed.
   at::Tensor a = g.trans_a ? matrix_view(g.a, g.batch, g.k, g.m, g.lda, g.stride_a, true, opt)
