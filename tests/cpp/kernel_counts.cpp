@@ -49,6 +49,7 @@ struct CI {
   CI(int64_t x) : v(x) {}
   operator int64_t() const { return v; }
   CI& operator++() { ++v; return *this; }
+  CI& operator+=(int64_t o) { v += o; return *this; }
 };
 template <class U> int64_t operator/(CI a, U b) { ++c.divisions; return a.v / static_cast<int64_t>(b); }
 template <class U> int64_t operator%(CI a, U b) { ++c.divisions; return a.v % static_cast<int64_t>(b); }
@@ -147,27 +148,33 @@ void count_shape(int64_t N, int64_t C, int64_t H, int64_t W, int64_t k, int64_t 
   counts::gcol_r = {cols.data(), cols.data() + cols.size()};
   const double elems = double(N) * C * K * P;
 
-  counts::c = counts::Counters{};
-  Status st = for_each_dcn_tile(p, tl, tl.fwd_slices, [&](const DcnTile& t) {
-    for (uint32_t i = 0; i < t.threads; ++i)
-      deform_conv2d_gather<CA, CT, CI, 0, 0, true>(p, t, input.data(), offset.data(), mask.data(), i, cols.data());
+  // The kernel-size variant the launchers dispatch to (3x3, 1x1 or runtime), with the counting index type.
+  counts::Counters f, b;
+  Status st = dispatch_dcn_variant(p, true, true, [&](auto, auto kt, auto) {
+    constexpr int KH = decltype(kt)::KH, KW = decltype(kt)::KW;
+    counts::c = counts::Counters{};
+    DCNKIT_RETURN_IF_ERROR(for_each_dcn_tile(p, tl, tl.fwd_slices, [&](const DcnTile& t) {
+      for (uint32_t i = 0; i < t.threads; ++i)
+        deform_conv2d_gather<CA, CT, CI, KH, KW, true>(p, t, input.data(), offset.data(), mask.data(), i, cols.data());
+      return Status::Ok();
+    }));
+    f = counts::c;
+    counts::c = counts::Counters{};
+    DCNKIT_RETURN_IF_ERROR(for_each_dcn_tile(p, tl, tl.bwd_slices, [&](const DcnTile& t) {
+      std::vector<DcnPointGrad<CA>> part(static_cast<size_t>(t.slices));
+      for (uint32_t i0 = 0; i0 < t.threads; i0 += static_cast<uint32_t>(t.slices)) {
+        for (uint32_t s = 0; s < t.slices; ++s)
+          part[s] = deform_conv2d_sampling_backward<CA, CT, CI, KH, KW, true>(
+              p, t, input.data(), offset.data(), mask.data(), cols.data(), i0 + s, true, grad_input.data(),
+              [](CT* dst, CA v) { ++counts::c.atomics; dst->v += v.v; });
+        deform_conv2d_point_grad_store<CA, CT, KH, KW>(
+            p, t, i0, dcn_slice_tree(part.data(), static_cast<int>(t.slices)), grad_offset.data(), grad_mask.data());
+      }
+      return Status::Ok();
+    }));
+    b = counts::c;
     return Status::Ok();
   });
-  const counts::Counters f = counts::c;
-  counts::c = counts::Counters{};
-  st = for_each_dcn_tile(p, tl, tl.bwd_slices, [&](const DcnTile& t) {
-    std::vector<DcnPointGrad<CA>> part(static_cast<size_t>(t.slices));
-    for (uint32_t i0 = 0; i0 < t.threads; i0 += static_cast<uint32_t>(t.slices)) {
-      for (uint32_t s = 0; s < t.slices; ++s)
-        part[s] = deform_conv2d_sampling_backward<CA, CT, CI, 0, 0, true>(
-            p, t, input.data(), offset.data(), mask.data(), cols.data(), i0 + s, true, grad_input.data(),
-            [](CT* dst, CA v) { ++counts::c.atomics; dst->v += v.v; });
-      deform_conv2d_point_grad_store<CA, CT, 0, 0>(p, t, i0, dcn_slice_tree(part.data(), static_cast<int>(t.slices)),
-                                                   grad_offset.data(), grad_mask.data());
-    }
-    return Status::Ok();
-  });
-  const counts::Counters b = counts::c;
   if (!st.ok()) {
     std::printf("%s\n", st.message().c_str());
     ++failures;

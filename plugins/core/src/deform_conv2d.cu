@@ -70,8 +70,10 @@ __global__ void deform_conv2d_bias_kernel(DeformConv2dParams p, DcnTile t, const
 
 // The slices of a point are t.slices adjacent lanes (a power of two <= 32 dividing the block); every lane of
 // a block runs the same iterations (inactive ones contribute zeros), so the shuffles see whole warps.
+// float accumulation with int32 indices: at least 5 blocks of 256 per SM, so <= 48 registers (62.5 % occupancy);
+// ptxas, sm_90: 46 registers and no spill (the int64 and double variants would spill under that bound).
 template <typename T, typename IndexT, int KH, int KW, bool kMask, typename G>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, sizeof(typename AccType<T>::type) == 4 && sizeof(IndexT) == 4 ? 5 : 1)
     deform_conv2d_sampling_backward_kernel(DeformConv2dParams p, DcnTile t, const T* __restrict__ input,
                                            const T* __restrict__ offset, const T* __restrict__ mask,
                                            const T* __restrict__ grad_columns, G* __restrict__ grad_input,
@@ -99,26 +101,21 @@ __global__ void __launch_bounds__(kCudaThreads)
 // acc[i] += v[i] (the float32 sum over images of 16-bit grad_weight GEMM results).
 template <typename T, typename Acc>
 __global__ void accumulate_kernel(const T* __restrict__ v, int64_t n, Acc* __restrict__ acc) {
-  DCNKIT_CUDA_KERNEL_LOOP(i, n) { acc[i] += to_acc<Acc>(v[i]); }
+  DCNKIT_CUDA_KERNEL_LOOP(i, n) { deform_conv2d_weight_accumulate<Acc, T>(v, i, acc); }
 }
 
-// grad_bias[co] = sum over n, pos of grad_output[n][co][pos]: one block per channel, fixed order, in the
-// accumulation type.
+// grad_bias[co] = sum over n, pos of grad_output[n][co][pos]: one block of kDcnBiasGradThreads per channel, the
+// lanes' partials added in a fixed tree order, in the accumulation type.
 template <typename T>
-__global__ void bias_grad_kernel(const T* __restrict__ grad_output, int64_t N, int64_t cout, int64_t P,
-                                 T* __restrict__ grad_bias) {
+__global__ void __launch_bounds__(kDcnBiasGradThreads)
+    bias_grad_kernel(DeformConv2dParams p, const T* __restrict__ grad_output, T* __restrict__ grad_bias) {
   using Acc = typename AccType<T>::type;
-  __shared__ Acc partial[kCudaThreads];
-  for (int64_t co = blockIdx.x; co < cout; co += gridDim.x) {
-    Acc s = Acc(0);
-    for (int64_t i = threadIdx.x; i < N * P; i += blockDim.x) {
-      const int64_t n = i / P, q = i % P;
-      s += to_acc<Acc>(grad_output[(n * cout + co) * P + q]);
-    }
-    partial[threadIdx.x] = s;
+  __shared__ Acc partial[kDcnBiasGradThreads];
+  for (int64_t co = blockIdx.x; co < p.out_channels; co += gridDim.x) {
+    partial[threadIdx.x] = deform_conv2d_bias_grad_partial<Acc, T>(p, grad_output, co, threadIdx.x, blockDim.x);
     __syncthreads();
     for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-      if (threadIdx.x < w) partial[threadIdx.x] += partial[threadIdx.x + w];
+      deform_conv2d_bias_grad_tree<Acc>(partial, threadIdx.x, w);
       __syncthreads();
     }
     if (threadIdx.x == 0) grad_bias[co] = from_acc<T>(partial[0]);
@@ -171,7 +168,7 @@ struct CudaExec {
     if (Cout == 0) return Status::Ok();
     if (N * P == 0) return zero(grad_bias, Cout);
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(Cout, 65535));
-    bias_grad_kernel<T><<<blocks, kCudaThreads, 0, stream>>>(grad_output, N, Cout, P, grad_bias);
+    bias_grad_kernel<T><<<blocks, kDcnBiasGradThreads, 0, stream>>>(p, grad_output, grad_bias);
     return cuda_launch_status("deform_conv2d_cuda: bias grad");
   }
   Status zero(T* dst, int64_t count) {
@@ -184,10 +181,7 @@ struct CudaExec {
   // float32 accumulator (a 16-bit running sum over images would round at every image).
   Status weight_gemm(const GemmArgs& ga) {
     if (weight_tmp == nullptr) return gemm(ga);
-    GemmArgs g = ga;
-    g.beta = 0.f;
-    g.c = weight_tmp;  // same layout as grad_weight (ldc, stride_c)
-    DCNKIT_RETURN_IF_ERROR(gemm(g));
+    DCNKIT_RETURN_IF_ERROR(gemm(weight_gemm_to(ga, weight_tmp)));
     const int64_t n = weight_elements(p);
     accumulate_kernel<T, Acc><<<cuda_blocks(n), kCudaThreads, 0, stream>>>(weight_tmp, n, grad_weight.acc);
     return cuda_launch_status("deform_conv2d_cuda: grad_weight sum");

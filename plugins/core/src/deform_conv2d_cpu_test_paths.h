@@ -94,11 +94,13 @@ struct CpuScheduleExec {
     });
   }
   Status bias_grad() {
-    const int64_t P = p.out_spatial();
+    std::vector<T> part(kDcnBiasGradThreads);
     for (int64_t co = 0; co < p.out_channels; ++co) {
-      T s = T(0);
-      for (int64_t i = 0; i < p.batch * P; ++i) s += grad_output[(i / P * p.out_channels + co) * P + i % P];
-      grad_bias[co] = s;
+      for (int lane = 0; lane < kDcnBiasGradThreads; ++lane)
+        part[lane] = deform_conv2d_bias_grad_partial<T, T>(p, grad_output, co, lane, kDcnBiasGradThreads);
+      for (int w = kDcnBiasGradThreads / 2; w > 0; w >>= 1)
+        for (int lane = 0; lane < kDcnBiasGradThreads; ++lane) deform_conv2d_bias_grad_tree<T>(part.data(), lane, w);
+      grad_bias[co] = part[0];
     }
     return Status::Ok();
   }
@@ -107,7 +109,16 @@ struct CpuScheduleExec {
     return Status::Ok();
   }
   Status gemm(const GemmArgs& ga) { return ctx.run_gemm(ga); }
-  Status weight_gemm(const GemmArgs& ga) { return ctx.run_gemm(ga); }
+  // The int32 run adds in place (the float and double route on CUDA); the int64 run takes the route of the
+  // 16-bit types: the image's product into a temporary, then the per-element sum into grad_weight.
+  Status weight_gemm(const GemmArgs& ga) {
+    if (index32) return ctx.run_gemm(ga);
+    const int64_t n = p.out_channels * p.in_per_group() * p.kernel_size();
+    std::vector<T> tmp(static_cast<size_t>(n));
+    DCNKIT_RETURN_IF_ERROR(ctx.run_gemm(weight_gemm_to(ga, tmp.data())));
+    for (int64_t i = 0; i < n; ++i) deform_conv2d_weight_accumulate<T, T>(tmp.data(), i, static_cast<T*>(ga.c));
+    return Status::Ok();
+  }
 };
 
 // Scratch of the CUDA-schedule path (a test path: it allocates, unlike the launchers).

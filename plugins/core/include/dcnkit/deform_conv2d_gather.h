@@ -213,36 +213,32 @@ DCNKIT_HD DcnPointGrad<Acc> deform_conv2d_sampling_backward(const DeformConv2dPa
   const IndexT K = IndexT(dcn_kernel_size<KH, KW>(p)), W = IndexT(p.width);
   const IndexT HW = IndexT(p.height) * W, Cin = IndexT(p.in_channels), pt = IndexT(t.pt);
   const Acc ly = r.cell.ly, lx = r.cell.lx, hy = Acc(1) - ly, hx = Acc(1) - lx;
-  const Acc wq[4] = {hy * hx, hy * lx, ly * hx, ly * lx};
-  Acc wm[4];
-  for (int q = 0; q < 4; ++q) wm[q] = wq[q] * r.m;
-  const int64_t image = r.n * static_cast<int64_t>(Cin * HW) + static_cast<int64_t>(r.c0 * HW);
+  const Acc wm[4] = {hy * hx * r.m, hy * lx * r.m, ly * hx * r.m, ly * lx * r.m};
+  // One base per array and one in-image offset (input and grad_input share the layout) stepping by channel.
+  const int64_t image = r.n * static_cast<int64_t>(Cin * HW);
   const T* x = input + image;
-  G* gx_img = grad_input ? grad_input + image : nullptr;
+  G* gi = grad_input ? grad_input + image : nullptr;
   const T* gcol =
       grad_columns + static_cast<int64_t>(((IndexT(w.b) * Cin + r.c0) * K + IndexT(w.k)) * pt + IndexT(w.pl));
   const IndexT col_step = K * pt;
-  IndexT nb_off[4];
-  for (int q = 0; q < 4; ++q) nb_off[q] = r.cell.base + (q & 1 ? IndexT(1) : IndexT(0)) + (q & 2 ? W : IndexT(0));
   Acc d[4] = {Acc(0), Acc(0), Acc(0), Acc(0)};
+  IndexT xo = r.c0 * HW + r.cell.base, go = IndexT(0);
   for (IndexT c = r.c0; c < r.c1; ++c) {
-    const Acc v = to_acc<Acc>(*gcol);
-    if (want_point_grad) {
-      for (int q = 0; q < 4; ++q) d[q] += v * dcn_tap<Acc, T, IndexT>(x, r.cell, W, q);
+    const Acc v = to_acc<Acc>(gcol[go]);
+    for (int q = 0; q < 4; ++q) {
+      if (!r.cell.ok[q]) continue;  // outside the map: never read, never written
+      const IndexT at = xo + (q & 1 ? IndexT(1) : IndexT(0)) + (q & 2 ? W : IndexT(0));
+      if (want_point_grad) d[q] += v * to_acc<Acc>(x[at]);
+      if (gi && v != Acc(0) && wm[q] != Acc(0)) add(gi + at, wm[q] * v);
     }
-    if (gx_img && v != Acc(0)) {
-      for (int q = 0; q < 4; ++q)
-        if (r.cell.ok[q] && wm[q] != Acc(0)) add(gx_img + nb_off[q], wm[q] * v);
-    }
-    x += HW;
-    if (gx_img) gx_img += HW;
-    gcol += col_step;
+    xo += HW;
+    go += col_step;
   }
   // d w_q / dy = {-hx, -lx, hx, lx}, d w_q / dx = {-hy, hy, -ly, ly}.
   DcnPointGrad<Acc> g;
   g.gy = -hx * d[0] - lx * d[1] + hx * d[2] + lx * d[3];
   g.gx = -hy * d[0] + hy * d[1] - ly * d[2] + ly * d[3];
-  g.gm = wq[0] * d[0] + wq[1] * d[1] + wq[2] * d[2] + wq[3] * d[3];
+  g.gm = hy * hx * d[0] + hy * lx * d[1] + ly * hx * d[2] + ly * lx * d[3];
   g.m = r.m;
   return g;
 }
@@ -275,6 +271,36 @@ DCNKIT_HD void deform_conv2d_point_grad_store(const DeformConv2dParams& p, const
     go[P] = from_acc<T>(Acc(g.gx * g.m));
   }
   if (grad_mask) grad_mask[n * Gd * K * P + (w.g * K + w.k) * P + pos] = from_acc<T>(g.gm);
+}
+
+// ---- the launchers' other per-thread bodies --------------------------------------------------------
+
+// grad_bias[co]: thread `lane` of the `lanes` threads of channel co's block sums grad_output[n][co][q] over every
+// image n and the positions q = lane, lane + lanes, ... (no index division); the block then adds the lanes'
+// partials in a fixed tree order (deform_conv2d_bias_grad_tree).
+template <typename Acc, typename T>
+DCNKIT_HD Acc deform_conv2d_bias_grad_partial(const DeformConv2dParams& p, const T* grad_output, int64_t co,
+                                              int64_t lane, int64_t lanes) {
+  const int64_t P = p.out_h * p.out_w;
+  Acc s = Acc(0);
+  for (int64_t n = 0; n < p.batch; ++n) {
+    const T* g = grad_output + (n * p.out_channels + co) * P;
+    for (int64_t q = lane; q < P; q += lanes) s += to_acc<Acc>(g[q]);
+  }
+  return s;
+}
+
+// One step of the block's tree over its lanes' partials: v[lane] += v[lane + width] for lane < width, width =
+// lanes/2, ..., 1 (the CUDA block synchronises between steps; the CPU runs the same steps in order).
+template <typename Acc>
+DCNKIT_HD void deform_conv2d_bias_grad_tree(Acc* v, int64_t lane, int64_t width) {
+  if (lane < width) v[lane] += v[lane + width];
+}
+
+// The float32 sum over images of 16-bit grad_weight: acc[i] += tmp[i] (tmp: one image's GEMM result).
+template <typename Acc, typename T>
+DCNKIT_HD void deform_conv2d_weight_accumulate(const T* tmp, int64_t i, Acc* acc) {
+  acc[i] += to_acc<Acc>(tmp[i]);
 }
 
 }  // namespace dcnkit

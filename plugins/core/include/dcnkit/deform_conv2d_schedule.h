@@ -29,6 +29,8 @@ constexpr int64_t kDcnTargetThreads = int64_t(1) << 17;
 // reduces a point's slices within a warp).
 constexpr int64_t kDcnMinSliceChannels = 16;
 constexpr int64_t kDcnMaxSlices = 32;
+// Threads of the grad_bias block (one block per output channel; a power of two).
+constexpr int kDcnBiasGradThreads = 256;
 
 // Tiles: `images` whole images (positions == P), or `positions` < P positions of one image; slices per
 // deformable group for the forward and the backward grid.
@@ -122,6 +124,16 @@ inline Status make_dcn_tile(const DeformConv2dParams& p, int64_t n0, int64_t nb,
   t->out_w_div = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(1, p.out_w)));
   t->kernel_w_div = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(1, p.kernel_w)));
   return Status::Ok();
+}
+
+// The grad_weight GEMM of one image into a temporary of grad_weight's layout (beta 0): for 16-bit types on CUDA,
+// whose float32 sum over images then adds it (deform_conv2d_weight_accumulate); a 16-bit running sum would round
+// at every image.
+inline GemmArgs weight_gemm_to(const GemmArgs& ga, void* tmp) {
+  GemmArgs g = ga;
+  g.beta = 0.f;
+  g.c = tmp;
+  return g;
 }
 
 template <typename I> struct IndexTag { using type = I; };
