@@ -73,6 +73,7 @@ CudaContext cuda_context(const at::Tensor& like) {
   options = at::TensorOptions().device(like.device());
   CudaContext ctx;
   ctx.stream = c10::cuda::getCurrentCUDAStream(like.device().index()).stream();
+  ctx.deterministic = at::globalContext().deterministicAlgorithms();
   ctx.gemm = &aten_gemm;
   ctx.gemm_self = &options;
   return ctx;

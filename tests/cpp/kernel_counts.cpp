@@ -4,11 +4,14 @@
 // (to_acc) is classified by the array it reads and every store (from_acc) counted, an accumulation type
 // whose floor() is counted (two per sampling point), an index type whose divisions are counted -- and
 // prints per column element: sampling points, offset/mask loads, input loads, stores, index divisions and
-// backward atomics. It also prints the launchers' workspace against torchvision's column buffer and the
+// backward atomics, for the forward gather, the fused backward and the deterministic backward (plan, sort, pixel
+// gather: no atomics, grad_input equal to the scatter's). It also prints the launchers' workspace against torchvision's column buffer and the
 // GPU-DESIGN.md section 1 model's times (labelled "model"). Exit status 1 when a gate fails.
 //
 // Built and run by tests/test_kernel_counts.py: g++ -std=c++17 -I plugins/core/include kernel_counts.cpp.
+#include <algorithm>
 #include <cmath>
+#include <utility>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -149,7 +152,8 @@ void count_shape(int64_t N, int64_t C, int64_t H, int64_t W, int64_t k, int64_t 
   const double elems = double(N) * C * K * P;
 
   // The kernel-size variant the launchers dispatch to (3x3, 1x1 or runtime), with the counting index type.
-  counts::Counters f, b;
+  counts::Counters f, b, d;
+  double max_diff = 0;
   Status st = dispatch_dcn_variant(p, true, true, [&](auto, auto kt, auto) {
     constexpr int KH = decltype(kt)::KH, KW = decltype(kt)::KW;
     counts::c = counts::Counters{};
@@ -173,6 +177,38 @@ void count_shape(int64_t N, int64_t C, int64_t H, int64_t W, int64_t k, int64_t 
       return Status::Ok();
     }));
     b = counts::c;
+    // Deterministic mode: offset/mask gradients from the fused kernel without the scatter, grad_input from the
+    // plan, the sort and the pixel gather (no atomics); grad_input must equal the scatter's.
+    counts::c = counts::Counters{};
+    std::vector<CA> det(grad_input.size());
+    DCNKIT_RETURN_IF_ERROR(for_each_dcn_tile(p, tl, tl.bwd_slices, [&](const DcnTile& t) {
+      std::vector<DcnPointGrad<CA>> part(static_cast<size_t>(t.slices));
+      for (uint32_t i0 = 0; i0 < t.threads; i0 += static_cast<uint32_t>(t.slices)) {
+        for (uint32_t s = 0; s < t.slices; ++s)
+          part[s] = deform_conv2d_sampling_backward<CA, CT, CI, KH, KW, true>(
+              p, t, input.data(), offset.data(), mask.data(), cols.data(), i0 + s, true, static_cast<CT*>(nullptr),
+              [](CT* dst, CA v) { ++counts::c.atomics; dst->v += v.v; });
+      }
+      DcnTile plan;
+      DcnPixelGrid pg;
+      DCNKIT_RETURN_IF_ERROR(make_dcn_tile(p, t.n0, t.nb, t.p0, t.pt, 1, &plan));
+      DCNKIT_RETURN_IF_ERROR(make_dcn_pixel_grid(p, plan, &pg));
+      std::vector<uint32_t> keys(pg.entries), slots(pg.entries);
+      std::vector<CA> weights(pg.entries);
+      for (uint32_t i = 0; i < plan.threads; ++i)
+        deform_conv2d_plan<CA, CT, CI, KH, KW, true>(p, plan, offset.data(), mask.data(), i, keys.data(), slots.data(),
+                                                     weights.data());
+      std::vector<std::pair<uint32_t, uint32_t>> kv(pg.entries);
+      for (uint32_t e = 0; e < pg.entries; ++e) kv[e] = {keys[e], slots[e]};
+      std::sort(kv.begin(), kv.end());
+      for (uint32_t e = 0; e < pg.entries; ++e) keys[e] = kv[e].first, slots[e] = kv[e].second;
+      for (uint32_t i = 0; i < pg.threads; ++i)
+        deform_conv2d_pixel_gather<CA, CT, CA>(p, plan, pg, keys.data(), slots.data(), weights.data(), cols.data(), i,
+                                               det.data());
+      return Status::Ok();
+    }));
+    d = counts::c;
+    for (size_t i = 0; i < det.size(); ++i) max_diff = std::max(max_diff, std::fabs(det[i].v - grad_input[i].v));
     return Status::Ok();
   });
   if (!st.ok()) {
@@ -186,10 +222,10 @@ void count_shape(int64_t N, int64_t C, int64_t H, int64_t W, int64_t k, int64_t 
               (long long)tl.images, (long long)tl.positions, (long long)tl.fwd_slices, (long long)tl.bwd_slices);
   std::printf("  %-22s %10s %10s %10s %10s %10s %10s %10s\n", "per column element", "points", "off+mask", "input",
               "gcol", "stores", "divisions", "atomics");
-  for (int pass = 0; pass < 2; ++pass) {
-    const counts::Counters& x = pass ? b : f;
-    std::printf("  %-22s %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f\n",
-                pass ? "fused backward" : "forward gather", x.floors / 2 / elems,
+  const char* names[3] = {"forward gather", "fused backward", "deterministic bwd"};
+  for (int pass = 0; pass < 3; ++pass) {
+    const counts::Counters& x = pass == 0 ? f : pass == 1 ? b : d;
+    std::printf("  %-22s %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f\n", names[pass], x.floors / 2 / elems,
                 (x.loads_offset + x.loads_mask) / elems, x.loads_input / elems, x.loads_gcol / elems,
                 x.stores / elems, x.divisions / elems, x.atomics / elems);
   }
@@ -204,6 +240,8 @@ void count_shape(int64_t N, int64_t C, int64_t H, int64_t W, int64_t k, int64_t 
        (b.loads_offset + b.loads_mask) / elems, 3.0 / 8);
   gate(b.loads_gcol == elems, "backward column-gradient loads per element", b.loads_gcol / elems, 1);
   gate(b.atomics / elems <= 4, "backward atomics per element", b.atomics / elems, 4);
+  gate(d.atomics == 0, "deterministic backward atomics per element", d.atomics / elems, 0);
+  gate(max_diff <= 1e-12, "deterministic grad_input vs atomic path max |diff|", max_diff, 1e-12);
   gate(b.divisions == 0, "backward index divisions per element", b.divisions / elems, 0);
   // offset/mask gradients written once each: 2 offsets + 1 mask per sampling point
   const double points = double(N) * Gd * K * P;
@@ -223,8 +261,8 @@ void memory(int64_t N, int64_t C, int64_t H, DType dt) {
   const double fwd = deform_conv2d_cuda_workspace_bytes(p, dt, false) / mib;
   const double bwd = deform_conv2d_cuda_workspace_bytes(p, dt, true) / mib;
   const double tv = double(C) * 9 * torchvision_images(N) * p.out_spatial() * dtype_size(dt) / mib;
-  std::printf("\nworkspace (%lld,%lld,%lld,%lld) %s: forward %.1f MiB, backward %.1f MiB; torchvision's column buffer "
-              "%.1f MiB\n", (long long)N, (long long)C, (long long)H, (long long)H, dtype_name(dt), fwd, bwd, tv);
+  std::printf("\nworkspace (%lld,%lld,%lld,%lld) %s: forward %.1f MiB, backward %.1f MiB (plus CUB's sort scratch); "
+              "torchvision's column buffer %.1f MiB\n", (long long)N, (long long)C, (long long)H, (long long)H, dtype_name(dt), fwd, bwd, tv);
   if (dt == DType::kFloat32 && N == 8 && C == 64 && H == 64)
     gate(fwd + bwd <= 0.5 * tv, "extra fwd+bwd MiB vs 0.5x torchvision columns", fwd + bwd, 0.5 * tv);
 }

@@ -14,6 +14,8 @@
 // Each is instantiated for int32/int64 indices, 3x3/1x1/runtime kernel size, with/without mask.
 #include <algorithm>
 
+#include <cub/device/device_radix_sort.cuh>
+
 #include "dcnkit/cuda_utils.cuh"
 #include "dcnkit/deform_conv2d.h"
 #include "dcnkit/deform_conv2d_schedule.h"
@@ -98,6 +100,37 @@ __global__ void __launch_bounds__(kCudaThreads, sizeof(typename AccType<T>::type
   }
 }
 
+// Deterministic mode (deform_conv2d_sorted.h): the plan over the points of a one-slice tile, then (after the sort)
+// the pixel gather.
+template <typename T, typename IndexT, int KH, int KW, bool kMask>
+__global__ void __launch_bounds__(kCudaThreads)
+    deform_conv2d_plan_kernel(DeformConv2dParams p, DcnTile t, const T* __restrict__ offset,
+                              const T* __restrict__ mask, uint32_t* __restrict__ keys, uint32_t* __restrict__ slots,
+                              typename AccType<T>::type* __restrict__ weights) {
+  using Acc = typename AccType<T>::type;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < t.threads; i += blockDim.x * gridDim.x)
+    deform_conv2d_plan<Acc, T, IndexT, KH, KW, kMask>(p, t, offset, mask, i, keys, slots, weights);
+}
+
+template <typename T, typename G>
+__global__ void __launch_bounds__(kCudaThreads)
+    deform_conv2d_pixel_gather_kernel(DeformConv2dParams p, DcnTile t, DcnPixelGrid pg,
+                                      const uint32_t* __restrict__ keys, const uint32_t* __restrict__ slots,
+                                      const typename AccType<T>::type* __restrict__ weights,
+                                      const T* __restrict__ grad_columns, G* __restrict__ grad_input) {
+  using Acc = typename AccType<T>::type;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < pg.threads; i += blockDim.x * gridDim.x)
+    deform_conv2d_pixel_gather<Acc, T, G>(p, t, pg, keys, slots, weights, grad_columns, i, grad_input);
+}
+
+// CUB's scratch for sorting `entries` (key, slot) pairs with double buffers (a host-side size query).
+size_t sort_scratch_bytes(int64_t entries) {
+  size_t bytes = 0;
+  cub::DoubleBuffer<uint32_t> keys(nullptr, nullptr), slots(nullptr, nullptr);
+  cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys, slots, static_cast<int>(entries), 0, 32);
+  return align_up(bytes);
+}
+
 // acc[i] += v[i] (the float32 sum over images of 16-bit grad_weight GEMM results).
 template <typename T, typename Acc>
 __global__ void accumulate_kernel(const T* __restrict__ v, int64_t n, Acc* __restrict__ acc) {
@@ -139,6 +172,12 @@ struct CudaExec {
   T* weight_tmp;
 
   bool index32;
+  bool deterministic;
+  // Deterministic mode: keys and slots (two buffers each), weights, CUB's scratch (null otherwise).
+  uint32_t *keys0, *keys1, *slots0, *slots1;
+  Acc* weights;
+  void* sort_scratch;
+  size_t sort_bytes;
 
   Status gather(const DcnTile& t, T* columns) {
     return dispatch_dcn_variant(p, index32, mask != nullptr, [&](auto it, auto kt, auto mt) {
@@ -154,14 +193,31 @@ struct CudaExec {
     deform_conv2d_bias_kernel<T><<<grid, kCudaThreads, 0, stream>>>(p, t, bias, output);
     return cuda_launch_status("deform_conv2d_cuda: bias");
   }
-  Status sampling_backward(const DcnTile& t, const T* grad_columns) {
+  Status sampling_backward(const DcnTile& t, const T* grad_columns, bool scatter) {
+    Acc* gi = scatter ? grad_input.acc : nullptr;
     return dispatch_dcn_variant(p, index32, mask != nullptr, [&](auto it, auto kt, auto mt) {
       using I = typename decltype(it)::type;
       deform_conv2d_sampling_backward_kernel<T, I, decltype(kt)::KH, decltype(kt)::KW, decltype(mt)::value, Acc>
-          <<<cuda_blocks(t.threads), kCudaThreads, 0, stream>>>(p, t, input, offset, mask, grad_columns,
-                                                                grad_input.acc, grad_offset, grad_mask);
+          <<<cuda_blocks(t.threads), kCudaThreads, 0, stream>>>(p, t, input, offset, mask, grad_columns, gi,
+                                                                grad_offset, grad_mask);
       return cuda_launch_status("deform_conv2d_cuda: sampling backward");
     });
+  }
+  Status input_grad_sorted(const DcnTile& plan, const DcnPixelGrid& pg, const T* grad_columns) {
+    DCNKIT_RETURN_IF_ERROR(dispatch_dcn_variant(p, index32, mask != nullptr, [&](auto it, auto kt, auto mt) {
+      using I = typename decltype(it)::type;
+      deform_conv2d_plan_kernel<T, I, decltype(kt)::KH, decltype(kt)::KW, decltype(mt)::value>
+          <<<cuda_blocks(plan.threads), kCudaThreads, 0, stream>>>(p, plan, offset, mask, keys0, slots0, weights);
+      return cuda_launch_status("deform_conv2d_cuda: deterministic plan");
+    }));
+    cub::DoubleBuffer<uint32_t> keys(keys0, keys1), slots(slots0, slots1);
+    size_t bytes = sort_bytes;
+    DCNKIT_RETURN_IF_ERROR(cuda_status(cub::DeviceRadixSort::SortPairs(sort_scratch, bytes, keys, slots,
+                                                                       static_cast<int>(pg.entries), 0, 32, stream),
+                                       "deform_conv2d_cuda: deterministic sort"));
+    deform_conv2d_pixel_gather_kernel<T, Acc><<<cuda_blocks(pg.threads), kCudaThreads, 0, stream>>>(
+        p, plan, pg, keys.Current(), slots.Current(), weights, grad_columns, grad_input.acc);
+    return cuda_launch_status("deform_conv2d_cuda: deterministic gather");
   }
   Status bias_grad() {
     const int64_t N = p.batch, P = p.out_spatial(), Cout = p.out_channels;
@@ -194,7 +250,7 @@ Status forward_impl(const DeformConv2dParams& p, const T* input, const T* offset
   const DcnTiling tl = deform_conv2d_cuda_tiling(p, dtype_enum<T>());
   CudaExec<T> ex{p, ctx, static_cast<cudaStream_t>(ctx.stream), input, offset, mask, bias, nullptr,
                  output, nullptr, nullptr, nullptr, GradAcc<T>{}, GradAcc<T>{}, nullptr,
-                 deform_conv2d_index32(p, tl)};
+                 deform_conv2d_index32(p, tl), false, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0};
   return deform_conv2d_forward_schedule<T>(p, dtype_enum<T>(), tl, weight, bias != nullptr, output,
                                            static_cast<T*>(workspace), ex);
 }
@@ -204,15 +260,28 @@ Status backward_impl(const DeformConv2dParams& p, const T* grad_output, const T*
                      const T* weight, const T* mask, T* grad_input, T* grad_offset, T* grad_weight,
                      T* grad_bias, T* grad_mask, void* workspace, const CudaContext& ctx) {
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
-  // Workspace: columns, then (16-bit types) the float32 accumulators and weight_tmp.
+  using Acc = typename AccType<T>::type;
+  // Workspace: columns, then (16-bit types) the float32 accumulators and weight_tmp, then the deterministic
+  // mode's plan (keys, keys, slots, slots, weights) and CUB's scratch (deform_conv2d_cuda_workspace_bytes).
   char* extra = static_cast<char*>(workspace) + column_bytes(p, dtype_enum<T>());
   const GradAcc<T> gin = grad_acc(grad_input, p.batch * p.in_channels * p.height * p.width, &extra);
   const GradAcc<T> gw = grad_acc(grad_weight, weight_elements(p), &extra);
-  constexpr bool in_place = std::is_same<typename AccType<T>::type, T>::value;
+  constexpr bool in_place = std::is_same<Acc, T>::value;
   T* weight_tmp = (!in_place && grad_weight != nullptr) ? reinterpret_cast<T*>(extra) : nullptr;
+  if (!in_place) extra += align_up(static_cast<size_t>(weight_elements(p)) * sizeof(T));
   const DcnTiling tl = deform_conv2d_cuda_tiling(p, dtype_enum<T>());
+  const size_t entries = static_cast<size_t>(deform_conv2d_plan_entries(p, tl));
+  uint32_t* plan_u32[4];
+  for (auto& q : plan_u32) {
+    q = reinterpret_cast<uint32_t*>(extra);
+    extra += align_up(entries * sizeof(uint32_t));
+  }
+  Acc* weights = reinterpret_cast<Acc*>(extra);
+  extra += align_up(entries * sizeof(Acc));
   CudaExec<T> ex{p, ctx, stream, input, offset, mask, nullptr, grad_output, nullptr, grad_offset, grad_bias,
-                 mask ? grad_mask : nullptr, gin, gw, weight_tmp, deform_conv2d_index32(p, tl)};
+                 mask ? grad_mask : nullptr, gin, gw, weight_tmp, deform_conv2d_index32(p, tl), ctx.deterministic,
+                 plan_u32[0], plan_u32[1], plan_u32[2], plan_u32[3], weights, extra,
+                 sort_scratch_bytes(static_cast<int64_t>(entries))};
   // In place (float, double) the schedule zeroes grad_input / grad_weight itself; the float32
   // accumulators of 16-bit types are zeroed here and rounded into the gradients after the schedule.
   if (!in_place) {
@@ -233,7 +302,8 @@ size_t deform_conv2d_forward_workspace_cuda(const DeformConv2dParams& p, DType d
 }
 
 size_t deform_conv2d_backward_workspace_cuda(const DeformConv2dParams& p, DType dtype) {
-  return deform_conv2d_cuda_workspace_bytes(p, dtype, true);
+  return deform_conv2d_cuda_workspace_bytes(p, dtype, true) +
+         sort_scratch_bytes(deform_conv2d_plan_entries(p, deform_conv2d_cuda_tiling(p, dtype)));
 }
 
 size_t deform_conv2d_forward_workspace_cuda_bound(const DeformConv2dParams& max_params, DType dtype) {

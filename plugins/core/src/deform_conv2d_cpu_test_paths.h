@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstring>
+#include <utility>
 
 #include "deform_conv2d_cpu_common.h"
 #include "dcnkit/deform_conv2d_schedule.h"
@@ -17,21 +18,24 @@ namespace {
 // DCNKIT_DCN_CPU_PATH=cuda-schedule runs the CUDA launchers themselves on the CPU: their schedule
 // (deform_conv2d_schedule.h: column tiles, every GEMM's arguments, zeroing) and their per-thread bodies
 // (deform_conv2d_gather.h) over the CUDA launch grid, serially, with the context's GEMM, the int32
-// instantiation; DCNKIT_DCN_CPU_PATH=cuda-schedule-int64 runs the int64 one.
-enum class CpuPath { kFast, kElementwise, kCudaSchedule, kCudaScheduleInt64 };
+// instantiation; DCNKIT_DCN_CPU_PATH=cuda-schedule-int64 runs the int64 one, and
+// DCNKIT_DCN_CPU_PATH=cuda-schedule-deterministic the deterministic mode (deform_conv2d_sorted.h).
+enum class CpuPath { kFast, kElementwise, kCudaSchedule, kCudaScheduleInt64, kCudaScheduleDeterministic };
 inline CpuPath cpu_path() {
   static const CpuPath path = [] {
     const char* e = std::getenv("DCNKIT_DCN_CPU_PATH");
     if (e != nullptr && std::strcmp(e, "elementwise") == 0) return CpuPath::kElementwise;
     if (e != nullptr && std::strcmp(e, "cuda-schedule") == 0) return CpuPath::kCudaSchedule;
     if (e != nullptr && std::strcmp(e, "cuda-schedule-int64") == 0) return CpuPath::kCudaScheduleInt64;
+    if (e != nullptr && std::strcmp(e, "cuda-schedule-deterministic") == 0) return CpuPath::kCudaScheduleDeterministic;
     return CpuPath::kFast;
   }();
   return path;
 }
 inline bool elementwise_path() { return cpu_path() == CpuPath::kElementwise; }
 inline bool cuda_schedule_path() {
-  return cpu_path() == CpuPath::kCudaSchedule || cpu_path() == CpuPath::kCudaScheduleInt64;
+  return cpu_path() == CpuPath::kCudaSchedule || cpu_path() == CpuPath::kCudaScheduleInt64 ||
+         cpu_path() == CpuPath::kCudaScheduleDeterministic;
 }
 
 // The tiling of the CUDA-schedule path: the launchers' rules at test sizes, so that small problems still
@@ -59,6 +63,7 @@ struct CpuScheduleExec {
   const T *input, *offset, *mask, *bias, *grad_output;
   T *output, *grad_input, *grad_offset, *grad_bias, *grad_mask;
   bool index32 = cpu_path() != CpuPath::kCudaScheduleInt64;
+  bool deterministic = cpu_path() == CpuPath::kCudaScheduleDeterministic;
 
   Status gather(const DcnTile& t, T* columns) {
     return dispatch_dcn_variant(p, index32, mask != nullptr, [&](auto it, auto kt, auto mt) {
@@ -75,7 +80,8 @@ struct CpuScheduleExec {
         for (int64_t pl = 0; pl < t.pt; ++pl) deform_conv2d_bias_fill(p, t, bias, b, co, pl, output);
     return Status::Ok();
   }
-  Status sampling_backward(const DcnTile& t, const T* grad_columns) {
+  Status sampling_backward(const DcnTile& t, const T* grad_columns, bool scatter) {
+    T* gi = scatter ? grad_input : nullptr;
     const bool want = grad_offset != nullptr || grad_mask != nullptr;
     return dispatch_dcn_variant(p, index32, mask != nullptr, [&](auto it, auto kt, auto mt) {
       using I = typename decltype(it)::type;
@@ -85,13 +91,36 @@ struct CpuScheduleExec {
       for (uint32_t i0 = 0; i0 < t.threads; i0 += S) {
         for (uint32_t s = 0; s < S; ++s)
           part[s] = deform_conv2d_sampling_backward<T, T, I, KH, KW, decltype(mt)::value>(
-              p, t, input, offset, mask, grad_columns, i0 + s, want, grad_input, [](T* dst, T v) { *dst += v; });
+              p, t, input, offset, mask, grad_columns, i0 + s, want, gi, [](T* dst, T v) { *dst += v; });
         if (want)
           deform_conv2d_point_grad_store<T, T, KH, KW>(p, t, i0, dcn_slice_tree(part.data(), static_cast<int>(S)),
                                                        grad_offset, grad_mask);
       }
       return Status::Ok();
     });
+  }
+  // Plan, stable sort of (key, slot) -- the order of the CUDA radix sort -- and the pixel gather.
+  Status input_grad_sorted(const DcnTile& plan, const DcnPixelGrid& pg, const T* grad_columns) {
+    std::vector<uint32_t> keys(pg.entries), slots(pg.entries);
+    std::vector<T> weights(pg.entries);
+    DCNKIT_RETURN_IF_ERROR(dispatch_dcn_variant(p, index32, mask != nullptr, [&](auto it, auto kt, auto mt) {
+      using I = typename decltype(it)::type;
+      for (uint32_t i = 0; i < plan.threads; ++i)
+        deform_conv2d_plan<T, T, I, decltype(kt)::KH, decltype(kt)::KW, decltype(mt)::value>(
+            p, plan, offset, mask, i, keys.data(), slots.data(), weights.data());
+      return Status::Ok();
+    }));
+    std::vector<std::pair<uint32_t, uint32_t>> kv(pg.entries);
+    for (uint32_t e = 0; e < pg.entries; ++e) kv[e] = {keys[e], slots[e]};
+    std::sort(kv.begin(), kv.end());
+    for (uint32_t e = 0; e < pg.entries; ++e) {
+      keys[e] = kv[e].first;
+      slots[e] = kv[e].second;
+    }
+    for (uint32_t i = 0; i < pg.threads; ++i)
+      deform_conv2d_pixel_gather<T, T, T>(p, plan, pg, keys.data(), slots.data(), weights.data(), grad_columns, i,
+                                          grad_input);
+    return Status::Ok();
   }
   Status bias_grad() {
     std::vector<T> part(kDcnBiasGradThreads);

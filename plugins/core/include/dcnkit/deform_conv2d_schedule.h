@@ -15,7 +15,7 @@
 
 #include <algorithm>
 
-#include "dcnkit/deform_conv2d_gather.h"
+#include "dcnkit/deform_conv2d_sorted.h"
 
 namespace dcnkit {
 
@@ -78,16 +78,50 @@ inline size_t deform_conv2d_tile_bytes(const DeformConv2dParams& p, const DcnTil
   return align_up(static_cast<size_t>(t.images * t.positions * p.in_channels * p.kernel_size()) * elem);
 }
 
-// Workspace of the launchers: one column tile, and for the backward of 16-bit types the float32
-// accumulators of grad_input and grad_weight plus one image's grad_weight GEMM result in the storage type.
+// Plan entries of a tile in deterministic mode: 4 per sampling point.
+inline int64_t deform_conv2d_plan_entries(const DeformConv2dParams& p, const DcnTiling& t) {
+  return 4 * t.images * p.attrs.deformable_groups * p.kernel_size() * t.positions;
+}
+
+// Bytes of the deterministic backward's plan (keys and slots twice for the sort, the weights in the accumulation
+// type), without the sort's own scratch (the CUDA launcher adds CUB's).
+inline size_t deform_conv2d_plan_bytes(const DeformConv2dParams& p, const DcnTiling& t, DType dtype) {
+  const size_t n = static_cast<size_t>(deform_conv2d_plan_entries(p, t));
+  return 4 * align_up(n * sizeof(uint32_t)) + align_up(n * (dtype == DType::kFloat64 ? 8 : 4));
+}
+
+// Workspace of the launchers: one column tile; the backward adds, for 16-bit types, the float32 accumulators of
+// grad_input and grad_weight plus one image's grad_weight GEMM result in the storage type, and the plan of the
+// deterministic mode.
 inline size_t deform_conv2d_cuda_workspace_bytes(const DeformConv2dParams& p, DType dtype, bool backward) {
-  const size_t tile = deform_conv2d_tile_bytes(p, deform_conv2d_cuda_tiling(p, dtype), dtype_size(dtype));
+  const DcnTiling tl = deform_conv2d_cuda_tiling(p, dtype);
+  const size_t tile = deform_conv2d_tile_bytes(p, tl, dtype_size(dtype));
+  if (!backward) return tile;
+  const size_t plan = deform_conv2d_plan_bytes(p, tl, dtype);
   const bool is16 = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
-  if (!backward || !is16) return tile;
+  if (!is16) return tile + plan;
   const int64_t gin = p.batch * p.in_channels * p.height * p.width;
   const int64_t gw = p.out_channels * p.in_per_group() * p.kernel_size();
   auto f32 = [](int64_t n) { return n > 0 ? align_up(sizeof(float) * static_cast<size_t>(n)) : size_t(0); };
-  return tile + f32(gin) + f32(gw) + align_up(static_cast<size_t>(gw) * dtype_size(dtype));
+  return tile + f32(gin) + f32(gw) + align_up(static_cast<size_t>(gw) * dtype_size(dtype)) + plan;
+}
+
+// The pixel grid of tile t (deterministic grad_input); `plan` is t with one slice.
+inline Status make_dcn_pixel_grid(const DeformConv2dParams& p, const DcnTile& plan, DcnPixelGrid* g) {
+  const int64_t HW = p.height * p.width, Gd = p.attrs.deformable_groups;
+  const int64_t threads = plan.nb * p.in_channels * HW, entries = 4 * int64_t(plan.threads);
+  const int64_t lim = int64_t(1) << 31;
+  if (threads >= lim || entries >= lim || plan.nb * Gd * HW >= int64_t(kDcnNoKey)) {
+    return Status::Invalid("deform_conv2d_cuda: deterministic backward: tile of " + std::to_string(threads) +
+                           " pixel threads and " + std::to_string(entries) +
+                           " plan entries: expected fewer than 2^31 each (reduce the batch or the input size)");
+  }
+  g->threads = static_cast<uint32_t>(threads);
+  g->entries = static_cast<uint32_t>(entries);
+  g->pixel_div = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(1, HW)));
+  g->channel_div = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(1, p.in_channels)));
+  g->group_div = FastDivmod(static_cast<uint32_t>(std::max<int64_t>(1, p.in_channels / Gd)));
+  return Status::Ok();
 }
 
 // Whether the int32 instantiation may run: every per-image extent and the tile below 2^31.
@@ -158,7 +192,10 @@ Status dispatch_dcn_variant(const DeformConv2dParams& p, bool index32, bool has_
 // The schedule. An executor `ex` provides, each returning a Status:
 //   gather(const DcnTile&, T* columns)               -- deform_conv2d_gather over the tile's forward grid;
 //   bias_fill(const DcnTile&)                        -- output[n][co][p0 .. p0 + pt) = bias[co] for the tile;
-//   sampling_backward(const DcnTile&, const T* gcol) -- the fused backward over the tile's backward grid;
+//   sampling_backward(const DcnTile&, const T* gcol, bool scatter) -- the fused backward over the tile's
+//                                                    backward grid (grad_input scattered when `scatter`);
+//   input_grad_sorted(const DcnTile& plan, const DcnPixelGrid&, const T* gcol) -- deterministic mode
+//                                                    (ex.deterministic): plan, sort, pixel gather;
 //   bias_grad()                                      -- grad_bias[co] = sum over n, pos of grad_output;
 //   zero(T* dst, int64_t count), gemm(const GemmArgs&)  -- in stream order;
 //   weight_gemm(const GemmArgs&)  -- the grad_weight GEMM (C += A x B^T, summed over images): gemm(), or
@@ -277,7 +314,15 @@ Status deform_conv2d_backward_schedule(const DeformConv2dParams& p, DType dt, co
       ga.batch = t.nb;
       DCNKIT_RETURN_IF_ERROR(ex.gemm(ga));
     }
-    return ex.sampling_backward(t, columns);
+    const bool sorted = grad_input != nullptr && ex.deterministic;
+    if (grad_offset || grad_mask || (grad_input && !sorted))
+      DCNKIT_RETURN_IF_ERROR(ex.sampling_backward(t, columns, grad_input != nullptr && !sorted));
+    if (!sorted) return Status::Ok();
+    DcnTile plan;
+    DcnPixelGrid pg;
+    DCNKIT_RETURN_IF_ERROR(make_dcn_tile(p, t.n0, t.nb, t.p0, t.pt, 1, &plan));
+    DCNKIT_RETURN_IF_ERROR(make_dcn_pixel_grid(p, plan, &pg));
+    return ex.input_grad_sorted(plan, pg, columns);
   });
 }
 
