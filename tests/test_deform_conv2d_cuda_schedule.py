@@ -6,7 +6,7 @@ adapter's aten_gemm, the function the CUDA path uses too), in one child process,
   the map is read even with weight 0. With Inf in pixel (0, 0), sampling points at the far borders (whose missing
   neighbours an index-0 fallback would read) stay finite, and every value and gradient equals torchvision's,
   NaN and Inf where torchvision has them;
-* the torch adapter's GEMM writes straight into C (issue 25 item 4; GPU-DESIGN proxy (e)): torch.profiler's memory
+* the torch adapter's GEMM writes straight into C (issue 25 item 4): torch.profiler's memory
   events show no allocation inside any "dcnkit::aten_gemm" scope over a bias-free forward (beta 0) and a backward
   (column-gradient GEMM with beta 0, grad_weight GEMM with beta 1)."""
 

@@ -1,4 +1,4 @@
-"""CPU proxies of the DeformConv2d CUDA kernels (issue 25 item 6; GPU-DESIGN.md section 7 (a), (d)): the counting
+"""CPU proxies of the DeformConv2d CUDA kernels (issue 25 item 6): the counting
 harness tests/cpp/kernel_counts.cpp runs the kernels' per-thread DCNKIT_HD bodies over the launchers' own launch
 grid with counting scalar types, and prints its table, the launchers' workspace against torchvision's column
 buffer and the model's predicted times (labelled "model"). It exits 1 when a gate fails: per column element,

@@ -1,12 +1,12 @@
-// Counting harness of the DeformConv2d CUDA kernels (issue 25 item 6; GPU-DESIGN.md section 7 proxies (a), (d)):
+// Counting harness of the DeformConv2d CUDA kernels (issue 25 item 6: CPU proxies of their speed and memory):
 // runs the per-thread DCNKIT_HD bodies of deform_conv2d_gather.h over the CUDA launch grid of the launchers'
 // own schedule (deform_conv2d_schedule.h) with counting scalar types -- a storage type whose every load
 // (to_acc) is classified by the array it reads and every store (from_acc) counted, an accumulation type
 // whose floor() is counted (two per sampling point), an index type whose divisions are counted -- and
 // prints per column element: sampling points, offset/mask loads, input loads, stores, index divisions and
 // backward atomics, for the forward gather, the fused backward and the deterministic backward (plan, sort, pixel
-// gather: no atomics, grad_input equal to the scatter's). It also prints the launchers' workspace against torchvision's column buffer and the
-// GPU-DESIGN.md section 1 model's times (labelled "model"). Exit status 1 when a gate fails.
+// gather: no atomics, grad_input equal to the scatter's). It also prints the launchers' workspace against
+// torchvision's column buffer and the issue 25 model's times (labelled "model"). Exit status 1 when a gate fails.
 //
 // Built and run by tests/test_kernel_counts.py: g++ -std=c++17 -I plugins/core/include kernel_counts.cpp.
 #include <algorithm>
@@ -216,7 +216,8 @@ void count_shape(int64_t N, int64_t C, int64_t H, int64_t W, int64_t k, int64_t 
     ++failures;
     return;
   }
-  std::printf("\nDCN (N=%lld, C=%lld, %lldx%lld, %lldx%lld kernel, Gd=%lld): %.0f column elements; tiles of %lld image(s) x "
+  std::printf("\nDCN (N=%lld, C=%lld, %lldx%lld, %lldx%lld kernel, Gd=%lld): %.0f column elements; "
+              "tiles of %lld image(s) x "
               "%lld positions; slices fwd %lld, bwd %lld\n",
               (long long)N, (long long)C, (long long)H, (long long)W, (long long)k, (long long)k, (long long)Gd, elems,
               (long long)tl.images, (long long)tl.positions, (long long)tl.fwd_slices, (long long)tl.bwd_slices);
@@ -233,7 +234,8 @@ void count_shape(int64_t N, int64_t C, int64_t H, int64_t W, int64_t k, int64_t 
   gate((f.loads_offset + f.loads_mask) / elems <= 3.0 / 8, "gather offset/mask loads per element",
        (f.loads_offset + f.loads_mask) / elems, 3.0 / 8);
   gate(f.stores == elems, "gather stores per element (exactly)", f.stores / elems, 1);
-  gate(f.loads_other == 0 && f.loads_gcol == 0, "gather loads outside input/offset/mask", f.loads_other + f.loads_gcol, 0);
+  gate(f.loads_other == 0 && f.loads_gcol == 0, "gather loads outside input/offset/mask",
+       f.loads_other + f.loads_gcol, 0);
   gate(f.divisions == 0, "gather index divisions per element", f.divisions / elems, 0);
   gate(b.floors / 2 / elems <= 1.0 / 8, "backward sampling points per element", b.floors / 2 / elems, 1.0 / 8);
   gate((b.loads_offset + b.loads_mask) / elems <= 3.0 / 8, "backward offset/mask loads per element",
@@ -262,14 +264,16 @@ void memory(int64_t N, int64_t C, int64_t H, DType dt) {
   const double bwd = deform_conv2d_cuda_workspace_bytes(p, dt, true) / mib;
   const double tv = double(C) * 9 * torchvision_images(N) * p.out_spatial() * dtype_size(dt) / mib;
   std::printf("\nworkspace (%lld,%lld,%lld,%lld) %s: forward %.1f MiB, backward %.1f MiB (plus CUB's sort scratch); "
-              "torchvision's column buffer %.1f MiB\n", (long long)N, (long long)C, (long long)H, (long long)H, dtype_name(dt), fwd, bwd, tv);
+              "torchvision's column buffer %.1f MiB\n",
+              (long long)N, (long long)C, (long long)H, (long long)H, dtype_name(dt), fwd, bwd, tv);
   if (dt == DType::kFloat32 && N == 8 && C == 64 && H == 64)
     gate(fwd + bwd <= 0.5 * tv, "extra fwd+bwd MiB vs 0.5x torchvision columns", fwd + bwd, 0.5 * tv);
 }
 
-// GPU-DESIGN.md section 1 model (H100 SXM, fp32, TF32 off): issue time at R = 7.9e11 warp-instructions/s with
-// the study's instruction estimate for the taps-shared gather (73 SASS per 4 channels + 293 setup per slice),
-// DRAM at 3.0 TB/s, GEMM at 50 TFLOP/s. Not a measurement.
+// The issue 25 model (H100 SXM, fp32, TF32 off): a kernel takes max(issue time, DRAM time), the issue time at
+// R = 7.9e11 warp-instructions/s (fitted on torchvision's im2col, 0.17 ms at (8,32,128,128) measured on an H100 on
+// 2026-11-24), the instructions per column element estimated for the taps-shared gather from a prototype's SASS
+// (73 per 4 channels + 293 setup per slice); DRAM at 3.0 TB/s; GEMM at 50 TFLOP/s. Not a measurement.
 void model(int64_t N, int64_t C, int64_t H) {
   const DeformConv2dParams p = make_params(N, C, H, H, 3, 1, 1);
   const DcnTiling tl = deform_conv2d_cuda_tiling(p, DType::kFloat32);
@@ -282,7 +286,8 @@ void model(int64_t N, int64_t C, int64_t H) {
   const double t_gemm = 2.0 * C * C * K * P * N / 50e12;
   const double t = std::max(t_issue, t_dram) + t_gemm;
   std::printf("  model (%lld,%lld,%lld,%lld) fp32 forward: gather %.3f ms (%.1f SASS/elem, slice %g), GEMM %.3f ms, "
-              "total %.3f ms\n", (long long)N, (long long)C, (long long)H, (long long)H, std::max(t_issue, t_dram) * 1e3,
+              "total %.3f ms\n",
+              (long long)N, (long long)C, (long long)H, (long long)H, std::max(t_issue, t_dram) * 1e3,
               instr, slice, t_gemm * 1e3, t * 1e3);
 }
 
@@ -313,7 +318,7 @@ int main() {
   count_shape(1, 16, 12, 12, 5, 1);
   memory(8, 64, 64, DType::kFloat32);
   memory(8, 64, 64, DType::kFloat16);
-  std::printf("\nmodel (GPU-DESIGN.md section 1; predictions, not measurements):\n");
+  std::printf("\nmodel (issue 25's GPU model; predictions, not measurements):\n");
   model(1, 64, 64);
   model(4, 256, 32);
   model(8, 32, 128);

@@ -44,7 +44,8 @@ inline bool cuda_schedule_path() {
 inline DcnTiling cuda_schedule_tiling(const DeformConv2dParams& p) {
   const int64_t row = std::max<int64_t>(1, p.in_channels * p.kernel_size());
   const int64_t P = std::max<int64_t>(1, p.out_spatial());
-  DcnTiling t = p.batch >= 3 ? deform_conv2d_tiling(p, 1, 2 * row * P) : deform_conv2d_tiling(p, 1, row * ((P + 2) / 3));
+  DcnTiling t = p.batch >= 3 ? deform_conv2d_tiling(p, 1, 2 * row * P)
+                              : deform_conv2d_tiling(p, 1, row * ((P + 2) / 3));
   const int64_t cpg = p.in_channels / std::max<int64_t>(1, p.attrs.deformable_groups);
   int64_t s = 1;
   while (2 * s <= std::min<int64_t>(4, cpg)) s *= 2;

@@ -138,8 +138,10 @@ DCNKIT_HD DcnPointWork<Acc, IndexT> dcn_point_work(const DeformConv2dParams& p, 
   const T* off = offset + r.n * static_cast<int64_t>(2 * Gd * K * P);
   const Acc oy = to_acc<Acc>(off[r.off_row * P + r.pos]);
   const Acc ox = to_acc<Acc>(off[(r.off_row + IndexT(1)) * P + r.pos]);
-  const Acc py = Acc(IndexT(ho) * IndexT(p.attrs.stride_h) - IndexT(p.attrs.pad_h) + IndexT(i) * IndexT(p.attrs.dilation_h)) + oy;
-  const Acc px = Acc(IndexT(wo) * IndexT(p.attrs.stride_w) - IndexT(p.attrs.pad_w) + IndexT(j) * IndexT(p.attrs.dilation_w)) + ox;
+  const DeformConv2dAttrs& a = p.attrs;
+  const IndexT y = IndexT(ho) * IndexT(a.stride_h) - IndexT(a.pad_h) + IndexT(i) * IndexT(a.dilation_h);
+  const IndexT x = IndexT(wo) * IndexT(a.stride_w) - IndexT(a.pad_w) + IndexT(j) * IndexT(a.dilation_w);
+  const Acc py = Acc(y) + oy, px = Acc(x) + ox;
   r.m = kMask ? to_acc<Acc>(mask[r.n * static_cast<int64_t>(Gd * K * P) + r.mask_row * P + r.pos]) : Acc(1);
   r.cell = dcn_cell<Acc, IndexT>(py, px, IndexT(p.height), IndexT(p.width));
   const IndexT cpg = IndexT(t.group_channels);

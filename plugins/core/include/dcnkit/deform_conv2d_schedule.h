@@ -112,9 +112,9 @@ inline Status make_dcn_pixel_grid(const DeformConv2dParams& p, const DcnTile& pl
   const int64_t threads = plan.nb * p.in_channels * HW, entries = 4 * int64_t(plan.threads);
   const int64_t lim = int64_t(1) << 31;
   if (threads >= lim || entries >= lim || plan.nb * Gd * HW >= int64_t(kDcnNoKey)) {
-    return Status::Invalid("deform_conv2d_cuda: deterministic backward: tile of " + std::to_string(threads) +
-                           " pixel threads and " + std::to_string(entries) +
-                           " plan entries: expected fewer than 2^31 each (reduce the batch or the input size)");
+    return arg_error("deform_conv2d_cuda (deterministic backward)", "input",
+                     "a tile of fewer than 2^31 pixel threads and plan entries",
+                     std::to_string(threads) + " pixel threads, " + std::to_string(entries) + " plan entries");
   }
   g->threads = static_cast<uint32_t>(threads);
   g->entries = static_cast<uint32_t>(entries);
@@ -140,8 +140,9 @@ inline Status make_dcn_tile(const DeformConv2dParams& p, int64_t n0, int64_t nb,
   const int64_t threads = nb * Gd * slices * K * pt;
   const int64_t lim = int64_t(1) << 31;
   if (threads >= lim || p.out_spatial() >= lim || K >= lim) {
-    return Status::Invalid("deform_conv2d_cuda: tile of " + std::to_string(threads) +
-                           " threads: expected fewer than 2^31 (reduce the batch or the output size)");
+    return arg_error("deform_conv2d_cuda", "input",
+                     "a column tile of fewer than 2^31 threads and 2^31 output positions",
+                     std::to_string(threads) + " threads, " + std::to_string(p.out_spatial()) + " positions");
   }
   t->n0 = n0;
   t->nb = nb;
