@@ -53,12 +53,30 @@ template <> DType dtype_enum<__half>() { return DType::kFloat16; }
 template <> DType dtype_enum<__nv_bfloat16>() { return DType::kBFloat16; }
 
 template <typename T, typename IndexT, int KH, int KW, bool kMask>
-__global__ void __launch_bounds__(kCudaThreads)
-    deform_conv2d_gather_kernel(DeformConv2dParams p, DcnTile t, const T* __restrict__ input,
-                                const T* __restrict__ offset, const T* __restrict__ mask, T* __restrict__ columns) {
+__device__ __forceinline__ void gather_grid(const DeformConv2dParams& p, const DcnTile& t, const T* __restrict__ input,
+                                            const T* __restrict__ offset, const T* __restrict__ mask,
+                                            T* __restrict__ columns) {
   using Acc = typename AccType<T>::type;
   for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < t.threads; i += blockDim.x * gridDim.x)
     deform_conv2d_gather<Acc, T, IndexT, KH, KW, kMask>(p, t, input, offset, mask, i, columns);
+}
+
+// ptxas, sm_90: 40-48 registers, no spill, except double with int64 indices, whose runtime-kernel-size variant it
+// kept at 48 registers with an 8-byte spill; that one (deform_conv2d_gather_kernel_wide) asks for 4 blocks per SM
+// instead (<= 64 registers: 62-64, no spill). An explicit 1 block per SM let the float kernels grow to 55-71.
+template <typename T, typename IndexT, int KH, int KW, bool kMask>
+__global__ void __launch_bounds__(kCudaThreads)
+    deform_conv2d_gather_kernel(DeformConv2dParams p, DcnTile t, const T* __restrict__ input,
+                                const T* __restrict__ offset, const T* __restrict__ mask, T* __restrict__ columns) {
+  gather_grid<T, IndexT, KH, KW, kMask>(p, t, input, offset, mask, columns);
+}
+
+template <typename T, typename IndexT, int KH, int KW, bool kMask>
+__global__ void __launch_bounds__(kCudaThreads, 4)
+    deform_conv2d_gather_kernel_wide(DeformConv2dParams p, DcnTile t, const T* __restrict__ input,
+                                     const T* __restrict__ offset, const T* __restrict__ mask,
+                                     T* __restrict__ columns) {
+  gather_grid<T, IndexT, KH, KW, kMask>(p, t, input, offset, mask, columns);
 }
 
 // blockIdx.y: output channel (strided), blockIdx.z: image of the tile, x: positions.
@@ -113,7 +131,7 @@ __global__ void __launch_bounds__(kCudaThreads)
 }
 
 template <typename T, typename G>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __maxnreg__(64)  // the 256-thread bound left the bfloat16 variant at 32 registers, spilling (sm_80)
     deform_conv2d_pixel_gather_kernel(DeformConv2dParams p, DcnTile t, DcnPixelGrid pg,
                                       const uint32_t* __restrict__ keys, const uint32_t* __restrict__ slots,
                                       const typename AccType<T>::type* __restrict__ weights,
@@ -182,8 +200,14 @@ struct CudaExec {
   Status gather(const DcnTile& t, T* columns) {
     return dispatch_dcn_variant(p, index32, mask != nullptr, [&](auto it, auto kt, auto mt) {
       using I = typename decltype(it)::type;
-      deform_conv2d_gather_kernel<T, I, decltype(kt)::KH, decltype(kt)::KW, decltype(mt)::value>
-          <<<cuda_blocks(t.threads), kCudaThreads, 0, stream>>>(p, t, input, offset, mask, columns);
+      constexpr int KH = decltype(kt)::KH, KW = decltype(kt)::KW;
+      constexpr bool M = decltype(mt)::value;
+      if constexpr (sizeof(Acc) == 8 && sizeof(I) == 8)
+        deform_conv2d_gather_kernel_wide<T, I, KH, KW, M>
+            <<<cuda_blocks(t.threads), kCudaThreads, 0, stream>>>(p, t, input, offset, mask, columns);
+      else
+        deform_conv2d_gather_kernel<T, I, KH, KW, M>
+            <<<cuda_blocks(t.threads), kCudaThreads, 0, stream>>>(p, t, input, offset, mask, columns);
       return cuda_launch_status("deform_conv2d_cuda: gather");
     });
   }
