@@ -1,6 +1,8 @@
-"""torch.use_deterministic_algorithms on CUDA: every CUDA backward of the kit scatters with atomic adds, so under
-deterministic mode it raises torch's standard error (never silently differs), warns with warn_only=True, and the
-forward (no atomics) still runs. On the CPU the kit's backward is deterministic and runs in that mode."""
+"""torch.use_deterministic_algorithms on CUDA: DeformConv2d's CUDA backward then takes its atomic-free path (a sorted
+plan and a pixel gather, deform_conv2d_sorted.h) and is bit-identical from run to run; every other CUDA backward of
+the kit scatters with atomic adds, so under deterministic mode it raises torch's standard error (never silently
+differs), warns with warn_only=True, and the forward (no atomics) still runs. On the CPU the kit's backward is
+deterministic and runs in that mode."""
 import pytest
 import torch
 
@@ -25,8 +27,26 @@ def test_cpu_backward_runs_in_deterministic_mode(deterministic, name):
             assert torch.equal(ga, gb)  # bit for bit
 
 
+_DETERMINISTIC_ON_CUDA = [n for n in CASE_NAMES if n.startswith("deform_conv2d")]
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", CASE_NAMES)
+@pytest.mark.parametrize("name", _DETERMINISTIC_ON_CUDA)
+def test_cuda_deform_conv2d_backward_is_bit_identical_in_deterministic_mode(deterministic, name):
+    _, fn, data, diff = case(name, n=2)
+    cuda = [t.cuda() for t in data]
+    a = forward_backward(fn, cuda, diff)
+    b = forward_backward(fn, cuda, diff)
+    torch.use_deterministic_algorithms(False)
+    c = forward_backward(fn, cuda, diff)  # the atomic path
+    for ga, gb, gc in zip(a[1], b[1], c[1]):
+        if ga is not None:
+            assert torch.equal(ga, gb)  # bit for bit
+            torch.testing.assert_close(ga, gc)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", [n for n in CASE_NAMES if n not in _DETERMINISTIC_ON_CUDA])
 def test_cuda_backward_raises_torch_standard_error_in_deterministic_mode(deterministic, name):
     _, fn, data, diff = case(name, n=2)
     cuda = [t.cuda() for t in data]

@@ -332,13 +332,16 @@ _ELEMENTWISE_CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("path", ["elementwise", "cuda-schedule"])
+@pytest.mark.parametrize("path", ["elementwise", "cuda-schedule", "cuda-schedule-int64", "cuda-schedule-deterministic"])
 def test_elementwise_path_matches_fast_path(tmp_path, path):
     # DCNKIT_DCN_CPU_PATH=elementwise runs the CUDA kernels' per-element functions (im2col element,
     # atomic-style scatter, offset/mask gradient) on the CPU: the GPU math, checked here without a GPU.
-    # DCNKIT_DCN_CPU_PATH=cuda-schedule runs the CUDA launchers themselves (their chunks of images, every
-    # GEMM's arguments, their per-thread index decoding: im2col and col2im one (image, channel, position) per
-    # thread over the kernel points) with the CPU GEMM, in chunks of ceil(N/2) images.
+    # DCNKIT_DCN_CPU_PATH=cuda-schedule runs the CUDA launchers themselves (their column tiles of two images or
+    # of a third of an image's positions, every GEMM's arguments, their per-thread bodies over the launch grid:
+    # the gather and the fused sampling backward, one thread per (image, group, channel slice, kernel point,
+    # position), and the backward's fixed-order reduction over slices) with the CPU GEMM; -int64 runs the
+    # 64-bit index instantiation of the same bodies; -deterministic the deterministic mode (grad_input by a plan,
+    # a sort and a pixel gather, no scatter), checked against the atomic-style path through the same fast path.
     cases = []
     for i, cfg in enumerate(CONFIGS):
         n, cin, h, w, cout, kh, kw, s, p, d, g, gd, mod, b = cfg

@@ -1,6 +1,12 @@
 """Counting proxies of the CUDA schedules (issue 25, item 6): tests/cpp harnesses run the kernels' per-thread
 DCNKIT_HD bodies over their launch grid with counting scalar types, print their table and exit 1 on a gate.
-RoIAlign (tests/cpp/roi_plan_counts.cpp): RoI-field loads per output <= 0.1, one store per output."""
+
+- DeformConv2d (tests/cpp/kernel_counts.cpp, over the launchers' own grid): per column element, sampling points
+  <= 1/8, offset/mask loads <= 3/8, stores exactly 1, index divisions 0; backward atomics <= 4, offset/mask
+  gradients written once; extra fwd+bwd workspace at (8,64,64,64) fp32 <= 0.5x torchvision's columns; it also
+  prints the model's predicted times (labelled "model").
+- RoIAlign (tests/cpp/roi_plan_counts.cpp): RoI-field loads per output <= 0.1, one store per output.
+"""
 from __future__ import annotations
 
 import shutil
@@ -11,14 +17,30 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CXX = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+needs_cxx = pytest.mark.skipif(CXX is None, reason="no C++ compiler (c++, g++ or clang++) on PATH")
 
 
-@pytest.mark.skipif(CXX is None, reason="no C++ compiler (c++, g++ or clang++) on PATH")
+def _build_and_run(source: str, tmp_path) -> subprocess.CompletedProcess:
+    exe = tmp_path / Path(source).stem
+    build = subprocess.run([CXX, "-std=c++17", "-O1", "-Wall", f"-I{ROOT / 'plugins' / 'core' / 'include'}",
+                            "-o", str(exe), str(ROOT / "tests" / "cpp" / source)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    print(run.stdout)
+    return run
+
+
+@needs_cxx
+def test_kernel_counts(tmp_path):
+    run = _build_and_run("kernel_counts.cpp", tmp_path)
+    assert run.returncode == 0 and run.stdout.strip().endswith("all gates passed"), run.stdout + run.stderr
+    # Every gate ran: 13 per shape over 4 shapes, the divisor check and the memory gate.
+    assert run.stdout.count(" ok\n") == 4 * 13 + 2, run.stdout
+    assert "model (8,32,128,128) fp32 forward" in run.stdout
+
+
+@needs_cxx
 def test_roi_align_plan_counts(tmp_path):
-    exe = tmp_path / "roi_plan_counts"
-    subprocess.run([CXX, "-std=c++17", "-O1", f"-I{ROOT / 'plugins' / 'core' / 'include'}", "-o", str(exe),
-                    str(ROOT / "tests" / "cpp" / "roi_plan_counts.cpp")], check=True, capture_output=True, text=True)
-    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
-    print(r.stdout)
-    assert "| avg |" in r.stdout and "| max |" in r.stdout, r.stdout + r.stderr
-    assert r.returncode == 0, r.stdout + r.stderr
+    run = _build_and_run("roi_plan_counts.cpp", tmp_path)
+    assert "| avg |" in run.stdout and "| max |" in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 0, run.stdout + run.stderr

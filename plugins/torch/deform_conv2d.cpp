@@ -187,7 +187,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
     const std::optional<at::Tensor>& mask, int64_t stride_h, int64_t stride_w, int64_t pad_h,
     int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups,
     int64_t deformable_groups) {
-  alert_atomic_cuda_backward(kBackwardOp, input);
+  // No alert_atomic_cuda_backward: under torch.use_deterministic_algorithms the CUDA backward takes its
+  // atomic-free path (cuda_context sets CudaContext::deterministic; deform_conv2d_sorted.h).
   if (computes_in_float32(input)) {
     check_devices_and_dtypes(kBackwardOp, input, offset, weight, bias, mask, /*backward=*/true);
     check_tensor(kBackwardOp, "grad_output", grad_output, input);

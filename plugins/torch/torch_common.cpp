@@ -1,5 +1,7 @@
 #include "torch_common.h"
 
+#include <ATen/record_function.h>
+
 #ifdef DCNKIT_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -36,6 +38,9 @@ Status aten_gemm(void* device_options, const GemmArgs& g) {
   const auto& base = *static_cast<const at::TensorOptions*>(device_options);
   const auto opt = base.dtype(scalar_type_of(g.dtype));
   if (g.m == 0 || g.n == 0) return Status::Ok();
+  // A profiler scope, so that a test can check that nothing is allocated inside
+  // (tests/test_deform_conv2d_cuda_schedule.py).
+  RECORD_FUNCTION("dcnkit::aten_gemm", std::vector<c10::IValue>());
   // op(A) is m x k: stored k x m when transposed.
   at::Tensor a = g.trans_a ? matrix_view(g.a, g.batch, g.k, g.m, g.lda, g.stride_a, true, opt)
                            : matrix_view(g.a, g.batch, g.m, g.k, g.lda, g.stride_a, false, opt);
@@ -46,14 +51,9 @@ Status aten_gemm(void* device_options, const GemmArgs& g) {
     if (g.beta == 0.f) c.zero_(); else c.mul_(g.beta);
     return Status::Ok();
   }
-  if (g.beta == 0.f) {
-    // baddbmm with beta 0 ignores c's contents (NaN included).
-    at::Tensor r = at::bmm(a, b);
-    if (g.alpha != 1.f) r.mul_(g.alpha);
-    c.copy_(r);
-  } else {
-    c.baddbmm_(a, b, g.beta, g.alpha);
-  }
+  // Straight into C, whatever beta: with beta 0, baddbmm_ ignores C's contents (NaN included), so no
+  // C-sized temporary and no copy (at::bmm + copy_ allocated a column-sized buffer in the backward).
+  c.baddbmm_(a, b, g.beta, g.alpha);
   return Status::Ok();
 }
 
@@ -73,6 +73,7 @@ CudaContext cuda_context(const at::Tensor& like) {
   options = at::TensorOptions().device(like.device());
   CudaContext ctx;
   ctx.stream = c10::cuda::getCurrentCUDAStream(like.device().index()).stream();
+  ctx.deterministic = at::globalContext().deterministicAlgorithms();
   ctx.gemm = &aten_gemm;
   ctx.gemm_self = &options;
   return ctx;

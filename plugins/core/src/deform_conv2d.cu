@@ -1,38 +1,31 @@
-// DeformConv2d CUDA launchers: grid-stride kernels over the per-element functions of
-// deform_conv2d_kernels.h (the ones the CPU launchers use), GEMM through the context (cuBLAS / ATen) on
-// the context's stream. float32, float64, float16 and bfloat16, forward and backward; the accumulation type
-// follows the data (float for float and the 16-bit types, double for double). Backward of the 16-bit types:
-// the input-gradient scatter and the grad_weight sum over images accumulate in float32 buffers of the
-// workspace (rounded once at the end); their GEMMs run in the storage type with float32 compute (the
-// context's GEMM). float and double scatter with atomicAdd in place.
+// DeformConv2d CUDA launchers: the kernels over the per-thread bodies of deform_conv2d_gather.h, driven by the
+// schedule of deform_conv2d_schedule.h (column tiles of at most kDcnTileBytes, GEMMs through the context on
+// its stream). Both headers are what the CPU runs too (DCNKIT_DCN_CPU_PATH=cuda-schedule); this file only
+// launches. float32, float64, float16 and bfloat16, forward and backward; the accumulation type follows the
+// data (float for float and the 16-bit types, double for double). Backward of the 16-bit types: the
+// input-gradient scatter and the grad_weight sum over images accumulate in float32 buffers of the workspace
+// (rounded once at the end); their GEMMs run in the storage type with float32 compute (the context's GEMM).
+// float and double scatter with atomicAdd in place.
 //
-// The schedule (chunks of images, GEMM arguments) and the per-thread element functions live in
-// deform_conv2d_kernels.h, where the CPU runs them too (DCNKIT_DCN_CPU_PATH=cuda-schedule); this file only
-// launches them. Per chunk of images: im2col into the workspace, columns (chunk, Cin*K, P) in the storage
-// type, then one strided-batched GEMM per convolution group (batched over the images of the chunk).
+// Kernels: deform_conv2d_gather_kernel (one thread per (image, deformable group, channel slice, kernel point,
+// position), pos fastest), deform_conv2d_bias_kernel (2-D: channel x position), and
+// deform_conv2d_sampling_backward_kernel (the same points, slice fastest: input-gradient scatter plus the
+// offset/mask gradients, the slices of a point reduced by a fixed warp-shuffle tree and written once).
+// Each is instantiated for int32/int64 indices, 3x3/1x1/runtime kernel size, with/without mask.
 #include <algorithm>
+
+#include <cub/device/device_radix_sort.cuh>
 
 #include "dcnkit/cuda_utils.cuh"
 #include "dcnkit/deform_conv2d.h"
-#include "dcnkit/deform_conv2d_kernels.h"
+#include "dcnkit/deform_conv2d_schedule.h"
 
 namespace dcnkit {
 
 namespace {
 
-// Bytes of columns per chunk of images (at least one image).
-constexpr int64_t kCudaColumnBytes = int64_t(256) << 20;
-
-int64_t images_per_chunk(const DeformConv2dParams& p, DType dtype) {
-  const int64_t per_image = std::max<int64_t>(
-      1, p.in_channels * p.kernel_size() * p.out_spatial() * static_cast<int64_t>(dtype_size(dtype)));
-  return std::max<int64_t>(1, std::min<int64_t>(p.batch, kCudaColumnBytes / per_image));
-}
-
 size_t column_bytes(const DeformConv2dParams& p, DType dtype) {
-  return align_up(static_cast<size_t>(images_per_chunk(p, dtype) * p.in_channels * p.kernel_size() *
-                                      p.out_spatial()) *
-                  dtype_size(dtype));
+  return deform_conv2d_tile_bytes(p, deform_conv2d_cuda_tiling(p, dtype), dtype_size(dtype));
 }
 
 // Atomic on the device, plain += when the same code is compiled for the host. The destination is the
@@ -53,86 +46,127 @@ int64_t weight_elements(const DeformConv2dParams& p) {
   return p.out_channels * p.in_per_group() * p.kernel_size();
 }
 
-// Workspace of the backward beyond the columns: for 16-bit types the float32 accumulators of grad_input and
-// grad_weight and one image's grad_weight GEMM result in the storage type.
-size_t backward_extra_bytes(const DeformConv2dParams& p, DType dtype) {
-  if (!is_16bit(dtype)) return 0;
-  return grad_acc_bytes(dtype, p.batch * p.in_channels * p.height * p.width) +
-         grad_acc_bytes(dtype, weight_elements(p)) +
-         align_up(static_cast<size_t>(weight_elements(p)) * dtype_size(dtype));
-}
-
 template <typename T> DType dtype_enum();
 template <> DType dtype_enum<float>() { return DType::kFloat32; }
 template <> DType dtype_enum<double>() { return DType::kFloat64; }
 template <> DType dtype_enum<__half>() { return DType::kFloat16; }
 template <> DType dtype_enum<__nv_bfloat16>() { return DType::kBFloat16; }
 
-// One thread per (image of the chunk, input channel, output position), looping over the kernel points
-// (deform_conv2d_im2col_row); the other kernels: one thread per element, the element functions of
-// deform_conv2d_kernels.h.
-template <typename T>
-__global__ void __launch_bounds__(kCudaThreads)
-    im2col_kernel(DeformConv2dParams p, const T* __restrict__ input, const T* __restrict__ offset,
-                  const T* __restrict__ mask, int64_t n0, int64_t total, T* __restrict__ columns) {
+template <typename T, typename IndexT, int KH, int KW, bool kMask>
+__device__ __forceinline__ void gather_grid(const DeformConv2dParams& p, const DcnTile& t, const T* __restrict__ input,
+                                            const T* __restrict__ offset, const T* __restrict__ mask,
+                                            T* __restrict__ columns) {
   using Acc = typename AccType<T>::type;
-  DCNKIT_CUDA_KERNEL_LOOP(idx, total) {
-    deform_conv2d_im2col_row<Acc, T>(p, input, offset, mask, n0, idx, columns);
-  }
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < t.threads; i += blockDim.x * gridDim.x)
+    deform_conv2d_gather<Acc, T, IndexT, KH, KW, kMask>(p, t, input, offset, mask, i, columns);
 }
 
-template <typename T>
-__global__ void fill_bias_kernel(DeformConv2dParams p, const T* __restrict__ bias, int64_t n0,
-                                 int64_t total, T* __restrict__ output) {
-  DCNKIT_CUDA_KERNEL_LOOP(idx, total) { deform_conv2d_bias_element(p, bias, n0, idx, output); }
-}
-
-// Scatters into grad_input's accumulation buffer (the accumulation type): one thread per (image, input
-// channel, output position), looping over the kernel points (deform_conv2d_col2im_row).
-template <typename T, typename Acc>
+// ptxas, sm_90: 40-48 registers, no spill, except double with int64 indices, whose runtime-kernel-size variant it
+// kept at 48 registers with an 8-byte spill; that one (deform_conv2d_gather_kernel_wide) asks for 4 blocks per SM
+// instead (<= 64 registers: 62-64, no spill). An explicit 1 block per SM let the float kernels grow to 55-71.
+template <typename T, typename IndexT, int KH, int KW, bool kMask>
 __global__ void __launch_bounds__(kCudaThreads)
-    col2im_kernel(DeformConv2dParams p, const T* __restrict__ offset, const T* __restrict__ mask,
-                  const T* __restrict__ grad_columns, int64_t n0, int64_t total, Acc* __restrict__ grad_input) {
-  DCNKIT_CUDA_KERNEL_LOOP(idx, total) {
-    deform_conv2d_col2im_row<Acc, T>(p, offset, mask, grad_columns, n0, idx, grad_input, AtomicAdd());
+    deform_conv2d_gather_kernel(DeformConv2dParams p, DcnTile t, const T* __restrict__ input,
+                                const T* __restrict__ offset, const T* __restrict__ mask, T* __restrict__ columns) {
+  gather_grid<T, IndexT, KH, KW, kMask>(p, t, input, offset, mask, columns);
+}
+
+template <typename T, typename IndexT, int KH, int KW, bool kMask>
+__global__ void __launch_bounds__(kCudaThreads, 4)
+    deform_conv2d_gather_kernel_wide(DeformConv2dParams p, DcnTile t, const T* __restrict__ input,
+                                     const T* __restrict__ offset, const T* __restrict__ mask,
+                                     T* __restrict__ columns) {
+  gather_grid<T, IndexT, KH, KW, kMask>(p, t, input, offset, mask, columns);
+}
+
+// blockIdx.y: output channel (strided), blockIdx.z: image of the tile, x: positions.
+template <typename T>
+__global__ void deform_conv2d_bias_kernel(DeformConv2dParams p, DcnTile t, const T* __restrict__ bias,
+                                          T* __restrict__ output) {
+  for (int64_t co = blockIdx.y; co < p.out_channels; co += gridDim.y)
+    for (int64_t pl = blockIdx.x * blockDim.x + threadIdx.x; pl < t.pt; pl += int64_t(blockDim.x) * gridDim.x)
+      deform_conv2d_bias_fill(p, t, bias, blockIdx.z, co, pl, output);
+}
+
+// The slices of a point are t.slices adjacent lanes (a power of two <= 32 dividing the block); every lane of
+// a block runs the same iterations (inactive ones contribute zeros), so the shuffles see whole warps.
+// float accumulation with int32 indices: at least 5 blocks of 256 per SM, so <= 48 registers (62.5 % occupancy);
+// ptxas, sm_90: 46 registers and no spill (the int64 and double variants would spill under that bound).
+template <typename T, typename IndexT, int KH, int KW, bool kMask, typename G>
+__global__ void __launch_bounds__(kCudaThreads, sizeof(typename AccType<T>::type) == 4 && sizeof(IndexT) == 4 ? 5 : 1)
+    deform_conv2d_sampling_backward_kernel(DeformConv2dParams p, DcnTile t, const T* __restrict__ input,
+                                           const T* __restrict__ offset, const T* __restrict__ mask,
+                                           const T* __restrict__ grad_columns, G* __restrict__ grad_input,
+                                           T* __restrict__ grad_offset, T* __restrict__ grad_mask) {
+  using Acc = typename AccType<T>::type;
+  const bool want = grad_offset != nullptr || grad_mask != nullptr;
+  const int S = static_cast<int>(t.slices);
+  for (uint32_t base = blockIdx.x * blockDim.x; base < t.threads; base += blockDim.x * gridDim.x) {
+    const uint32_t i = base + threadIdx.x;
+    DcnPointGrad<Acc> g{Acc(0), Acc(0), Acc(0), Acc(0)};
+    if (i < t.threads)
+      g = deform_conv2d_sampling_backward<Acc, T, IndexT, KH, KW, kMask>(p, t, input, offset, mask, grad_columns,
+                                                                         i, want, grad_input, AtomicAdd());
+    if (!want) continue;
+    for (int o = S / 2; o > 0; o >>= 1) {  // the order of dcn_slice_tree
+      g.gy += __shfl_down_sync(0xffffffffu, g.gy, o, S);
+      g.gx += __shfl_down_sync(0xffffffffu, g.gx, o, S);
+      g.gm += __shfl_down_sync(0xffffffffu, g.gm, o, S);
+    }
+    if (i < t.threads && (threadIdx.x & (S - 1)) == 0)
+      deform_conv2d_point_grad_store<Acc, T, KH, KW>(p, t, i, g, grad_offset, grad_mask);
   }
 }
 
-template <typename T>
-__global__ void offset_mask_grad_kernel(DeformConv2dParams p, const T* __restrict__ input,
-                                        const T* __restrict__ offset, const T* __restrict__ mask,
-                                        const T* __restrict__ grad_columns, int64_t n0, int64_t total,
-                                        T* __restrict__ grad_offset, T* __restrict__ grad_mask) {
+// Deterministic mode (deform_conv2d_sorted.h): the plan over the points of a one-slice tile, then (after the sort)
+// the pixel gather.
+template <typename T, typename IndexT, int KH, int KW, bool kMask>
+__global__ void __launch_bounds__(kCudaThreads)
+    deform_conv2d_plan_kernel(DeformConv2dParams p, DcnTile t, const T* __restrict__ offset,
+                              const T* __restrict__ mask, uint32_t* __restrict__ keys, uint32_t* __restrict__ slots,
+                              typename AccType<T>::type* __restrict__ weights) {
   using Acc = typename AccType<T>::type;
-  DCNKIT_CUDA_KERNEL_LOOP(idx, total) {
-    deform_conv2d_offset_mask_grad_element<T, Acc>(p, input, offset, mask, grad_columns, n0, idx, grad_offset,
-                                                   grad_mask);
-  }
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < t.threads; i += blockDim.x * gridDim.x)
+    deform_conv2d_plan<Acc, T, IndexT, KH, KW, kMask>(p, t, offset, mask, i, keys, slots, weights);
+}
+
+template <typename T, typename G>
+__global__ void __maxnreg__(64)  // the 256-thread bound left the bfloat16 variant at 32 registers, spilling (sm_80)
+    deform_conv2d_pixel_gather_kernel(DeformConv2dParams p, DcnTile t, DcnPixelGrid pg,
+                                      const uint32_t* __restrict__ keys, const uint32_t* __restrict__ slots,
+                                      const typename AccType<T>::type* __restrict__ weights,
+                                      const T* __restrict__ grad_columns, G* __restrict__ grad_input) {
+  using Acc = typename AccType<T>::type;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < pg.threads; i += blockDim.x * gridDim.x)
+    deform_conv2d_pixel_gather<Acc, T, G>(p, t, pg, keys, slots, weights, grad_columns, i, grad_input);
+}
+
+// CUB's scratch for sorting `entries` (key, slot) pairs with double buffers (a host-side size query).
+size_t sort_scratch_bytes(int64_t entries) {
+  size_t bytes = 0;
+  cub::DoubleBuffer<uint32_t> keys(nullptr, nullptr), slots(nullptr, nullptr);
+  cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys, slots, static_cast<int>(entries), 0, 32);
+  return align_up(bytes);
 }
 
 // acc[i] += v[i] (the float32 sum over images of 16-bit grad_weight GEMM results).
 template <typename T, typename Acc>
 __global__ void accumulate_kernel(const T* __restrict__ v, int64_t n, Acc* __restrict__ acc) {
-  DCNKIT_CUDA_KERNEL_LOOP(i, n) { acc[i] += to_acc<Acc>(v[i]); }
+  DCNKIT_CUDA_KERNEL_LOOP(i, n) { deform_conv2d_weight_accumulate<Acc, T>(v, i, acc); }
 }
 
-// grad_bias[co] = sum over n, pos of grad_output[n][co][pos]: one block per channel, fixed order, in the
-// accumulation type.
+// grad_bias[co] = sum over n, pos of grad_output[n][co][pos]: one block of kDcnBiasGradThreads per channel, the
+// lanes' partials added in a fixed tree order, in the accumulation type.
 template <typename T>
-__global__ void bias_grad_kernel(const T* __restrict__ grad_output, int64_t N, int64_t cout, int64_t P,
-                                 T* __restrict__ grad_bias) {
+__global__ void __launch_bounds__(kDcnBiasGradThreads)
+    bias_grad_kernel(DeformConv2dParams p, const T* __restrict__ grad_output, T* __restrict__ grad_bias) {
   using Acc = typename AccType<T>::type;
-  __shared__ Acc partial[kCudaThreads];
-  for (int64_t co = blockIdx.x; co < cout; co += gridDim.x) {
-    Acc s = Acc(0);
-    for (int64_t i = threadIdx.x; i < N * P; i += blockDim.x) {
-      const int64_t n = i / P, q = i % P;
-      s += to_acc<Acc>(grad_output[(n * cout + co) * P + q]);
-    }
-    partial[threadIdx.x] = s;
+  __shared__ Acc partial[kDcnBiasGradThreads];
+  for (int64_t co = blockIdx.x; co < p.out_channels; co += gridDim.x) {
+    partial[threadIdx.x] = deform_conv2d_bias_grad_partial<Acc, T>(p, grad_output, co, threadIdx.x, blockDim.x);
     __syncthreads();
     for (int w = blockDim.x / 2; w > 0; w >>= 1) {
-      if (threadIdx.x < w) partial[threadIdx.x] += partial[threadIdx.x + w];
+      deform_conv2d_bias_grad_tree<Acc>(partial, threadIdx.x, w);
       __syncthreads();
     }
     if (threadIdx.x == 0) grad_bias[co] = from_acc<T>(partial[0]);
@@ -155,35 +189,66 @@ struct CudaExec {
   GradAcc<T> grad_input, grad_weight;
   T* weight_tmp;
 
-  Status im2col(int64_t n0, int64_t nb, T* columns) {
-    const int64_t total = nb * p.in_channels * p.out_spatial();  // threads: (image, channel, position)
-    im2col_kernel<T><<<cuda_blocks(total), kCudaThreads, 0, stream>>>(p, input, offset, mask, n0, total,
-                                                                       columns);
-    return cuda_launch_status("deform_conv2d_cuda: im2col");
+  bool index32;
+  bool deterministic;
+  // Deterministic mode: keys and slots (two buffers each), weights, CUB's scratch (null otherwise).
+  uint32_t *keys0, *keys1, *slots0, *slots1;
+  Acc* weights;
+  void* sort_scratch;
+  size_t sort_bytes;
+
+  Status gather(const DcnTile& t, T* columns) {
+    return dispatch_dcn_variant(p, index32, mask != nullptr, [&](auto it, auto kt, auto mt) {
+      using I = typename decltype(it)::type;
+      constexpr int KH = decltype(kt)::KH, KW = decltype(kt)::KW;
+      constexpr bool M = decltype(mt)::value;
+      if constexpr (sizeof(Acc) == 8 && sizeof(I) == 8)
+        deform_conv2d_gather_kernel_wide<T, I, KH, KW, M>
+            <<<cuda_blocks(t.threads), kCudaThreads, 0, stream>>>(p, t, input, offset, mask, columns);
+      else
+        deform_conv2d_gather_kernel<T, I, KH, KW, M>
+            <<<cuda_blocks(t.threads), kCudaThreads, 0, stream>>>(p, t, input, offset, mask, columns);
+      return cuda_launch_status("deform_conv2d_cuda: gather");
+    });
   }
-  Status bias_fill(int64_t n0, int64_t nb) {
-    const int64_t total = nb * p.out_channels * p.out_spatial();
-    fill_bias_kernel<T><<<cuda_blocks(total), kCudaThreads, 0, stream>>>(p, bias, n0, total, output);
+  Status bias_fill(const DcnTile& t) {
+    const dim3 grid(static_cast<unsigned>((t.pt + kCudaThreads - 1) / kCudaThreads),
+                    static_cast<unsigned>(std::min<int64_t>(p.out_channels, 65535)), static_cast<unsigned>(t.nb));
+    deform_conv2d_bias_kernel<T><<<grid, kCudaThreads, 0, stream>>>(p, t, bias, output);
     return cuda_launch_status("deform_conv2d_cuda: bias");
   }
-  Status col2im(int64_t n0, int64_t nb, const T* grad_columns) {
-    const int64_t total = nb * p.in_channels * p.out_spatial();  // threads: (image, channel, position)
-    col2im_kernel<T, Acc><<<cuda_blocks(total), kCudaThreads, 0, stream>>>(p, offset, mask, grad_columns, n0,
-                                                                            total, grad_input.acc);
-    return cuda_launch_status("deform_conv2d_cuda: col2im");
+  Status sampling_backward(const DcnTile& t, const T* grad_columns, bool scatter) {
+    Acc* gi = scatter ? grad_input.acc : nullptr;
+    return dispatch_dcn_variant(p, index32, mask != nullptr, [&](auto it, auto kt, auto mt) {
+      using I = typename decltype(it)::type;
+      deform_conv2d_sampling_backward_kernel<T, I, decltype(kt)::KH, decltype(kt)::KW, decltype(mt)::value, Acc>
+          <<<cuda_blocks(t.threads), kCudaThreads, 0, stream>>>(p, t, input, offset, mask, grad_columns, gi,
+                                                                grad_offset, grad_mask);
+      return cuda_launch_status("deform_conv2d_cuda: sampling backward");
+    });
   }
-  Status offset_mask_grad(int64_t n0, int64_t nb, const T* grad_columns) {
-    const int64_t total = nb * p.attrs.deformable_groups * p.kernel_size() * p.out_spatial();
-    offset_mask_grad_kernel<T><<<cuda_blocks(total), kCudaThreads, 0, stream>>>(
-        p, input, offset, mask, grad_columns, n0, total, grad_offset, grad_mask);
-    return cuda_launch_status("deform_conv2d_cuda: offset/mask grad");
+  Status input_grad_sorted(const DcnTile& plan, const DcnPixelGrid& pg, const T* grad_columns) {
+    DCNKIT_RETURN_IF_ERROR(dispatch_dcn_variant(p, index32, mask != nullptr, [&](auto it, auto kt, auto mt) {
+      using I = typename decltype(it)::type;
+      deform_conv2d_plan_kernel<T, I, decltype(kt)::KH, decltype(kt)::KW, decltype(mt)::value>
+          <<<cuda_blocks(plan.threads), kCudaThreads, 0, stream>>>(p, plan, offset, mask, keys0, slots0, weights);
+      return cuda_launch_status("deform_conv2d_cuda: deterministic plan");
+    }));
+    cub::DoubleBuffer<uint32_t> keys(keys0, keys1), slots(slots0, slots1);
+    size_t bytes = sort_bytes;
+    DCNKIT_RETURN_IF_ERROR(cuda_status(cub::DeviceRadixSort::SortPairs(sort_scratch, bytes, keys, slots,
+                                                                       static_cast<int>(pg.entries), 0, 32, stream),
+                                       "deform_conv2d_cuda: deterministic sort"));
+    deform_conv2d_pixel_gather_kernel<T, Acc><<<cuda_blocks(pg.threads), kCudaThreads, 0, stream>>>(
+        p, plan, pg, keys.Current(), slots.Current(), weights, grad_columns, grad_input.acc);
+    return cuda_launch_status("deform_conv2d_cuda: deterministic gather");
   }
   Status bias_grad() {
     const int64_t N = p.batch, P = p.out_spatial(), Cout = p.out_channels;
     if (Cout == 0) return Status::Ok();
     if (N * P == 0) return zero(grad_bias, Cout);
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(Cout, 65535));
-    bias_grad_kernel<T><<<blocks, kCudaThreads, 0, stream>>>(grad_output, N, Cout, P, grad_bias);
+    bias_grad_kernel<T><<<blocks, kDcnBiasGradThreads, 0, stream>>>(p, grad_output, grad_bias);
     return cuda_launch_status("deform_conv2d_cuda: bias grad");
   }
   Status zero(T* dst, int64_t count) {
@@ -196,10 +261,7 @@ struct CudaExec {
   // float32 accumulator (a 16-bit running sum over images would round at every image).
   Status weight_gemm(const GemmArgs& ga) {
     if (weight_tmp == nullptr) return gemm(ga);
-    GemmArgs g = ga;
-    g.beta = 0.f;
-    g.c = weight_tmp;  // same layout as grad_weight (ldc, stride_c)
-    DCNKIT_RETURN_IF_ERROR(gemm(g));
+    DCNKIT_RETURN_IF_ERROR(gemm(weight_gemm_to(ga, weight_tmp)));
     const int64_t n = weight_elements(p);
     accumulate_kernel<T, Acc><<<cuda_blocks(n), kCudaThreads, 0, stream>>>(weight_tmp, n, grad_weight.acc);
     return cuda_launch_status("deform_conv2d_cuda: grad_weight sum");
@@ -209,10 +271,12 @@ struct CudaExec {
 template <typename T>
 Status forward_impl(const DeformConv2dParams& p, const T* input, const T* offset, const T* weight,
                     const T* bias, const T* mask, T* output, void* workspace, const CudaContext& ctx) {
+  const DcnTiling tl = deform_conv2d_cuda_tiling(p, dtype_enum<T>());
   CudaExec<T> ex{p, ctx, static_cast<cudaStream_t>(ctx.stream), input, offset, mask, bias, nullptr,
-                 output, nullptr, nullptr, nullptr, GradAcc<T>{}, GradAcc<T>{}, nullptr};
-  return deform_conv2d_forward_schedule<T>(p, dtype_enum<T>(), images_per_chunk(p, dtype_enum<T>()), weight,
-                                           bias != nullptr, output, static_cast<T*>(workspace), ex);
+                 output, nullptr, nullptr, nullptr, GradAcc<T>{}, GradAcc<T>{}, nullptr,
+                 deform_conv2d_index32(p, tl), false, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0};
+  return deform_conv2d_forward_schedule<T>(p, dtype_enum<T>(), tl, weight, bias != nullptr, output,
+                                           static_cast<T*>(workspace), ex);
 }
 
 template <typename T>
@@ -220,14 +284,28 @@ Status backward_impl(const DeformConv2dParams& p, const T* grad_output, const T*
                      const T* weight, const T* mask, T* grad_input, T* grad_offset, T* grad_weight,
                      T* grad_bias, T* grad_mask, void* workspace, const CudaContext& ctx) {
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
-  // Workspace: columns, then (16-bit types) the float32 accumulators and weight_tmp.
+  using Acc = typename AccType<T>::type;
+  // Workspace: columns, then (16-bit types) the float32 accumulators and weight_tmp, then the deterministic
+  // mode's plan (keys, keys, slots, slots, weights) and CUB's scratch (deform_conv2d_cuda_workspace_bytes).
   char* extra = static_cast<char*>(workspace) + column_bytes(p, dtype_enum<T>());
   const GradAcc<T> gin = grad_acc(grad_input, p.batch * p.in_channels * p.height * p.width, &extra);
   const GradAcc<T> gw = grad_acc(grad_weight, weight_elements(p), &extra);
-  constexpr bool in_place = std::is_same<typename AccType<T>::type, T>::value;
+  constexpr bool in_place = std::is_same<Acc, T>::value;
   T* weight_tmp = (!in_place && grad_weight != nullptr) ? reinterpret_cast<T*>(extra) : nullptr;
+  if (!in_place) extra += align_up(static_cast<size_t>(weight_elements(p)) * sizeof(T));
+  const DcnTiling tl = deform_conv2d_cuda_tiling(p, dtype_enum<T>());
+  const size_t entries = static_cast<size_t>(deform_conv2d_plan_entries(p, tl));
+  uint32_t* plan_u32[4];
+  for (auto& q : plan_u32) {
+    q = reinterpret_cast<uint32_t*>(extra);
+    extra += align_up(entries * sizeof(uint32_t));
+  }
+  Acc* weights = reinterpret_cast<Acc*>(extra);
+  extra += align_up(entries * sizeof(Acc));
   CudaExec<T> ex{p, ctx, stream, input, offset, mask, nullptr, grad_output, nullptr, grad_offset, grad_bias,
-                 mask ? grad_mask : nullptr, gin, gw, weight_tmp};
+                 mask ? grad_mask : nullptr, gin, gw, weight_tmp, deform_conv2d_index32(p, tl), ctx.deterministic,
+                 plan_u32[0], plan_u32[1], plan_u32[2], plan_u32[3], weights, extra,
+                 sort_scratch_bytes(static_cast<int64_t>(entries))};
   // In place (float, double) the schedule zeroes grad_input / grad_weight itself; the float32
   // accumulators of 16-bit types are zeroed here and rounded into the gradients after the schedule.
   if (!in_place) {
@@ -235,7 +313,7 @@ Status backward_impl(const DeformConv2dParams& p, const T* grad_output, const T*
     DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gw, stream, "deform_conv2d_cuda: memset"));
   }
   DCNKIT_RETURN_IF_ERROR(deform_conv2d_backward_schedule<T>(
-      p, dtype_enum<T>(), images_per_chunk(p, dtype_enum<T>()), grad_output, weight, mask != nullptr, grad_input,
+      p, dtype_enum<T>(), tl, grad_output, weight, mask != nullptr, grad_input,
       grad_offset, grad_weight, grad_bias, grad_mask, static_cast<T*>(workspace), ex));
   DCNKIT_RETURN_IF_ERROR(grad_acc_store(gin, stream, "deform_conv2d_cuda: grad_input store"));
   return grad_acc_store(gw, stream, "deform_conv2d_cuda: grad_weight store");
@@ -244,21 +322,21 @@ Status backward_impl(const DeformConv2dParams& p, const T* grad_output, const T*
 }  // namespace
 
 size_t deform_conv2d_forward_workspace_cuda(const DeformConv2dParams& p, DType dtype) {
-  return column_bytes(p, dtype);
+  return deform_conv2d_cuda_workspace_bytes(p, dtype, false);
 }
 
 size_t deform_conv2d_backward_workspace_cuda(const DeformConv2dParams& p, DType dtype) {
-  return column_bytes(p, dtype) + backward_extra_bytes(p, dtype);
+  return deform_conv2d_cuda_workspace_bytes(p, dtype, true) +
+         sort_scratch_bytes(deform_conv2d_plan_entries(p, deform_conv2d_cuda_tiling(p, dtype)));
 }
 
 size_t deform_conv2d_forward_workspace_cuda_bound(const DeformConv2dParams& max_params, DType dtype) {
-  // Chunks hold min(batch, kCudaColumnBytes / per_image) images (at least one), so the columns of any
-  // smaller problem take at most min(batch * per_image, max(per_image, kCudaColumnBytes)) bytes.
+  // A tile holds at most kDcnTileBytes of columns, or one row of positions' columns when a single position
+  // is larger, and never more than the whole problem: monotone in every dim.
   const DeformConv2dParams& p = max_params;
-  const int64_t per_image = std::max<int64_t>(
-      1, p.in_channels * p.kernel_size() * p.out_spatial() * static_cast<int64_t>(dtype_size(dtype)));
-  const int64_t all = std::max<int64_t>(1, p.batch) * per_image;
-  return align_up(static_cast<size_t>(std::min<int64_t>(all, std::max<int64_t>(per_image, kCudaColumnBytes))));
+  const int64_t row = std::max<int64_t>(1, p.in_channels * p.kernel_size()) * static_cast<int64_t>(dtype_size(dtype));
+  const int64_t all = std::max<int64_t>(1, p.batch) * std::max<int64_t>(1, p.out_spatial()) * row;
+  return align_up(static_cast<size_t>(std::min<int64_t>(all, std::max<int64_t>(row, kDcnTileBytes))));
 }
 
 Status deform_conv2d_forward_cuda(const DeformConv2dParams& p, DType dtype, const void* input,

@@ -182,7 +182,7 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
     std::vector<T> columns = cuda_schedule_columns<T>(p);
     CpuScheduleExec<T> ex{p, ctx, input, offset, mask, nullptr, grad_output,
                           nullptr, grad_input, grad_offset, grad_bias, grad_mask};
-    return deform_conv2d_backward_schedule<T>(p, dt, cuda_schedule_chunk(p), grad_output, weight, mask != nullptr,
+    return deform_conv2d_backward_schedule<T>(p, dt, cuda_schedule_tiling(p), grad_output, weight, mask != nullptr,
                                               grad_input, grad_offset, grad_weight, grad_bias, grad_mask,
                                               columns.data(), ex);
   }

@@ -24,7 +24,7 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
   if (cuda_schedule_path()) {
     std::vector<T> columns = cuda_schedule_columns<T>(p);
     CpuScheduleExec<T> ex{p, ctx, input, offset, mask, bias, nullptr, output, nullptr, nullptr, nullptr, nullptr};
-    return deform_conv2d_forward_schedule<T>(p, dtype_of_t<T>(), cuda_schedule_chunk(p), weight, bias != nullptr,
+    return deform_conv2d_forward_schedule<T>(p, dtype_of_t<T>(), cuda_schedule_tiling(p), weight, bias != nullptr,
                                              output, columns.data(), ex);
   }
   const DType dt = dtype_of_t<T>();

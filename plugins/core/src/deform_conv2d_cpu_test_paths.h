@@ -3,69 +3,134 @@
 #pragma once
 
 #include <cstring>
+#include <utility>
 
 #include "deform_conv2d_cpu_common.h"
+#include "dcnkit/deform_conv2d_schedule.h"
 
 namespace dcnkit {
 namespace {
 
 // ---- element-wise path ---------------------------------------------------------------------------
-// The CUDA kernels' per-element functions (deform_conv2d_column, deform_conv2d_scatter_input,
-// deform_conv2d_offset_mask_grad) run serially on the CPU, so that CPU tests check the GPU math too:
-// selected with DCNKIT_DCN_CPU_PATH=elementwise (read once per process). Slow; for tests only.
+// The per-element functions (deform_conv2d_column, deform_conv2d_scatter_input,
+// deform_conv2d_offset_mask_grad) run serially on the CPU: selected with DCNKIT_DCN_CPU_PATH=elementwise
+// (read once per process). Slow; for tests only.
 // DCNKIT_DCN_CPU_PATH=cuda-schedule runs the CUDA launchers themselves on the CPU: their schedule
-// (chunks of images, every GEMM's arguments, zeroing) and their per-thread element functions
-// (deform_conv2d_kernels.h), serially, with the context's GEMM and chunks of ceil(N/2) images.
-enum class CpuPath { kFast, kElementwise, kCudaSchedule };
+// (deform_conv2d_schedule.h: column tiles, every GEMM's arguments, zeroing) and their per-thread bodies
+// (deform_conv2d_gather.h) over the CUDA launch grid, serially, with the context's GEMM, the int32
+// instantiation; DCNKIT_DCN_CPU_PATH=cuda-schedule-int64 runs the int64 one, and
+// DCNKIT_DCN_CPU_PATH=cuda-schedule-deterministic the deterministic mode (deform_conv2d_sorted.h).
+enum class CpuPath { kFast, kElementwise, kCudaSchedule, kCudaScheduleInt64, kCudaScheduleDeterministic };
 inline CpuPath cpu_path() {
   static const CpuPath path = [] {
     const char* e = std::getenv("DCNKIT_DCN_CPU_PATH");
     if (e != nullptr && std::strcmp(e, "elementwise") == 0) return CpuPath::kElementwise;
     if (e != nullptr && std::strcmp(e, "cuda-schedule") == 0) return CpuPath::kCudaSchedule;
+    if (e != nullptr && std::strcmp(e, "cuda-schedule-int64") == 0) return CpuPath::kCudaScheduleInt64;
+    if (e != nullptr && std::strcmp(e, "cuda-schedule-deterministic") == 0) return CpuPath::kCudaScheduleDeterministic;
     return CpuPath::kFast;
   }();
   return path;
 }
 inline bool elementwise_path() { return cpu_path() == CpuPath::kElementwise; }
-inline bool cuda_schedule_path() { return cpu_path() == CpuPath::kCudaSchedule; }
+inline bool cuda_schedule_path() {
+  return cpu_path() == CpuPath::kCudaSchedule || cpu_path() == CpuPath::kCudaScheduleInt64 ||
+         cpu_path() == CpuPath::kCudaScheduleDeterministic;
+}
 
-// The executor of the CUDA schedule on the CPU: each "kernel" is a serial loop over its element
-// function, in the order a CUDA grid would cover it; the scatter is a plain += (one thread).
+// The tiling of the CUDA-schedule path: the launchers' rules at test sizes, so that small problems still
+// take several tiles of both kinds -- two whole images per tile from 3 images on, else slices of
+// ceil(P/3) positions -- and up to 4 channel slices per group (empty and ragged slices included).
+inline DcnTiling cuda_schedule_tiling(const DeformConv2dParams& p) {
+  const int64_t row = std::max<int64_t>(1, p.in_channels * p.kernel_size());
+  const int64_t P = std::max<int64_t>(1, p.out_spatial());
+  DcnTiling t = p.batch >= 3 ? deform_conv2d_tiling(p, 1, 2 * row * P)
+                              : deform_conv2d_tiling(p, 1, row * ((P + 2) / 3));
+  const int64_t cpg = p.in_channels / std::max<int64_t>(1, p.attrs.deformable_groups);
+  int64_t s = 1;
+  while (2 * s <= std::min<int64_t>(4, cpg)) s *= 2;
+  t.fwd_slices = s;
+  t.bwd_slices = s > 1 ? s / 2 : 1;  // a different grid from the forward's
+  return t;
+}
+
+// The executor of the CUDA schedule on the CPU: each "kernel" is a serial loop over its per-thread body in
+// the order of the CUDA grid; the scatter is a plain += (one thread); the backward's per-point reduction
+// over slices runs the same fixed tree as the kernel's warp shuffles (dcn_slice_tree).
 template <typename T>
 struct CpuScheduleExec {
   const DeformConv2dParams& p;
   const CpuContext& ctx;
   const T *input, *offset, *mask, *bias, *grad_output;
   T *output, *grad_input, *grad_offset, *grad_bias, *grad_mask;
+  bool index32 = cpu_path() != CpuPath::kCudaScheduleInt64;
+  bool deterministic = cpu_path() == CpuPath::kCudaScheduleDeterministic;
 
-  Status im2col(int64_t n0, int64_t nb, T* columns) {
-    for (int64_t i = 0; i < nb * p.in_channels * p.out_spatial(); ++i)
-      deform_conv2d_im2col_row<T, T>(p, input, offset, mask, n0, i, columns);
+  Status gather(const DcnTile& t, T* columns) {
+    return dispatch_dcn_variant(p, index32, mask != nullptr, [&](auto it, auto kt, auto mt) {
+      using I = typename decltype(it)::type;
+      for (uint32_t i = 0; i < t.threads; ++i)
+        deform_conv2d_gather<T, T, I, decltype(kt)::KH, decltype(kt)::KW, decltype(mt)::value>(
+            p, t, input, offset, mask, i, columns);
+      return Status::Ok();
+    });
+  }
+  Status bias_fill(const DcnTile& t) {
+    for (int64_t b = 0; b < t.nb; ++b)
+      for (int64_t co = 0; co < p.out_channels; ++co)
+        for (int64_t pl = 0; pl < t.pt; ++pl) deform_conv2d_bias_fill(p, t, bias, b, co, pl, output);
     return Status::Ok();
   }
-  Status bias_fill(int64_t n0, int64_t nb) {
-    for (int64_t i = 0; i < nb * p.out_channels * p.out_spatial(); ++i)
-      deform_conv2d_bias_element(p, bias, n0, i, output);
-    return Status::Ok();
+  Status sampling_backward(const DcnTile& t, const T* grad_columns, bool scatter) {
+    T* gi = scatter ? grad_input : nullptr;
+    const bool want = grad_offset != nullptr || grad_mask != nullptr;
+    return dispatch_dcn_variant(p, index32, mask != nullptr, [&](auto it, auto kt, auto mt) {
+      using I = typename decltype(it)::type;
+      constexpr int KH = decltype(kt)::KH, KW = decltype(kt)::KW;
+      const uint32_t S = static_cast<uint32_t>(t.slices);
+      std::vector<DcnPointGrad<T>> part(S);
+      for (uint32_t i0 = 0; i0 < t.threads; i0 += S) {
+        for (uint32_t s = 0; s < S; ++s)
+          part[s] = deform_conv2d_sampling_backward<T, T, I, KH, KW, decltype(mt)::value>(
+              p, t, input, offset, mask, grad_columns, i0 + s, want, gi, [](T* dst, T v) { *dst += v; });
+        if (want)
+          deform_conv2d_point_grad_store<T, T, KH, KW>(p, t, i0, dcn_slice_tree(part.data(), static_cast<int>(S)),
+                                                       grad_offset, grad_mask);
+      }
+      return Status::Ok();
+    });
   }
-  Status col2im(int64_t n0, int64_t nb, const T* grad_columns) {
-    for (int64_t i = 0; i < nb * p.in_channels * p.out_spatial(); ++i)
-      deform_conv2d_col2im_row<T, T>(p, offset, mask, grad_columns, n0, i, grad_input,
-                                     [](T* dst, T v) { *dst += v; });
-    return Status::Ok();
-  }
-  Status offset_mask_grad(int64_t n0, int64_t nb, const T* grad_columns) {
-    for (int64_t i = 0; i < nb * p.attrs.deformable_groups * p.kernel_size() * p.out_spatial(); ++i)
-      deform_conv2d_offset_mask_grad_element(p, input, offset, mask, grad_columns, n0, i, grad_offset,
-                                             grad_mask);
+  // Plan, stable sort of (key, slot) -- the order of the CUDA radix sort -- and the pixel gather.
+  Status input_grad_sorted(const DcnTile& plan, const DcnPixelGrid& pg, const T* grad_columns) {
+    std::vector<uint32_t> keys(pg.entries), slots(pg.entries);
+    std::vector<T> weights(pg.entries);
+    DCNKIT_RETURN_IF_ERROR(dispatch_dcn_variant(p, index32, mask != nullptr, [&](auto it, auto kt, auto mt) {
+      using I = typename decltype(it)::type;
+      for (uint32_t i = 0; i < plan.threads; ++i)
+        deform_conv2d_plan<T, T, I, decltype(kt)::KH, decltype(kt)::KW, decltype(mt)::value>(
+            p, plan, offset, mask, i, keys.data(), slots.data(), weights.data());
+      return Status::Ok();
+    }));
+    std::vector<std::pair<uint32_t, uint32_t>> kv(pg.entries);
+    for (uint32_t e = 0; e < pg.entries; ++e) kv[e] = {keys[e], slots[e]};
+    std::sort(kv.begin(), kv.end());
+    for (uint32_t e = 0; e < pg.entries; ++e) {
+      keys[e] = kv[e].first;
+      slots[e] = kv[e].second;
+    }
+    for (uint32_t i = 0; i < pg.threads; ++i)
+      deform_conv2d_pixel_gather<T, T, T>(p, plan, pg, keys.data(), slots.data(), weights.data(), grad_columns, i,
+                                          grad_input);
     return Status::Ok();
   }
   Status bias_grad() {
-    const int64_t P = p.out_spatial();
+    std::vector<T> part(kDcnBiasGradThreads);
     for (int64_t co = 0; co < p.out_channels; ++co) {
-      T s = T(0);
-      for (int64_t i = 0; i < p.batch * P; ++i) s += grad_output[(i / P * p.out_channels + co) * P + i % P];
-      grad_bias[co] = s;
+      for (int lane = 0; lane < kDcnBiasGradThreads; ++lane)
+        part[lane] = deform_conv2d_bias_grad_partial<T, T>(p, grad_output, co, lane, kDcnBiasGradThreads);
+      for (int w = kDcnBiasGradThreads / 2; w > 0; w >>= 1)
+        for (int lane = 0; lane < kDcnBiasGradThreads; ++lane) deform_conv2d_bias_grad_tree<T>(part.data(), lane, w);
+      grad_bias[co] = part[0];
     }
     return Status::Ok();
   }
@@ -74,16 +139,22 @@ struct CpuScheduleExec {
     return Status::Ok();
   }
   Status gemm(const GemmArgs& ga) { return ctx.run_gemm(ga); }
-  Status weight_gemm(const GemmArgs& ga) { return ctx.run_gemm(ga); }
+  // The int32 run adds in place (the float and double route on CUDA); the int64 run takes the route of the
+  // 16-bit types: the image's product into a temporary, then the per-element sum into grad_weight.
+  Status weight_gemm(const GemmArgs& ga) {
+    if (index32) return ctx.run_gemm(ga);
+    const int64_t n = p.out_channels * p.in_per_group() * p.kernel_size();
+    std::vector<T> tmp(static_cast<size_t>(n));
+    DCNKIT_RETURN_IF_ERROR(ctx.run_gemm(weight_gemm_to(ga, tmp.data())));
+    for (int64_t i = 0; i < n; ++i) deform_conv2d_weight_accumulate<T, T>(tmp.data(), i, static_cast<T*>(ga.c));
+    return Status::Ok();
+  }
 };
-
-inline int64_t cuda_schedule_chunk(const DeformConv2dParams& p) { return std::max<int64_t>(1, (p.batch + 1) / 2); }
 
 // Scratch of the CUDA-schedule path (a test path: it allocates, unlike the launchers).
 template <typename T>
 std::vector<T> cuda_schedule_columns(const DeformConv2dParams& p) {
-  return std::vector<T>(static_cast<size_t>(cuda_schedule_chunk(p) * p.in_channels * p.kernel_size() *
-                                            p.out_spatial()));
+  return std::vector<T>(deform_conv2d_tile_bytes(p, cuda_schedule_tiling(p), sizeof(T)) / sizeof(T) + 1);
 }
 
 template <typename T>

@@ -62,6 +62,9 @@ void parallel_tasks(const CpuContext& ctx, int64_t tasks, F&& f) {
 
 struct CudaContext {
   void* stream = nullptr;  // cudaStream_t
+  // Deterministic mode (torch.use_deterministic_algorithms): launchers that have an atomic-free path take it
+  // (DeformConv2d's backward); the others are unaffected (the front end raises for them).
+  bool deterministic = false;
   // GEMM enqueued on `stream` (cuBLAS in ONNX Runtime and TensorRT, ATen in PyTorch).
   GemmFn gemm = nullptr;
   void* gemm_self = nullptr;
