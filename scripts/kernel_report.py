@@ -77,6 +77,16 @@ _PLAN_SASS = ("about 370 SASS per output at sampling ratio 2 (gate 250): ~41 per
 PENDING: dict[str, str] = {
     "roi_align_plan_forward_kernel": _PLAN_SASS,
     "multi_level_roi_align_plan_forward_kernel": _PLAN_SASS,
+    "deform_conv2d_gather_kernel": (
+        "about 130 SASS per column element for float with 32-bit indices (gate 40): the element loop's body is about "
+        "390 static SASS (its 4-channel inner loop 90) for a 16-channel slice; the 64-bit-index instantiations (sizes "
+        "past 2^31) also convert 64-bit integers to float in the loop (6 I2F/F2I.S64)"),
+    "deform_conv2d_sampling_backward_kernel": (
+        "about 360-420 SASS per column element (gate 60); the 64-bit-index instantiations take 59-78 registers "
+        "(gate 48) and 4 64-bit int<->float conversions in the loop"),
+    "roi_align_visit_forward_kernel": (
+        "the double instantiation of the bounded-visit fallback has a 24 B stack frame and spills since the border "
+        "rule reads only in-map neighbours (a per-neighbour mask); float, half and bfloat16 have none"),
 }
 
 _DTYPES = {"f": "float", "d": "double", "6__half": "half", "13__nv_bfloat16": "bfloat16"}
