@@ -126,6 +126,7 @@ DCNKIT_HD Taps<Acc> roi_plan_taps(const RoIPlanEntry<Acc>& e) {
   for (int j = 0; j < 4; ++j) {
     t.idx[j] = t.inside ? e.idx[j] : 0;
     t.w[j] = e.w[j];
+    t.ok[j] = t.inside;  // RoI taps are clamped into the map: all four are read when the sample is inside
   }
   return t;
 }
