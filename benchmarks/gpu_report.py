@@ -8,7 +8,9 @@ Measured (interleaved rounds, the fastest counts; benchmarks/_common.py):
   (1,64,64,64), (4,256,32,32), (8,32,128,128), and the peak extra memory of one call (benchmarks/bench_deform_conv2d.py);
 * RoIAlign avg and max, forward and forward+backward, vs torchvision (benchmarks/bench_roi_align.py);
 * the kit's ONNX Runtime CUDA DeformConv2d vs ONNX Runtime's built-in DeformConv, IO binding, TF32 off for float32,
-  when onnxruntime has the CUDA execution provider (benchmarks/bench_ort_deform_conv.py).
+  when onnxruntime has the CUDA execution provider (benchmarks/bench_ort_deform_conv.py);
+* the TensorRT plugins' enqueue on device buffers, driven without TensorRT by the host lifecycle harness and checked
+  against the torch op: a pass/fail row per plugin and type (scripts/check_trt_enqueue.py).
 Beside each time: the target of issue 25 (ratio to the baseline) and the model's prediction (benchmarks/gpu_model.py;
 SASS per element from scripts/kernel_report.py when nvcc and cuobjdump are here). A part whose dependency is absent
 is one "skip" line. Writes report.json and report.md under --out.
@@ -26,6 +28,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import gpu_model as M  # noqa: E402
+
+sys.path.insert(0, str(HERE.parent / "scripts"))
+import check_trt_enqueue as TRT  # noqa: E402
 
 DCN_SHAPES = [(1, 64, 64, 64), (4, 256, 32, 32), (8, 32, 128, 128)]
 DCN_DTYPES = ["float32", "float16", "bfloat16"]
@@ -111,7 +116,7 @@ def ort_rows(measured: list | None, sass: dict) -> list[dict]:
             for r in (measured or [])]
 
 
-def markdown(rows: list[dict], memory: dict | None, notes: list[str]) -> str:
+def markdown(rows: list[dict], memory: dict | None, notes: list[str], trt: list[dict] | None = None) -> str:
     def f(v, spec=".3f"):
         return "-" if v is None else format(v, spec)
 
@@ -128,6 +133,9 @@ def markdown(rows: list[dict], memory: dict | None, notes: list[str]) -> str:
             g = [m.get(k) for k in ("dcnkit_fwd_bytes", "torchvision_fwd_bytes", "dcnkit_fwdbwd_bytes",
                                     "torchvision_fwdbwd_bytes")]
             out.append(f"| {m['batch']} | " + " | ".join("-" if v is None else f"{v / 2**20:.1f}" for v in g) + " |")
+    if trt:
+        out += ["", "TensorRT plugins' enqueue on device buffers (host lifecycle harness, no TensorRT) vs the torch op",
+                "", TRT.table(trt).rstrip()]
     return "\n".join(out + [""] + [f"* {n}" for n in notes]) + "\n"
 
 
@@ -173,14 +181,19 @@ def main(argv=None) -> dict:
             ort = _load("bench_ort_deform_conv").main(common + ["--json", str(out / "bench_ort_deform_conv.json")])
         else:
             log("skip: ORT CUDA DeformConv2d vs built-in (onnxruntime has no CUDAExecutionProvider)")
-    log("skip: TensorRT plugins' enqueue on device buffers through the host lifecycle harness (not built yet)")
+    trt = None
+    if args.dry_run:
+        log("skip: TensorRT plugins' enqueue on device buffers (--dry-run)")
+    else:
+        log("TensorRT plugins' enqueue on device buffers, no TensorRT: scripts/check_trt_enqueue.py")
+        trt = TRT.run(log=log)
     rows = dcn_rows(dcn, sass) + roi_rows(roi, sass) + ort_rows(ort, sass)
     notes.insert(0, f"device: {device}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
                     f"fastest of {args.repeat} interleaved rounds; model: benchmarks/gpu_model.py (kernel time only)")
     report = {"device": device, "seconds": round(time.time() - t0, 1), "model_sass": sass, "rows": rows,
-              "memory": (dcn or {}).get("memory"), "notes": notes}
+              "memory": (dcn or {}).get("memory"), "tensorrt_enqueue": trt, "notes": notes}
     (out / "report.json").write_text(json.dumps(report, indent=1))
-    md = markdown(rows, report["memory"], notes)
+    md = markdown(rows, report["memory"], notes, trt)
     (out / "report.md").write_text(md)
     print(md)
     log(f"wrote {out / 'report.json'} and {out / 'report.md'} in {report['seconds']} s")

@@ -55,6 +55,21 @@ def test_gpu_report_dry_run_writes_one_json_and_one_table_with_the_model(tmp_pat
     f32 = {x["case"]: x for x in dcn if x["dtype"] == "float32"}
     assert f32["(8, 32, 128, 128) forward+backward"]["model_ms"] > f32["(8, 32, 128, 128) forward"]["model_ms"]
     assert f32["(8, 32, 128, 128) forward"]["target"] == 0.5 and f32["(1, 64, 64, 64) forward"]["target"] == 0.8
+    assert report["tensorrt_enqueue"] is None and "skip: TensorRT plugins' enqueue on device buffers" in md
+
+
+def test_gpu_report_table_has_a_pass_fail_row_per_tensorrt_plugin():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_report
+
+    rows = [{"plugin": "RoIAlign-avg", "dtype": "float16", "max_err": 1e-3, "allowed": 1e-2, "passed": True,
+             "note": ""},
+            {"plugin": "DCNv3", "dtype": "float32", "max_err": None, "allowed": 1e-4, "passed": False,
+             "note": "FAILED DCNv3-float32: enqueue returned -1"}]
+    md = gpu_report.markdown([], None, [], rows)
+    assert "| RoIAlign-avg | float16 | 0.001 | 0.01 | pass |" in md
+    assert "| DCNv3 | float32 | - | 0.0001 | FAIL: FAILED DCNv3-float32: enqueue returned -1 |" in md
+    assert "TensorRT plugins' enqueue on device buffers" not in gpu_report.markdown([], None, [], None)
 
 
 def test_gpu_model_reproduces_the_calibration_points():
