@@ -131,13 +131,6 @@ bool read_manifest(const char* path, std::vector<Manifest>* cases, std::string* 
   return true;
 }
 
-Dims dims_of(const std::vector<int64_t>& v) {
-  Dims d{};
-  d.nbDims = static_cast<int32_t>(v.size());
-  for (size_t i = 0; i < v.size(); ++i) d.d[i] = v[i];
-  return d;
-}
-
 std::vector<PluginTensorDesc> descs(const std::vector<TensorSpec>& ts) {
   std::vector<PluginTensorDesc> d(ts.size());
   for (size_t i = 0; i < ts.size(); ++i) {
@@ -158,17 +151,6 @@ std::vector<DynamicPluginTensorDesc> dyn_descs(const std::vector<TensorSpec>& ts
   }
   return d;
 }
-
-template <typename T>
-T* cap(IPluginV3* p, PluginCapabilityType t) {
-  return static_cast<T*>(p->getCapabilityInterface(t));
-}
-
-class TestResourceContext final : public IPluginResourceContext {
- public:
-  IGpuAllocator* getGpuAllocator() const noexcept override { return nullptr; }
-  IErrorRecorder* getErrorRecorder() const noexcept override { return nullptr; }
-};
 
 // Device buffers freed on every path.
 struct DeviceBuffers {
