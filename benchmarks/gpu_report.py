@@ -222,7 +222,12 @@ def main(argv=None) -> dict:
         log("skip: TensorRT plugins' enqueue on device buffers (--dry-run)")
     else:
         log("TensorRT plugins' enqueue on device buffers, no TensorRT: scripts/check_trt_enqueue.py")
-        trt = TRT.run(log=log)
+        try:
+            trt = TRT.run(log=log)
+        except Exception as e:  # the harness did not build or run: one failed row, the other figures stay
+            log(f"TensorRT enqueue harness: {type(e).__name__}: {e}")
+            trt = [{"plugin": "(harness)", "dtype": "-", "max_err": None, "allowed": None, "passed": False,
+                    "note": (str(e).splitlines() or [type(e).__name__])[0]}]
     rows = dcn_rows(dcn, sass) + roi_rows(roi, sass) + ort_rows(ort, sass)
     notes.insert(0, f"device: {device}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
                     f"fastest of {args.repeat} interleaved rounds; model: benchmarks/gpu_model.py (kernel time only)")

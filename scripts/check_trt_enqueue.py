@@ -53,7 +53,8 @@ def build_harness(out_dir: Path) -> Path:
     """Compiles the harness; raises Skip naming what is missing."""
     cxx = shutil.which("g++") or shutil.which("c++")
     inc, cuda = trt_include(), cuda_home()
-    libdirs = [d for d in (cuda / "lib64", cuda / "targets" / "x86_64-linux" / "lib") if (d / "libcudart.so").exists()]
+    libdirs = [d for d in [cuda / "lib64"] + [cuda / "targets" / t / "lib" for t in ("x86_64-linux", "sbsa-linux")]
+               if (d / "libcudart.so").exists()]
     if inc is None:
         raise Skip("no TensorRT headers (set TensorRT_INCLUDE_DIR)")
     if cxx is None or not (cuda / "include" / "cuda_runtime_api.h").is_file() or not libdirs:
@@ -234,13 +235,15 @@ def write_manifest(all_cases: list[Case], folder: Path) -> Path:
     return manifest
 
 
-def compare(all_cases: list[Case], folder: Path, harness_lines: dict) -> list[dict]:
-    """One row per case: the harness's verdict, then the largest scaled error of its outputs vs the torch op."""
+def compare(all_cases: list[Case], folder: Path, harness_lines: dict, missing: str = "no line from the harness") \
+        -> list[dict]:
+    """One row per case: the harness's verdict (``missing`` where it printed none), then the largest scaled error of
+    its outputs vs the torch op."""
     import torch
 
     rows = []
     for i, c in enumerate(all_cases):
-        line = harness_lines.get(f"{c.label}-{c.dtype}", "no line from the harness")
+        line = harness_lines.get(f"{c.label}-{c.dtype}", missing)
         err, note = None, line
         if line.startswith("ok "):
             err = 0.0
@@ -274,8 +277,10 @@ def run(dtypes=DTYPES, plan: bool = False, log=print, exe: Path | None = None) -
                                capture_output=True, text=True, timeout=300)
             if r.returncode == 3:
                 raise Skip(r.stdout.strip())
-            if r.returncode not in (0, 1):
-                raise RuntimeError(f"the harness failed (exit {r.returncode}):\n{r.stdout}{r.stderr}")
+            if r.returncode == 2:  # usage, manifest or library: no case ran
+                raise RuntimeError(f"the harness failed (exit 2):\n{r.stdout}{r.stderr}")
+            # A crash (a signal) in one case: the cases before it printed their lines (line-buffered).
+            missing = f"no line from the harness (exit {r.returncode}: {(r.stderr.strip().splitlines() or [''])[-1]})"
             lines = {}
             for text in r.stdout.splitlines():
                 kind, _, rest = text.partition(" ")
@@ -283,8 +288,8 @@ def run(dtypes=DTYPES, plan: bool = False, log=print, exe: Path | None = None) -
                     lines[rest.split(":")[0].split(" (")[0]] = text
             if plan:
                 return [{"plugin": c.label, "dtype": c.dtype, "passed": lines.get(f"{c.label}-{c.dtype}", "")
-                         .startswith("ok "), "note": lines.get(f"{c.label}-{c.dtype}", "no line")} for c in all_cases]
-            return compare(all_cases, folder, lines)
+                         .startswith("ok "), "note": lines.get(f"{c.label}-{c.dtype}", missing)} for c in all_cases]
+            return compare(all_cases, folder, lines, missing)
     except Skip as e:
         log(f"skip: TensorRT plugins' enqueue on device buffers: {e}")
         return None

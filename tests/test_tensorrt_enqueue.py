@@ -69,7 +69,8 @@ def test_without_a_device_the_harness_says_so(harness, tmp_path):
 @pytest.mark.parametrize("dtype", E.DTYPES)
 def test_the_comparison_accepts_the_op_and_rejects_wrong_outputs(tmp_path, dtype):
     """Outputs written as the harness writes them: the torch op in float32 rounded to `dtype` passes; one element
-    off by 10 tolerances, an unwritten output (NaN, the harness's fill) or a failed case fails."""
+    off by 10 tolerances, an unwritten output (NaN, the harness's fill), a failed case or a case without a line (the
+    harness crashed there) fails."""
     import torch
 
     all_cases = E.cases(dtype)
@@ -93,9 +94,11 @@ def test_the_comparison_accepts_the_op_and_rejects_wrong_outputs(tmp_path, dtype
     write(0, all_cases[0], lambda v: v + 10 * E.TOL[dtype] * scale)
     write(1, all_cases[1], lambda v: float("nan"))
     lines = dict(ok, **{f"{all_cases[2].label}-{dtype}": f"FAILED {all_cases[2].label}-{dtype}: enqueue returned -1"})
-    rows = E.compare(all_cases, tmp_path, lines)
-    assert [r["plugin"] for r in rows if not r["passed"]] == [c.label for c in all_cases[:3]], rows
+    del lines[f"{all_cases[3].label}-{dtype}"]  # the harness crashed in this case: no line
+    rows = E.compare(all_cases, tmp_path, lines, missing="no line from the harness (exit -11: )")
+    assert [r["plugin"] for r in rows if not r["passed"]] == [c.label for c in all_cases[:4]], rows
     assert rows[2]["note"].endswith("enqueue returned -1") and rows[1]["max_err"] == float("inf")
+    assert rows[3]["note"] == "no line from the harness (exit -11: )" and rows[3]["max_err"] is None
 
 
 @pytest.mark.cuda

@@ -281,6 +281,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s libdcnkit_trt.so manifest.txt [--plan]\n", argv[0]);
     return 2;
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each case's line survives a crash in a later case
   const bool plan = argc > 3 && std::string(argv[3]) == "--plan";
   std::vector<Manifest> cases;
   std::string why;
