@@ -28,8 +28,9 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "tests" / "cpp" / "tensorrt_enqueue_cuda.cpp"
 DTYPES = ("float32", "float16", "bfloat16")
-# Largest |got - want| / max(1, max |want|) allowed per plugin type.
-TOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 4e-2}
+# Largest |got - want| / max(1, max |want|) allowed per plugin type. The kit's own CPU ops run in float16 / bfloat16
+# on these cases (float16 RoIs too) stay within 6.0e-3 / 3.4e-3 of the float64 results (2026-11-25).
+TOL = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 2e-2}
 
 
 class Skip(Exception):
