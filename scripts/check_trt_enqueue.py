@@ -3,9 +3,10 @@
     python scripts/check_trt_enqueue.py                 # on a machine with a GPU (.ci/gpu, benchmarks/gpu_report.py)
     python scripts/check_trt_enqueue.py --plan          # anywhere: the host half (fields, shapes, workspace) only
 
-Every plugin kind (DeformConv2d v1 / v2 and mmdeploy's MMCVModulatedDeformConv2d, RoIAlign avg / max,
-DeformRoIPool, DeformPSRoIPool, MultiLevelRoIAlign, MultiScaleDeformableAttention with int64 and int32 level tables,
-DCNv3, DCNv4) in float32, float16 and bfloat16 (RoIs in float32 next to float16 features, in the features' type
+Every plugin kind (DeformConv2d v1 / v2, RoIAlign avg / max, DeformRoIPool, DeformPSRoIPool, MultiLevelRoIAlign,
+MultiScaleDeformableAttention with int64 and int32 level tables, DCNv3, DCNv4), and the same nodes under mmdeploy's and
+InternImage's names (MMCVDeformConv2d, MMCVModulatedDeformConv2d, MMCVRoiAlign, MMCVDeformRoIPool,
+MMCVMultiLevelRoiAlign, MMCVMultiScaleDeformableAttention, TRTDCNv3), in float32, float16 and bfloat16 (RoIs in float32 next to float16 features, in the features' type
 next to bfloat16 ones; one RoI with an out-of-range batch index, which gives zeros). The inputs are drawn here, in the
 plugin's type, and written as raw files with a manifest; tests/cpp/tensorrt_enqueue_cuda.cpp (compiled here with
 g++ against TensorRT's headers and libcudart) drives libdcnkit_trt.so through the plugin lifecycle as TensorRT does
@@ -143,15 +144,13 @@ def cases(dtype: str, seed: int = 0) -> list[Case]:
     conv = [("stride", "i32", [1, 1]), ("padding", "i32", [1, 1]), ("dilation", "i32", [1, 1]), ("groups", "i32", [1])]
     out.append(Case("DeformConv2d-v2", "DeformConv2d", "dcnkit", dtype, conv + [("deformable_groups", "i32", [2])],
                     [x, off, wt, bias, mask], lambda x, o, w, b, m: [ops.deform_conv2d(x, o, w, b, 1, 1, 1, m)]))
-    out.append(Case("MMCVModulatedDeformConv2d", "MMCVModulatedDeformConv2d", "", dtype,
-                    conv + [("deform_groups", "i32", [2])], [x, off, mask, wt, bias],
-                    lambda x, o, m, w, b: [ops.deform_conv2d(x, o, w, b, 1, 1, 1, m)]))
-    # DCNv1 (no mask), stride 2, two weight groups: offsets (N, 2*9, 6, 5).
-    v1 = [("stride", "i32", [2, 2]), ("padding", "i32", [1, 1]), ("dilation", "i32", [1, 1]), ("groups", "i32", [2]),
-          ("deformable_groups", "i32", [1])]
-    out.append(Case("DeformConv2d-v1", "DeformConv2d", "dcnkit", dtype, v1,
-                    [x, rnd(n, 18, 6, 5, scale=1.5), rnd(6, c // 2, 3, 3, scale=0.2), bias],
-                    lambda x, o, w, b: [ops.deform_conv2d(x, o, w, b, 2, 1, 1)]))
+    # DCNv1 (no mask), stride 2, two weight groups: offsets (N, 2*9, 6, 5); mmcv's node has no bias.
+    v1 = [("stride", "i32", [2, 2]), ("padding", "i32", [1, 1]), ("dilation", "i32", [1, 1]), ("groups", "i32", [2])]
+    off1, wt1 = rnd(n, 18, 6, 5, scale=1.5), rnd(6, c // 2, 3, 3, scale=0.2)
+    out.append(Case("DeformConv2d-v1", "DeformConv2d", "dcnkit", dtype, v1 + [("deformable_groups", "i32", [1])],
+                    [x, off1, wt1, bias], lambda x, o, w, b: [ops.deform_conv2d(x, o, w, b, 2, 1, 1)]))
+    out.append(Case("MMCVDeformConv2d", "MMCVDeformConv2d", "", dtype, v1 + [("deform_groups", "i32", [1])],
+                    [x, off1, wt1], lambda x, o, w: [ops.deform_conv2d(x, o, w, None, 2, 1, 1)]))
 
     rois = _rois(g, 5, n, h * 2, w * 2, rt)  # image coordinates, spatial_scale 0.5
     for mode, ratio, aligned in (("avg", 2, 1), ("max", 0, 0)):
@@ -206,7 +205,38 @@ def cases(dtype: str, seed: int = 0) -> list[Case]:
     out.append(Case("DCNv4", "DCNv4", "dcnkit", dtype, v3_fields + [("softmax", "i32", [1])],
                     [xv, rnd(n, hv, wv, 56)],  # G * 3K = 54 rounded up to 56
                     lambda x, om: [ops.dcnv4(x, om, *a, 0.5, softmax=True)]))
-    return out
+    return out + _mmdeploy_variants({k.label: k for k in out}, v3_fields)
+
+
+def _variant(case: Case, plugin: str, fields: list, order: tuple | None = None) -> Case:
+    """`case` under an exporter's own node name: its fields, and the kit's node inputs in its order (`order`: the
+    kit's input positions, default the same)."""
+    order = order or tuple(range(len(case.inputs)))
+    op = case.op
+    return Case(plugin, plugin, "", case.dtype, fields, [case.inputs[i] for i in order],
+                lambda *xs: op(*[xs[order.index(i)] for i in range(len(order))]))
+
+
+def _mmdeploy_variants(by: dict, v3_fields: list) -> list[Case]:
+    """mmdeploy's and InternImage's names of the same nodes (docs/tensorrt.md's tables): their fields and order."""
+    return [
+        _variant(by["DeformConv2d-v2"], "MMCVModulatedDeformConv2d",
+                 [("stride", "i32", [1, 1]), ("padding", "i32", [1, 1]), ("dilation", "i32", [1, 1]),
+                  ("groups", "i32", [1]), ("deform_groups", "i32", [2])], (0, 1, 4, 2, 3)),
+        _variant(by["RoIAlign-max"], "MMCVRoiAlign",
+                 [("output_height", "i32", [3]), ("output_width", "i32", [2]), ("spatial_scale", "f32", [0.5]),
+                  ("sampling_ratio", "i32", [0]), ("mode", "str", "max"), ("aligned", "i32", [0])]),
+        _variant(by["DeformRoIPool"], "MMCVDeformRoIPool",  # mmcv writes sampling_ratio as a float
+                 [("pooled_height", "i32", [3]), ("pooled_width", "i32", [3]), ("spatial_scale", "f32", [0.5]),
+                  ("sampling_ratio", "f32", [2.0]), ("gamma", "f32", [0.1])]),
+        _variant(by["MultiLevelRoIAlign"], "MMCVMultiLevelRoiAlign",  # pool_mode 1: avg
+                 [("output_height", "i32", [3]), ("output_width", "i32", [3]), ("featmap_strides", "f32", [4.0, 8.0]),
+                  ("sampling_ratio", "i32", [2]), ("finest_scale", "i32", [16]), ("roi_scale_factor", "f32", [1.0]),
+                  ("aligned", "i32", [1]), ("pool_mode", "i32", [1])]),
+        _variant(by["MultiScaleDeformableAttention-int64"], "MMCVMultiScaleDeformableAttention",
+                 [("im2col_step", "i32", [64])]),
+        _variant(by["DCNv3"], "TRTDCNv3", v3_fields + [("im2col_step", "i32", [256])]),
+    ]
 
 
 def _raw(x) -> bytes:

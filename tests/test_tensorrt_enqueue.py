@@ -1,8 +1,8 @@
 """The TensorRT plugins' enqueue on device buffers, driven by the host lifecycle harness without TensorRT
 (scripts/check_trt_enqueue.py, tests/cpp/tensorrt_enqueue_cuda.cpp; issue 25 item 7).
 
-On a GPU (marked `cuda`, run by .ci/gpu): every plugin kind in float32, float16 and bfloat16 is enqueued on a CUDA
-stream and its outputs are compared with the torch op. Everywhere: the harness compiles, the manifest's cases pass
+On a GPU (marked `cuda`, run by .ci/gpu): every plugin kind (and mmdeploy's / InternImage's names of the same nodes)
+in float32, float16 and bfloat16 is enqueued on a CUDA stream and its outputs are compared with the torch op. Everywhere: the harness compiles, the manifest's cases pass
 the plugins' host half (fields, output shapes, formats, configurePlugin, workspace), a wrong case fails it, and the
 comparison rejects wrong, unwritten (NaN) or missing outputs."""
 import subprocess
@@ -32,10 +32,11 @@ def test_every_case_passes_the_plugins_host_half(harness):
     lines = []
     rows = E.run(plan=True, log=lines.append, exe=harness[0])
     assert rows is not None, lines
-    assert len(rows) == 12 * len(E.DTYPES)
-    assert {r["plugin"].split("-")[0] for r in rows} >= {
+    assert len(rows) == 18 * len(E.DTYPES)
+    assert {r["plugin"].split("-")[0] for r in rows} == {
         "DeformConv2d", "RoIAlign", "DeformRoIPool", "DeformPSRoIPool", "MultiLevelRoIAlign",
-        "MultiScaleDeformableAttention", "DCNv3", "DCNv4"}
+        "MultiScaleDeformableAttention", "DCNv3", "DCNv4", "MMCVDeformConv2d", "MMCVModulatedDeformConv2d",
+        "MMCVRoiAlign", "MMCVDeformRoIPool", "MMCVMultiLevelRoiAlign", "MMCVMultiScaleDeformableAttention", "TRTDCNv3"}
     assert [r for r in rows if not r["passed"]] == []
 
 
