@@ -6,8 +6,9 @@
 Every plugin kind (DeformConv2d v1 / v2, RoIAlign avg / max, DeformRoIPool, DeformPSRoIPool, MultiLevelRoIAlign,
 MultiScaleDeformableAttention with int64 and int32 level tables, DCNv3, DCNv4), and the same nodes under mmdeploy's and
 InternImage's names (MMCVDeformConv2d, MMCVModulatedDeformConv2d, MMCVRoiAlign, MMCVDeformRoIPool,
-MMCVMultiLevelRoiAlign, MMCVMultiScaleDeformableAttention, TRTDCNv3), in float32, float16 and bfloat16 (RoIs in float32 next to float16 features, in the features' type
-next to bfloat16 ones; one RoI with an out-of-range batch index, which gives zeros). The inputs are drawn here, in the
+MMCVMultiLevelRoiAlign, MMCVMultiScaleDeformableAttention, TRTDCNv3), in float32, float16 and bfloat16 (RoIs in
+float32 next to float16 features, in the features' type next to bfloat16 ones; one RoI with an out-of-range batch
+index, which gives zeros). The inputs are drawn here, in the
 plugin's type, and written as raw files with a manifest; tests/cpp/tensorrt_enqueue_cuda.cpp (compiled here with
 g++ against TensorRT's headers and libcudart) drives libdcnkit_trt.so through the plugin lifecycle as TensorRT does
 and enqueues each case on a CUDA stream; its outputs are compared with dcnkit's torch op on the CPU in float64 on

@@ -2,9 +2,10 @@
 (scripts/check_trt_enqueue.py, tests/cpp/tensorrt_enqueue_cuda.cpp; issue 25 item 7).
 
 On a GPU (marked `cuda`, run by .ci/gpu): every plugin kind (and mmdeploy's / InternImage's names of the same nodes)
-in float32, float16 and bfloat16 is enqueued on a CUDA stream and its outputs are compared with the torch op. Everywhere: the harness compiles, the manifest's cases pass
-the plugins' host half (fields, output shapes, formats, configurePlugin, workspace), a wrong case fails it, and the
-comparison rejects wrong, unwritten (NaN) or missing outputs."""
+in float32, float16 and bfloat16 is enqueued on a CUDA stream and its outputs are compared with the torch op.
+Everywhere: the harness compiles, the manifest's cases pass the plugins' host half (fields, output shapes, formats,
+configurePlugin, workspace), a wrong case fails it, and the comparison rejects wrong, unwritten (NaN) or missing
+outputs."""
 import subprocess
 import sys
 from pathlib import Path
