@@ -1,0 +1,178 @@
+"""dcnkit::QDeformConv2d, the quantized DeformConv2d: the ONNX Runtime kernel (8-bit columns, oneDNN's int8 GEMM)
+against the reference runner's dequantize -> float DeformConv2d -> quantize, its errors, and `dcnkit quantize`
+writing it."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from dcnkit import reference
+from dcnkit.runtime import ort_session
+from dcnkit.runtime.reference_runner import reference_evaluator
+
+CPU = ["CPUExecutionProvider"]
+
+
+def _onednn_available() -> bool:
+    try:
+        from dcnkit.runtime.quantize_qdeform import qdeform_available
+
+        return qdeform_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+needs_onednn = pytest.mark.skipif(not _onednn_available(), reason="oneDNN (libdnnl) is not installed: "
+                                  "bash scripts/onednn_fetch.sh .deps, apt install libdnnl2 or DCNKIT_ONEDNN_LIB")
+
+
+def _qmodel(x, x_scale, x_zp, w, w_scale, offset, mask, bias, y_scale, y_zp, attrs, w_const=True):
+    """A one-node QDeformConv2d model; X, offset and mask are graph inputs, the rest initializers (W optionally
+    an input too)."""
+    qt = helper.np_dtype_to_tensor_dtype(x.dtype)
+    inits = [numpy_helper.from_array(np.array(x_scale, np.float32), "x_scale"),
+             numpy_helper.from_array(np.array(x_zp, x.dtype), "x_zp"),
+             numpy_helper.from_array(np.asarray(w_scale, np.float32), "w_scale"),
+             numpy_helper.from_array(np.zeros(w.shape[0], np.int8), "w_zp"),
+             numpy_helper.from_array(np.array(y_scale, np.float32), "y_scale"),
+             numpy_helper.from_array(np.array(y_zp, x.dtype), "y_zp")]
+    ins = [helper.make_tensor_value_info("x", qt, list(x.shape)),
+           helper.make_tensor_value_info("offset", TensorProto.FLOAT, list(offset.shape))]
+    feeds = {"x": x, "offset": offset}
+    if w_const:
+        inits.append(numpy_helper.from_array(w, "w"))
+    else:
+        ins.append(helper.make_tensor_value_info("w", TensorProto.INT8, list(w.shape)))
+        feeds["w"] = w
+    if mask is not None:
+        ins.append(helper.make_tensor_value_info("mask", TensorProto.FLOAT, list(mask.shape)))
+        feeds["mask"] = mask
+    if bias is not None:
+        inits.append(numpy_helper.from_array(bias, "bias"))
+    node = helper.make_node("QDeformConv2d", ["x", "x_scale", "x_zp", "w", "w_scale", "w_zp", "offset",
+                                              "mask" if mask is not None else "", "bias" if bias is not None else "",
+                                              "y_scale", "y_zp"], ["y"], domain="dcnkit", **attrs)
+    g = helper.make_graph([node], "q", ins, [helper.make_tensor_value_info("y", qt, None)], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("dcnkit", 1)], ir_version=10)
+    return m, feeds
+
+
+def _out_hw(h, k, s, p, d):
+    return (h + 2 * p - (d * (k - 1) + 1)) // s + 1
+
+
+CASES = [  # cin, cout, k, h, w, stride, pad, dil, groups, dgroups, mask, bias, dtype
+    (8, 16, 3, 9, 11, 1, 1, 1, 1, 1, True, "float", np.uint8),
+    (12, 8, 3, 10, 7, 2, 1, 1, 2, 3, False, "int32", np.uint8),
+    (6, 9, 2, 8, 8, 1, 2, 2, 3, 2, True, None, np.int8),
+    (16, 32, 3, 7, 7, 1, 1, 1, 1, 4, True, "int32", np.int8),
+    (4, 4, 1, 6, 5, 1, 0, 1, 1, 1, False, "float", np.uint8),
+]
+
+
+def _case(rng, cin, cout, k, h, w, stride, pad, dil, groups, dgroups, mask, bias, dtype, n=2):
+    info = np.iinfo(dtype)
+    ho, wo = _out_hw(h, k, stride, pad, dil), _out_hw(w, k, stride, pad, dil)
+    x = rng.integers(info.min, info.max + 1, (n, cin, h, w)).astype(dtype)
+    x_zp = int(rng.integers(info.min + 20, info.max - 20))
+    # 7-bit weights, as `dcnkit quantize` writes them by default (reduce_range: no 16-bit saturation without VNNI)
+    wq = rng.integers(-63, 64, (cout, cin // groups, k, k)).astype(np.int8)
+    w_scale = rng.uniform(0.002, 0.02, cout).astype(np.float32)
+    offset = rng.normal(0, 2.0, (n, 2 * dgroups * k * k, ho, wo)).astype(np.float32)
+    m = rng.uniform(0, 1, (n, dgroups * k * k, ho, wo)).astype(np.float32) if mask else None
+    x_scale = 0.05
+    b = None
+    if bias == "float":
+        b = rng.normal(0, 1, cout).astype(np.float32)
+    elif bias == "int32":
+        b = rng.integers(-3000, 3000, cout).astype(np.int32)
+    return x, x_scale, x_zp, wq, w_scale, offset, m, b
+
+
+def _reference_and_kernel(model, feeds):
+    ref = reference_evaluator(model).run(None, feeds)[0]
+    sess = ort_session(model.SerializeToString(), providers=CPU, intra_op_num_threads=2)
+    return ref, sess.run(None, feeds)[0]
+
+
+@needs_onednn
+@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_kernel_matches_dequantize_deform_conv_quantize(case):
+    rng = np.random.default_rng(CASES.index(case))
+    cin, cout, k, h, w, stride, pad, dil, groups, dgroups, mask, bias, dtype = case
+    x, x_scale, x_zp, wq, w_scale, offset, m, b = _case(rng, *case)
+    attrs = dict(stride=[stride, stride], padding=[pad, pad], dilation=[dil, dil], groups=groups,
+                 deformable_groups=dgroups)
+    info = np.iinfo(dtype)
+    # y_scale from the float output's range, as calibration would set it
+    yf = reference.deform_conv2d((x.astype(np.float64) - x_zp) * x_scale, offset, wq * w_scale.reshape(-1, 1, 1, 1),
+                                 None, stride, pad, dil, mask=m)
+    y_scale = float(np.abs(yf).max() * 2 / (info.max - info.min))
+    y_zp = 0 if dtype == np.int8 else 128
+    model, feeds = _qmodel(x, x_scale, x_zp, wq, w_scale, offset, m, b, y_scale, y_zp, attrs, w_const=bool(groups % 2))
+    ref, got = _reference_and_kernel(model, feeds)
+    assert got.dtype == dtype and got.shape == ref.shape
+    # The kernel rounds each sampled value to the input's grid once (8-bit columns) where the definition keeps it
+    # exact: about a tenth of the outputs land one step away, a rare one two (sums of many rounding errors).
+    steps = np.abs(got.astype(np.int32) - ref.astype(np.int32))
+    assert steps.max() <= 2, steps.max()
+    assert (steps > 1).mean() < 1e-3
+    assert (steps > 0).mean() < 0.15
+    assert abs(float((got.astype(np.int32) - ref.astype(np.int32)).mean())) < 0.05  # unbiased
+    assert np.unique(got).size > 20  # not a saturated or constant output
+
+
+@needs_onednn
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_bilinear_sampling_of_quantized_values_within_one_step(dtype):
+    """A 1x1 identity convolution outputs the 8-bit columns themselves: they match dequantize -> bilinear sample
+    (torchvision's deform_conv2d, the peer library) -> quantize within one quantization step."""
+    import torchvision
+
+    rng = np.random.default_rng(7)
+    info = np.iinfo(dtype)
+    c, h, w = 5, 9, 8
+    x = rng.integers(info.min, info.max + 1, (2, c, h, w)).astype(dtype)
+    x_scale, x_zp = 0.1, int(rng.integers(info.min + 10, info.max - 10))
+    offset = rng.normal(0, 3.0, (2, 2, h, w)).astype(np.float32)
+    mask = rng.uniform(0, 1, (2, 1, h, w)).astype(np.float32)
+    wq = (np.eye(c, dtype=np.int8) * 127).reshape(c, c, 1, 1)
+    model, feeds = _qmodel(x, x_scale, x_zp, wq, np.full(c, 1 / 127, np.float32), offset, mask, None, x_scale, x_zp,
+                           {})
+    got = ort_session(model.SerializeToString(), providers=CPU).run(None, feeds)[0]
+    xf = torch.from_numpy((x.astype(np.float64) - x_zp) * x_scale)
+    yf = torchvision.ops.deform_conv2d(xf, torch.from_numpy(offset).double(), torch.eye(c).double().view(c, c, 1, 1),
+                                       mask=torch.from_numpy(mask).double()).numpy()
+    want = np.clip(np.rint(yf / x_scale) + x_zp, info.min, info.max)
+    steps = np.abs(got.astype(np.int32) - want.astype(np.int32))
+    assert steps.max() <= 1
+    assert (steps == 0).mean() > 0.95  # the columns are rounded once, as the definition's quantize does
+
+
+@needs_onednn
+def test_bad_inputs_name_the_argument():
+    rng = np.random.default_rng(0)
+    x, x_scale, x_zp, wq, w_scale, offset, m, b = _case(rng, *CASES[0])
+
+    def run(**kw):
+        args = dict(x=x, x_scale=x_scale, x_zp=x_zp, w=wq, w_scale=w_scale, offset=offset, mask=m, bias=b,
+                    y_scale=0.1, y_zp=128, attrs=dict(padding=[1, 1]))
+        args.update(kw)
+        attrs = args.pop("attrs")
+        model, feeds = _qmodel(args.pop("x"), *args.values(), attrs)
+        ort_session(model.SerializeToString(), providers=CPU).run(None, feeds)
+
+    with pytest.raises(Exception, match=r"QDeformConv2d: x_scale: expected positive finite scales, got -0\.5"):
+        run(x_scale=-0.5)
+    with pytest.raises(Exception, match=r"QDeformConv2d: w_scale: expected 1 or 16 values \(per output channel\), "
+                                        r"got shape \(3,\)"):
+        run(w_scale=w_scale[:3])
+    with pytest.raises(Exception, match=r"QDeformConv2d: y_scale: expected positive finite scales, got 0"):
+        run(y_scale=0.0)
+    with pytest.raises(Exception, match=r"QDeformConv2d: bias: expected element type float32 or int32, got"):
+        run(bias=np.zeros(16, np.float64))
+    with pytest.raises(Exception, match=r"QDeformConv2d: offset: expected"):
+        run(offset=offset[:, :4])
