@@ -7,9 +7,11 @@ channel, float offsets and mask. Its CPU kernel (the kit's ONNX Runtime library,
 The pattern, for every deformable convolution the kit runs (``dcnkit::DeformConv2d``, mmdeploy / mmcv names,
 standard ``DeformConv``)::
 
-    DequantizeLinear(x_q, x_scale, x_zp) -> DeformConv -> QuantizeLinear(y_scale, y_zp) [the output's only use]
+    DequantizeLinear(x_q, x_scale, x_zp) -> DeformConv -> [Relu] -> [MaxPool, Reshape, ...] -> QuantizeLinear(y)
 
-with a per-tensor x and y quantization of one 8-bit type. The weight is a float initializer (ONNX Runtime's tool
+each tensor used once, with a per-tensor x and y quantization of one 8-bit type. A Relu is folded where y's zero
+point is its type's minimum (the output's saturation is the Relu then); shape nodes and MaxPool between run on the
+8-bit output instead (quantization commutes with them). Elsewhere the node stays float. The weight is a float initializer (ONNX Runtime's tool
 does not quantize the kit's nodes), quantized here symmetrically per output channel (7-bit with ``reduce_range``,
 as the tool's own weights), or an int8 initializer behind a DequantizeLinear with zero zero points.
 """
@@ -72,9 +74,34 @@ def _quantize_weight(w: np.ndarray, reduce_range: bool):
     return q, scale.astype(np.float32)
 
 
+# Nodes between the convolution and its QuantizeLinear that the 8-bit output can go through unchanged.
+_COMMUTING = {"MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity"}
+
+
+def _output_chain(node, consumers, graph_outputs):
+    """From the convolution's output, each tensor read by exactly one node and none a graph output: an optional
+    Relu, then nodes of ``_COMMUTING``, then a QuantizeLinear. Returns (relu, chain, quantize) or (.., .., None)."""
+    relu, chain, t = None, [], node.output[0]
+    while True:
+        users = consumers.get(t, [])
+        if len(users) != 1 or t in graph_outputs:
+            return relu, chain, None
+        u = users[0]
+        if u.op_type == "QuantizeLinear":
+            return relu, chain, u
+        if u.op_type == "Relu" and relu is None and not chain:
+            relu = u
+        elif u.op_type in _COMMUTING and len(u.output) == 1:
+            chain.append(u)
+        else:
+            return relu, chain, None
+        t = u.output[0]
+
+
 def fuse_qdeform_conv(proto, reduce_range: bool = True) -> int:
     """Rewrites every DequantizeLinear -> deformable convolution -> QuantizeLinear of ``proto`` (an
     ``onnx.ModelProto``, changed in place) into one ``dcnkit::QDeformConv2d``; returns how many."""
+    import onnx
     from onnx import helper, numpy_helper
 
     g = proto.graph
@@ -96,24 +123,26 @@ def fuse_qdeform_conv(proto, reduce_range: bool = True) -> int:
             return None
         return node.input[1], node.input[2]
 
-    fused, remove, new_inits = 0, set(), []
-    for node in list(g.node):
+    nodes = list(g.node)
+    fused, remove, before, new_inits, stale = 0, set(), {}, [], set()
+    for node in nodes:
         pos = _DEFORM.get((node.domain, node.op_type))
         if pos is None:
             continue
         ii, io, iw, ib, im = pos
         get = lambda i: node.input[i] if i is not None and i < len(node.input) and node.input[i] else None  # noqa
         dq = producer.get(get(ii))
-        users = consumers.get(node.output[0], [])
-        if dq is None or dq.op_type != "DequantizeLinear" or len(users) != 1 or users[0].op_type != "QuantizeLinear":
+        if dq is None or dq.op_type != "DequantizeLinear" or node.output[0] in graph_outputs:
             continue
-        q = users[0]
+        relu, chain, q = _output_chain(node, consumers, graph_outputs)
+        if q is None:
+            continue
         xq, yq = scalar_q(dq), scalar_q(q)
         attrs = _kit_attrs(node)
-        if xq is None or yq is None or attrs is None or node.output[0] in graph_outputs:
+        if xq is None or yq is None or attrs is None or const(xq[1]).dtype != const(yq[1]).dtype:
             continue
-        if const(xq[1]).dtype != const(yq[1]).dtype:
-            continue
+        if relu is not None and int(const(yq[1])) != np.iinfo(const(yq[1]).dtype).min:
+            continue  # the Relu is the output's saturation only where the zero point is the type's minimum
         wname, w_dq = get(iw), producer.get(get(iw))
         if wname in init and const(wname).dtype == np.float32 and const(wname).ndim == 4:
             wq, ws = _quantize_weight(const(wname), reduce_range)
@@ -130,20 +159,34 @@ def fuse_qdeform_conv(proto, reduce_range: bool = True) -> int:
                       numpy_helper.from_array(np.zeros(wq.shape[0], np.int8), names["w_zp"])]
         inputs = [dq.input[0], xq[0], xq[1], names["w"], names["w_scale"], names["w_zp"], get(io),
                   get(im) or "", get(ib) or "", yq[0], yq[1]]
-        fusedn = helper.make_node(QDEFORM_OP[1], inputs, [q.output[0]], name=f"{base}_quant", domain=QDEFORM_OP[0],
+        # QDeformConv2d writes the Q's output, or (a shape / max chain between) the chain's first input; the
+        # chain then runs on the 8-bit values (they commute with a monotonic per-tensor quantization).
+        out_name = q.output[0] if not chain else f"{base}.q.y"
+        fusedn = helper.make_node(QDEFORM_OP[1], inputs, [out_name], name=f"{base}_quant", domain=QDEFORM_OP[0],
                                   **attrs)
-        idx = list(g.node).index(node)
-        g.node.insert(idx, fusedn)
-        remove.add(id(node))
-        remove.add(id(q))
+        if chain:
+            stale.update(c.output[0] for c in chain)  # their float value_info
+            chain[0].input[0] = out_name
+            chain[-1].output[0] = q.output[0]
+        before[id(node)] = fusedn
+        remove.update(id(n) for n in (node, q, relu) if n is not None)
         if len(consumers.get(dq.output[0], [])) == 1 and dq.output[0] not in graph_outputs:
             remove.add(id(dq))
         fused += 1
     if not fused:
         return 0
-    keep = [n for n in g.node if id(n) not in remove]
+    keep = []
+    for n in nodes:
+        if id(n) in before:
+            keep.append(before[id(n)])
+        if id(n) not in remove:
+            keep.append(onnx.NodeProto())
+            keep[-1].CopyFrom(n)
     del g.node[:]
     g.node.extend(keep)
+    vi = [v for v in g.value_info if v.name not in stale]
+    del g.value_info[:]
+    g.value_info.extend(vi)
     g.initializer.extend(new_inits)
     # initializers nobody reads any more (the float weights)
     used = {i for n in g.node for i in n.input} | graph_outputs
