@@ -176,3 +176,90 @@ def test_bad_inputs_name_the_argument():
         run(bias=np.zeros(16, np.float64))
     with pytest.raises(Exception, match=r"QDeformConv2d: offset: expected"):
         run(offset=offset[:, :4])
+
+
+# ---- `dcnkit quantize` writing QDeformConv2d ----
+
+
+def _exported(tmp_path):
+    """The demo-like model of tests/test_quantize.py (DeformConv2d -> Relu -> MaxPool -> Reshape -> Gemm) in the
+    kit's and the standard domain."""
+    import dcnkit.export as dk_export
+    from test_quantize import _model
+
+    m = _model()
+    x = torch.from_numpy(_digits(2, 0))
+    out = {}
+    for kind, std in (("kit", False), ("standard", True)):
+        p = tmp_path / f"{kind}.onnx"
+        dk_export.to_onnx(m, (x,), str(p), standard_ops=std, dynamic_batch=True, verbose=False)
+        out[kind] = p
+    return out
+
+
+def _digits(n, seed):
+    return np.random.default_rng(seed).uniform(-1, 1, (n, 1, 8, 8)).astype(np.float32)
+
+
+@needs_onednn
+@pytest.mark.parametrize("kind", ["kit", "standard"])
+def test_quantize_writes_qdeformconv2d_and_follows_float(tmp_path, kind):
+    from dcnkit.runtime.quantize import quantize
+
+    src = _exported(tmp_path)[kind]
+    name = onnx.load(str(src)).graph.input[0].name
+    calib = [{name: _digits(16, s)} for s in range(4)]
+    q8 = quantize(src, tmp_path / "q.onnx", calib)
+    qf = quantize(src, tmp_path / "qf.onnx", calib, qdeform=False)
+    proto = onnx.load(str(q8))
+    nodes = [n for n in proto.graph.node if (n.domain, n.op_type) == ("dcnkit", "QDeformConv2d")]
+    assert len(nodes) == 1 and not [n for n in proto.graph.node if n.op_type in ("DeformConv", "DeformConv2d")]
+    # the Relu is folded (output zero point 0), MaxPool and Reshape run on uint8
+    assert "Relu" not in {n.op_type for n in proto.graph.node}
+    x = _digits(32, 99)  # not used for calibration
+
+    def run(p):
+        s = ort_session(str(p), providers=CPU, intra_op_num_threads=1)
+        return s.run(None, {name: x})[0]
+
+    y32, y8, y8f = run(src), run(q8), run(qf)
+    cos = lambda a, b: float(a.ravel() @ b.ravel() / np.linalg.norm(a) / np.linalg.norm(b))  # noqa: E731
+    assert cos(y8, y32) >= 0.99
+    assert np.abs(y8 - y8f).max() < 0.05 * np.abs(y32).max()  # as the float-DeformConv int8 model
+    # and the whole quantized model against the reference runner (QDeformConv2d: dequantize -> conv -> quantize)
+    ref = reference_evaluator(str(q8)).run(None, {name: x[:4]})[0]
+    np.testing.assert_allclose(run(q8)[:4], ref, atol=0.05 * np.abs(ref).max())
+
+
+@needs_onednn
+def test_cli_quantize_reports_qdeformconv2d(tmp_path):
+    import subprocess
+    import sys
+
+    src = _exported(tmp_path)["kit"]
+    name = onnx.load(str(src)).graph.input[0].name
+    npz = tmp_path / "calib.npz"
+    np.savez(npz, **{name: _digits(16, 5)})
+    p = subprocess.run([sys.executable, "-m", "dcnkit", "quantize", str(src), "-o", str(tmp_path / "q.onnx"),
+                        "--calibration", str(npz)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "quantized deformable convolutions (dcnkit::QDeformConv2d): 1" in p.stdout
+    assert "float between" not in p.stdout
+    p = subprocess.run([sys.executable, "-m", "dcnkit", "quantize", str(src), "-o", str(tmp_path / "f.onnx"),
+                        "--calibration", str(npz), "--no-qdeformconv"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "float between DequantizeLinear/QuantizeLinear: dcnkit::DeformConv2d" in p.stdout
+
+
+def test_fuse_leaves_a_deformable_convolution_without_quantized_neighbours_float():
+    """No DequantizeLinear before it: nothing to fuse (runs without oneDNN: a graph rewrite only)."""
+    from dcnkit.runtime.quantize_qdeform import fuse_qdeform_conv
+
+    node = helper.make_node("DeformConv2d", ["x", "off", "w"], ["y"], domain="dcnkit")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4]),
+                                        helper.make_tensor_value_info("off", TensorProto.FLOAT, [1, 18, 2, 2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          initializer=[numpy_helper.from_array(np.ones((3, 2, 3, 3), np.float32), "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("dcnkit", 1)])
+    assert fuse_qdeform_conv(m) == 0
+    assert [n.op_type for n in m.graph.node] == ["DeformConv2d"]
