@@ -263,3 +263,33 @@ def test_fuse_leaves_a_deformable_convolution_without_quantized_neighbours_float
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("dcnkit", 1)])
     assert fuse_qdeform_conv(m) == 0
     assert [n.op_type for n in m.graph.node] == ["DeformConv2d"]
+
+
+def test_missing_onednn_is_a_clear_error():
+    """DCNKIT_ONEDNN_LIB naming no library: the node fails with one message saying what is missing and how to get
+    it, and `dcnkit quantize` would leave the deformable convolutions float (qdeform_available() is False)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, sys\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from test_quantize_qdeform import CASES, _case, _qmodel\n"
+        "from dcnkit.runtime import ort_session\n"
+        "from dcnkit.runtime.quantize_qdeform import qdeform_available\n"
+        "x, xs, xz, w, ws, off, m, b = _case(np.random.default_rng(0), *CASES[0])\n"
+        "model, feeds = _qmodel(x, xs, xz, w, ws, off, m, b, 0.1, 128, dict(padding=[1, 1]))\n"
+        "print('available', qdeform_available())\n"
+        "try:\n"
+        "    ort_session(model.SerializeToString(), providers=['CPUExecutionProvider']).run(None, feeds)\n"
+        "except Exception as e:\n"
+        "    print('error', e)\n")
+    import os
+
+    env = dict(os.environ, DCNKIT_ONEDNN_LIB="/nonexistent/libdnnl.so.2")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert p.returncode == 0, p.stderr
+    assert "available False" in p.stdout
+    assert "QDeformConv2d node" in p.stdout and "oneDNN (libdnnl) is needed" in p.stdout
+    assert "/nonexistent/libdnnl.so.2" in p.stdout and "DCNKIT_ONEDNN_LIB" in p.stdout and "libdnnl2" in p.stdout
