@@ -37,14 +37,9 @@ if ! line="$("$py" "$here/apt_debian_url.py" --sources-list "${DCNKIT_APT_SOURCE
 fi
 say "fetching libdnnl2, libdnnl-dev and ocl-icd-libopencl1 with: $line"
 work="$deps/apt-onednn"
-rm -rf "$work/deb" "$work/x"
-mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/deb" "$work/x"
-printf '%s\n' "$line" > "$work/sources.list"
-apt_opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-          -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "APT::Get::List-Cleanup=0")
-apt-get "${apt_opts[@]}" -qq update >&2
-(cd "$work/deb" && apt-get "${apt_opts[@]}" -qq download libdnnl2 libdnnl-dev ocl-icd-libopencl1 >&2)
-for d in "$work"/deb/*.deb; do dpkg-deb -x "$d" "$work/x"; done
+# shellcheck source=scripts/apt_fetch.sh
+. "$here/apt_fetch.sh"
+apt_fetch_unpack "$work" "$line" libdnnl2 libdnnl-dev ocl-icd-libopencl1
 lib="$work/x/usr/lib/x86_64-linux-gnu"
 if [ ! -f "$lib/libdnnl.so.2" ] || [ ! -f "$work/x/usr/include/oneapi/dnnl/dnnl.h" ]; then
   say "error: the fetched packages hold no libdnnl.so.2 / dnnl.h: $need"
