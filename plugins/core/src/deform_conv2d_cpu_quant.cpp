@@ -13,7 +13,7 @@ namespace dcnkit {
 namespace {
 
 struct QuantLayout {
-  size_t x_hwc, col, acc;
+  size_t x_hwc, col, acc, ytile;
   int64_t tile;
 };
 
@@ -23,13 +23,14 @@ QuantLayout quant_layout(const DeformConv2dParams& p, const CpuContext& ctx) {
   l.x_hwc = bytes_of(p.in_channels * p.height * p.width, 1);
   l.col = bytes_of(p.in_channels * p.kernel_size() * l.tile, 1);
   l.acc = bytes_of(p.out_channels * l.tile, sizeof(int32_t));
+  l.ytile = bytes_of(p.out_channels * l.tile, 1);
   return l;
 }
 
 inline uint8_t saturate_u8(float v) { return static_cast<uint8_t>(std::min(255.f, std::max(0.f, v))); }
 
 // (C, HW) 8-bit -> (HW, C) uint8 for pixels [pb, pe); `flip` maps int8 to uint8 (+128).
-void to_channels_last_u8(const uint8_t* __restrict src, uint8_t* __restrict dst, int64_t C, int64_t HW, int64_t pb,
+DCNKIT_CPU_CLONES void to_channels_last_u8(const uint8_t* __restrict src, uint8_t* __restrict dst, int64_t C, int64_t HW, int64_t pb,
                          int64_t pe, uint8_t flip) {
   constexpr int64_t kBlock = 64;
   for (int64_t b = pb; b < pe; b += kBlock) {
@@ -71,18 +72,30 @@ DCNKIT_CPU_CLONES void build_columns_u8(const CpuImage<float, uint8_t>& im, int6
                          int64_t n) __attribute__((always_inline)) { blend_quant(dst, rows, s, n, z); });
 }
 
-// Output rows [0, Cout) at positions [p0, p0 + tn) from the int32 tile acc (tn x Cout).
-template <typename Y>
-void requantize(const int32_t* __restrict acc, int64_t Cout, int64_t tn, const DeformConv2dQuant& q,
-                Y* __restrict out, int64_t P) {
-  constexpr float lo = std::is_signed<Y>::value ? -128.f : 0.f, hi = std::is_signed<Y>::value ? 127.f : 255.f;
-  const float yz = static_cast<float>(q.y_zero);
-  for (int64_t co = 0; co < Cout; ++co) {
-    const float m = q.out_mult[co], b = q.out_bias[co];
-    Y* o = out + co * P;
-    for (int64_t t = 0; t < tn; ++t) {
-      const float v = std::nearbyint(float(acc[t * Cout + co]) * m + b) + yz;
-      o[t] = static_cast<Y>(std::min(hi, std::max(lo, v)));
+// The int32 tile acc (tn x Cout, position-major) requantized into tile (the same layout, the output type's bits):
+// vectorised over the channels. [lo, hi]: the output type's range.
+DCNKIT_CPU_CLONES void requantize_tile(const int32_t* __restrict acc, int64_t Cout, int64_t tn, const float* __restrict m,
+                                       const float* __restrict b, float yz, float lo, float hi,
+                                       uint8_t* __restrict tile) {
+  for (int64_t t = 0; t < tn; ++t) {
+    const int32_t* a = acc + t * Cout;
+    uint8_t* o = tile + t * Cout;
+    for (int64_t co = 0; co < Cout; ++co) {
+      const float v = std::min(hi, std::max(lo, std::nearbyint(float(a[co]) * m[co] + b[co]) + yz));
+      o[co] = static_cast<uint8_t>(static_cast<int32_t>(v));  // int8: its two's complement bits
+    }
+  }
+}
+
+// tile (tn x Cout bytes) -> out (Cout rows of stride P), in blocks of positions.
+void tile_to_channels_first(const uint8_t* __restrict tile, int64_t Cout, int64_t tn, uint8_t* __restrict out,
+                            int64_t P) {
+  constexpr int64_t kBlock = 32;
+  for (int64_t t0 = 0; t0 < tn; t0 += kBlock) {
+    const int64_t t1 = std::min(tn, t0 + kBlock);
+    for (int64_t co = 0; co < Cout; ++co) {
+      uint8_t* o = out + co * P;
+      for (int64_t t = t0; t < t1; ++t) o[t] = tile[t * Cout + co];
     }
   }
 }
@@ -104,7 +117,7 @@ void deform_conv2d_quant_requant_table(int64_t out_channels, float x_scale, cons
 
 size_t deform_conv2d_forward_quant_workspace_cpu(const DeformConv2dParams& p, const CpuContext& ctx) {
   const QuantLayout l = quant_layout(p, ctx);
-  return l.x_hwc + static_cast<size_t>(std::max(1, ctx.num_threads)) * (l.col + l.acc);
+  return l.x_hwc + static_cast<size_t>(std::max(1, ctx.num_threads)) * (l.col + l.acc + l.ytile);
 }
 
 void deform_conv2d_weight_kc_quant_cpu(int64_t out_channels, int64_t in_per_group, int64_t kernel_size,
@@ -133,6 +146,8 @@ Status deform_conv2d_forward_quant_cpu(const DeformConv2dParams& p, const Deform
   const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(ctx.num_threads, ntiles));
   std::vector<Status> statuses(static_cast<size_t>(tasks));
   const uint8_t* in8 = static_cast<const uint8_t*>(input);
+  uint8_t* out8 = static_cast<uint8_t*>(output);  // uint8 or int8 bits
+  const float yz = static_cast<float>(q.y_zero);
   for (int64_t n = 0; n < N; ++n) {
     parallel_for(ctx, pblocks, [&](int64_t b, int64_t e) {
       for (int64_t it = b; it < e; ++it) {
@@ -143,9 +158,10 @@ Status deform_conv2d_forward_quant_cpu(const DeformConv2dParams& p, const Deform
     const CpuImage<float, uint8_t> im{&p, x_hwc, offset + n * 2 * Gd * K * P, mask ? mask + n * Gd * K * P : nullptr};
     std::atomic<int64_t> next_tile{0};
     parallel_tasks(ctx, tasks, [&](int64_t task) {
-      char* slot = slots + static_cast<size_t>(task) * (l.col + l.acc);
+      char* slot = slots + static_cast<size_t>(task) * (l.col + l.acc + l.ytile);
       uint8_t* col = reinterpret_cast<uint8_t*>(slot);
       int32_t* acc = reinterpret_cast<int32_t*>(slot + l.col);
+      uint8_t* ytile = reinterpret_cast<uint8_t*>(slot + l.col + l.acc);
       for (int64_t it = next_tile.fetch_add(1); it < ntiles; it = next_tile.fetch_add(1)) {
         const int64_t p0 = it * tile, tn = std::min(tile, P - p0);
         build_columns_u8(im, p0, tn, col, static_cast<float>(z));
@@ -167,11 +183,9 @@ Status deform_conv2d_forward_quant_cpu(const DeformConv2dParams& p, const Deform
             return;
           }
         }
-        if (q.y_signed) {
-          requantize(acc, Cout, tn, q, static_cast<int8_t*>(output) + n * Cout * P + p0, P);
-        } else {
-          requantize(acc, Cout, tn, q, static_cast<uint8_t*>(output) + n * Cout * P + p0, P);
-        }
+        requantize_tile(acc, Cout, tn, q.out_mult, q.out_bias, yz, q.y_signed ? -128.f : 0.f,
+                        q.y_signed ? 127.f : 255.f, ytile);
+        tile_to_channels_first(ytile, Cout, tn, out8 + n * Cout * P + p0, P);
       }
     });
     DCNKIT_RETURN_IF_ERROR(first_error(statuses));
