@@ -102,7 +102,7 @@ def _layers(args) -> dict:
     from onnx import TensorProto, helper, numpy_helper
 
     from dcnkit.runtime import ort_session
-    from dcnkit.runtime.quantize_qdeform import _quantize_weight
+    from dcnkit.runtime.quantize_qdeform import quantize_weight_per_channel
 
     opts = dict(providers=["CPUExecutionProvider"], intra_op_num_threads=args.threads, inter_op_num_threads=1)
     fns, rows, out = {}, [], {}
@@ -112,7 +112,7 @@ def _layers(args) -> dict:
         f32 = ort_session(_model(True, d, stride), **opts)
         xs = float(np.abs(d["x"]).max() * 2 / 255)
         xq = np.clip(np.rint(d["x"] / xs) + 128, 0, 255).astype(np.uint8)
-        wq, ws = _quantize_weight(d["weight"], reduce_range=True)
+        wq, ws = quantize_weight_per_channel(d["weight"], reduce_range=True)
         yf = f32.run(None, {k: d[k] for k in ("x", "offset", "mask")})[0]
         ys = float(np.abs(yf).max() * 2 / 255)
         inits = {"xs": np.float32(xs), "xz": np.uint8(128), "w": wq, "ws": ws, "wz": np.zeros(c, np.int8),

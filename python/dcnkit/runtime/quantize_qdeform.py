@@ -21,7 +21,7 @@ import functools
 
 import numpy as np
 
-__all__ = ["fuse_qdeform_conv", "qdeform_available", "QDEFORM_OP"]
+__all__ = ["fuse_qdeform_conv", "qdeform_available", "quantize_weight_per_channel", "QDEFORM_OP"]
 
 QDEFORM_OP = ("dcnkit", "QDeformConv2d")
 
@@ -65,7 +65,7 @@ def _kit_attrs(node) -> dict | None:
                 deformable_groups=int(a.get("deform_groups", a.get("deformable_groups", 1))))
 
 
-def _quantize_weight(w: np.ndarray, reduce_range: bool):
+def quantize_weight_per_channel(w: np.ndarray, reduce_range: bool):
     """Symmetric int8 per output channel: (int8 weight, float32 scales)."""
     qmax = 63 if reduce_range else 127
     amax = np.abs(w.reshape(w.shape[0], -1)).max(1).astype(np.float64)
@@ -145,7 +145,7 @@ def fuse_qdeform_conv(proto, reduce_range: bool = True) -> int:
             continue  # the Relu is the output's saturation only where the zero point is the type's minimum
         wname, w_dq = get(iw), producer.get(get(iw))
         if wname in init and const(wname).dtype == np.float32 and const(wname).ndim == 4:
-            wq, ws = _quantize_weight(const(wname), reduce_range)
+            wq, ws = quantize_weight_per_channel(const(wname), reduce_range)
         elif (w_dq is not None and w_dq.op_type == "DequantizeLinear" and const(w_dq.input[0]) is not None
               and const(w_dq.input[0]).dtype == np.int8 and const(w_dq.input[1]) is not None
               and (len(w_dq.input) < 3 or not np.any(const(w_dq.input[2])))):
