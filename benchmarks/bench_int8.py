@@ -138,7 +138,8 @@ def _layers(args) -> dict:
         rows.append([key, f"{a:.2f}", f"{b:.2f}", f"{b / a:.2f}x", f"{out[key]['max_err_steps']:.2f}"])
     print(f"QDeformConv2d (uint8, oneDNN u8s8s32) vs DeformConv2d (float32, OpenBLAS) on ONNX Runtime, "
           f"{args.threads} threads, fastest of {args.repeat} interleaved rounds")
-    C.print_table(["N x C x H x W / stride", "float ms", "int8 ms", "int8 / float", "max |int8 - float32| (y steps)"], rows)
+    C.print_table(["N x C x H x W / stride", "float ms", "int8 ms", "int8 / float", "max |int8 - float32| (y steps)"],
+                  rows)
     return out
 
 

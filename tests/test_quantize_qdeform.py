@@ -55,7 +55,8 @@ def _qmodel(x, x_scale, x_zp, w, w_scale, offset, mask, bias, y_scale, y_zp, att
                                               "mask" if mask is not None else "", "bias" if bias is not None else "",
                                               "y_scale", "y_zp"], ["y"], domain="dcnkit", **attrs)
     g = helper.make_graph([node], "q", ins, [helper.make_tensor_value_info("y", qt, None)], initializer=inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("dcnkit", 1)], ir_version=10)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("dcnkit", 1)],
+                          ir_version=10)
     return m, feeds
 
 
@@ -292,3 +293,39 @@ def test_missing_onednn_is_a_clear_error():
     assert "available False" in p.stdout
     assert "QDeformConv2d node" in p.stdout and "oneDNN (libdnnl) is needed" in p.stdout
     assert "/nonexistent/libdnnl.so.2" in p.stdout and "DCNKIT_ONEDNN_LIB" in p.stdout and "libdnnl2" in p.stdout
+
+
+@needs_onednn
+def test_fuse_takes_an_int8_weight_behind_dequantize_and_matches_the_qdq_graph():
+    """DequantizeLinear(x) -> DeformConv2d(weight = DequantizeLinear(int8, per channel)) -> QuantizeLinear: one
+    QDeformConv2d with that int8 weight (its DequantizeLinear gone), equal to the reference runner's QDQ graph
+    within the kernel's rounding."""
+    from dcnkit.runtime.quantize_qdeform import fuse_qdeform_conv
+
+    rng = np.random.default_rng(3)
+    x, x_scale, x_zp, wq, w_scale, offset, m, b = _case(rng, *CASES[0])
+    inits = [numpy_helper.from_array(v, k) for k, v in {
+        "xs": np.array(x_scale, np.float32), "xz": np.array(x_zp, np.uint8), "wq": wq, "ws": w_scale,
+        "wz": np.zeros(len(w_scale), np.int8), "b": b, "ys": np.array(0.2, np.float32),
+        "yz": np.array(128, np.uint8)}.items()]
+    nodes = [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xf"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wf"], axis=0),
+             helper.make_node("DeformConv2d", ["xf", "offset", "wf", "b", "mask"], ["yf"], domain="dcnkit",
+                              padding=[1, 1], name="dcn"),
+             helper.make_node("QuantizeLinear", ["yf", "ys", "yz"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.UINT8, list(x.shape)),
+                                       helper.make_tensor_value_info("offset", TensorProto.FLOAT, list(offset.shape)),
+                                       helper.make_tensor_value_info("mask", TensorProto.FLOAT, list(m.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], initializer=inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("dcnkit", 1)],
+                              ir_version=10)
+    feeds = {"x": x, "offset": offset, "mask": m}
+    want = reference_evaluator(model).run(None, feeds)[0]
+    assert fuse_qdeform_conv(model) == 1
+    assert [(n.domain, n.op_type) for n in model.graph.node] == [("dcnkit", "QDeformConv2d")]
+    assert {t.name for t in model.graph.initializer} >= {"dcn.q.w", "xs", "ys"} and "wq" not in {
+        t.name for t in model.graph.initializer}
+    got = ort_session(model.SerializeToString(), providers=CPU).run(None, feeds)[0]
+    steps = np.abs(got.astype(np.int32) - want.astype(np.int32))
+    assert steps.max() <= 2 and (steps > 0).mean() < 0.15
+    assert np.unique(got).size > 20

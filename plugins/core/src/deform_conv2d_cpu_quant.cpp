@@ -35,8 +35,8 @@ QuantLayout quant_layout(const DeformConv2dParams& p, const CpuContext& ctx) {
 inline uint8_t saturate_u8(float v) { return static_cast<uint8_t>(std::min(255.f, std::max(0.f, v))); }
 
 // (C, HW) 8-bit -> (HW, C) uint8 for pixels [pb, pe); `flip` maps int8 to uint8 (+128).
-DCNKIT_CPU_CLONES void to_channels_last_u8(const uint8_t* __restrict src, uint8_t* __restrict dst, int64_t C, int64_t HW, int64_t pb,
-                         int64_t pe, uint8_t flip) {
+DCNKIT_CPU_CLONES void to_channels_last_u8(const uint8_t* __restrict src, uint8_t* __restrict dst, int64_t C,
+                                           int64_t HW, int64_t pb, int64_t pe, uint8_t flip) {
   constexpr int64_t kBlock = 64;
   for (int64_t b = pb; b < pe; b += kBlock) {
     const int64_t e = std::min(pe, b + kBlock);
@@ -79,9 +79,9 @@ DCNKIT_CPU_CLONES void build_columns_u8(const CpuImage<float, uint8_t>& im, int6
 
 // The int32 tile acc (tn x Cout, position-major) requantized into tile (the same layout, the output type's bits):
 // vectorised over the channels. [lo, hi]: the output type's range.
-DCNKIT_CPU_CLONES void requantize_tile(const int32_t* __restrict acc, int64_t Cout, int64_t tn, const float* __restrict m,
-                                       const float* __restrict b, float yz, float lo, float hi,
-                                       uint8_t* __restrict tile) {
+DCNKIT_CPU_CLONES void requantize_tile(const int32_t* __restrict acc, int64_t Cout, int64_t tn,
+                                       const float* __restrict m, const float* __restrict b, float yz, float lo,
+                                       float hi, uint8_t* __restrict tile) {
   for (int64_t t = 0; t < tn; ++t) {
     const int32_t* a = acc + t * Cout;
     uint8_t* o = tile + t * Cout;

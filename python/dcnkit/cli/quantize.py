@@ -44,9 +44,10 @@ def cmd_quantize(args) -> int:
     proto = onnx.load(str(out), load_external_data=False)
     nq = sum(n.op_type == "QuantizeLinear" for n in proto.graph.node)
     nqd = sum((n.domain, n.op_type) == ("dcnkit", "QDeformConv2d") for n in proto.graph.node)
+    deform = ("DeformConv", "DeformConv2d", "MMCVModulatedDeformConv2d", "MMCVDeformConv2d")
     float_kit = sorted({f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in proto.graph.node
-                        if n.op_type != "QDeformConv2d" and (n.op_type in ("DeformConv", "DeformConv2d",
-                        "MMCVModulatedDeformConv2d", "MMCVDeformConv2d") or n.domain in ("dcnkit", "mmdeploy", "mmcv"))})
+                        if n.op_type != "QDeformConv2d"
+                        and (n.op_type in deform or n.domain in ("dcnkit", "mmdeploy", "mmcv"))})
     print(f"wrote {out}: {nq} QuantizeLinear nodes, calibrated on {len(feeds)} feeds ({args.method}, "
           f"{'per-tensor' if args.per_tensor else 'per-channel'} int8 weights) in {time.perf_counter() - t0:.1f} s")
     if nqd:
@@ -64,7 +65,8 @@ def register(sub) -> None:
                        description="Static INT8 quantization (QDQ: int8 weights, uint8 activations) with ONNX "
                                    "Runtime's quantization tool; calibration runs with the kit's library, so models "
                                    "with dcnkit / mmdeploy / mmcv nodes and standard DeformConv quantize. The kit's "
-                                   "deformable convolutions become dcnkit::QDeformConv2d (int8), its other nodes stay float between "
+                                   "deformable convolutions become dcnkit::QDeformConv2d (int8), its other nodes "
+                                   "stay float between "
                                    "DequantizeLinear and QuantizeLinear.")
     p.add_argument("model", help="ONNX file (float32)")
     p.add_argument("-o", "--output", required=True, help="the quantized ONNX file to write")

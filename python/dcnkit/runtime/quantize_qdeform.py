@@ -11,7 +11,8 @@ standard ``DeformConv``)::
 
 each tensor used once, with a per-tensor x and y quantization of one 8-bit type. A Relu is folded where y's zero
 point is its type's minimum (the output's saturation is the Relu then); shape nodes and MaxPool between run on the
-8-bit output instead (quantization commutes with them). Elsewhere the node stays float. The weight is a float initializer (ONNX Runtime's tool
+8-bit output instead (quantization commutes with them). Elsewhere the node stays float. The weight is a float
+initializer (ONNX Runtime's tool
 does not quantize the kit's nodes), quantized here symmetrically per output channel (7-bit with ``reduce_range``,
 as the tool's own weights), or an int8 initializer behind a DequantizeLinear with zero zero points.
 """
@@ -105,10 +106,11 @@ def fuse_qdeform_conv(proto, reduce_range: bool = True) -> int:
     from onnx import helper, numpy_helper
 
     g = proto.graph
+    nodes = list(g.node)  # every node object below comes from this one list (removal is by identity)
     init = {t.name: t for t in g.initializer}
-    producer = {o: n for n in g.node for o in n.output}
+    producer = {o: n for n in nodes for o in n.output}
     consumers: dict[str, list] = {}
-    for n in g.node:
+    for n in nodes:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
     graph_outputs = {o.name for o in g.output}
@@ -123,7 +125,6 @@ def fuse_qdeform_conv(proto, reduce_range: bool = True) -> int:
             return None
         return node.input[1], node.input[2]
 
-    nodes = list(g.node)
     fused, remove, before, new_inits, stale = 0, set(), {}, [], set()
     for node in nodes:
         pos = _DEFORM.get((node.domain, node.op_type))
@@ -170,8 +171,9 @@ def fuse_qdeform_conv(proto, reduce_range: bool = True) -> int:
             chain[-1].output[0] = q.output[0]
         before[id(node)] = fusedn
         remove.update(id(n) for n in (node, q, relu) if n is not None)
-        if len(consumers.get(dq.output[0], [])) == 1 and dq.output[0] not in graph_outputs:
-            remove.add(id(dq))
+        for d in (dq, w_dq):  # DequantizeLinear nodes read by nothing else now
+            if d is not None and len(consumers.get(d.output[0], [])) == 1 and d.output[0] not in graph_outputs:
+                remove.add(id(d))
         fused += 1
     if not fused:
         return 0
@@ -214,7 +216,8 @@ def qdeform_available() -> bool:
                                               "y_scale", "y_zp"], ["y"], domain="dcnkit")
     graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 1, 1, 1])],
                               [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("dcnkit", 1)], ir_version=10)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("dcnkit", 1)],
+                              ir_version=10)
     try:
         s = ort_session(model.SerializeToString(), providers=["CPUExecutionProvider"], intra_op_num_threads=1)
         y = s.run(None, {"x": np.full((1, 1, 1, 1), 7, np.uint8)})[0]

@@ -4,7 +4,8 @@ Every standard node runs in ONNX's own reference evaluator (``onnx.reference.Ref
 deformable / RoI nodes run in :mod:`dcnkit.reference`, the slow NumPy loops written straight from docs/operators.md that
 the test-suite also uses:
 
-- ``dcnkit`` domain: ``DeformConv2d``, ``QDeformConv2d`` (dequantize -> DeformConv2d -> quantize), ``RoIAlign``, ``DeformRoIPool``, ``DeformPSRoIPool``,
+- ``dcnkit`` domain: ``DeformConv2d``, ``QDeformConv2d`` (dequantize -> DeformConv2d -> quantize), ``RoIAlign``,
+  ``DeformRoIPool``, ``DeformPSRoIPool``,
   ``MultiLevelRoIAlign``, ``MultiScaleDeformableAttention``, ``DCNv3``, ``DCNv4``; ``mmdeploy::TRTDCNv3``; TensorRT's
   ``MultiscaleDeformableAttnPlugin_TRT`` in the domains ``nvidia``, ``trt`` and ``TRT``;
 - standard domain: ``DeformConv`` (opset 19) and ``RoiAlign`` (opset 10/16) are replaced too, so a model
@@ -117,7 +118,8 @@ class QDeformConv2d(OpRun):
                 raise ValueError(f"{name}: {arg}: expected positive finite scales, got {np.asarray(v).ravel()[:4]}")
         ws = np.broadcast_to(np.asarray(w_scale, np.float64).reshape(-1), (cout,))
         xf = (x.astype(np.float64) - np.float64(x_zero_point)) * np.float64(x_scale)
-        wf = (w.astype(np.float64) - np.asarray(w_zero_point, np.float64).reshape(-1, 1, 1, 1)) * ws.reshape(-1, 1, 1, 1)
+        wz = np.asarray(w_zero_point, np.float64).reshape(-1, 1, 1, 1)
+        wf = (w.astype(np.float64) - wz) * ws.reshape(-1, 1, 1, 1)
         if bias is not None:
             bias = bias.astype(np.float64) * (np.float64(x_scale) * ws if bias.dtype == np.int32 else 1.0)
         stride = _pair(_attr(self, "stride", [1, 1]), "stride", name)
