@@ -34,9 +34,8 @@ def _digits(n, seed):
     return rng.uniform(-1, 1, (n, 1, 8, 8)).astype(np.float32)
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    d = tmp_path_factory.mktemp("quant")
+def export_kit_and_standard(d):
+    """The model above exported into folder d with the kit's DeformConv2d and with standard DeformConv."""
     m = _model()
     x = torch.from_numpy(_digits(2, 0))
     paths = {}
@@ -44,6 +43,13 @@ def exported(tmp_path_factory):
         p = d / f"{kind}.onnx"
         dk_export.to_onnx(m, (x,), str(p), standard_ops=std, dynamic_batch=True, verbose=False)
         paths[kind] = p
+    return paths
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    d = tmp_path_factory.mktemp("quant")
+    paths = export_kit_and_standard(d)
     # mmdeploy's name for the same node (input order input, offset, mask, weight, bias)
     proto = onnx.load(str(paths["kit"]))
     for n in proto.graph.node:

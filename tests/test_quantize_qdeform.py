@@ -185,19 +185,9 @@ def test_bad_inputs_name_the_argument():
 def _exported(tmp_path):
     """The demo-like model of tests/test_quantize.py (DeformConv2d -> Relu -> MaxPool -> Reshape -> Gemm) in the
     kit's and the standard domain."""
-    import torch
-    from test_quantize import _digits, _model
+    from test_quantize import export_kit_and_standard
 
-    import dcnkit.export as dk_export
-
-    m = _model()
-    x = torch.from_numpy(_digits(2, 0))
-    out = {}
-    for kind, std in (("kit", False), ("standard", True)):
-        p = tmp_path / f"{kind}.onnx"
-        dk_export.to_onnx(m, (x,), str(p), standard_ops=std, dynamic_batch=True, verbose=False)
-        out[kind] = p
-    return out
+    return export_kit_and_standard(tmp_path)
 
 
 @needs_onednn
