@@ -319,3 +319,51 @@ def test_fuse_takes_an_int8_weight_behind_dequantize_and_matches_the_qdq_graph()
     steps = np.abs(got.astype(np.int32) - want.astype(np.int32))
     assert steps.max() <= 2 and (steps > 0).mean() < 0.15
     assert np.unique(got).size > 20
+
+
+def _qdq_dcn_graph(domain, op, order, attrs, relu=False, y_zp=0):
+    """DequantizeLinear(x) -> a deformable convolution (float weight initializer) -> [Relu] -> QuantizeLinear."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(v, k) for k, v in {
+        "xs": np.array(0.05, np.float32), "xz": np.array(3, np.uint8),
+        "w": rng.normal(0, 0.1, (4, 2, 3, 3)).astype(np.float32), "b": rng.normal(0, 1, 4).astype(np.float32),
+        "ys": np.array(0.1, np.float32), "yz": np.array(y_zp, np.uint8)}.items()]
+    names = {"x": "xf", "offset": "offset", "mask": "mask", "weight": "w", "bias": "b"}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xf"]),
+             helper.make_node(op, [names[k] for k in order], ["yf"], domain=domain, name="dcn", **attrs)]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["yf"], ["yr"]))
+    nodes.append(helper.make_node("QuantizeLinear", ["yr" if relu else "yf", "ys", "yz"], ["y"]))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 2, 5, 5]),
+                                       helper.make_tensor_value_info("offset", TensorProto.FLOAT, [1, 18, 5, 5]),
+                                       helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 9, 5, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], initializer=inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(domain or "", 1)])
+
+
+@pytest.mark.parametrize("domain, op, order, attrs", [
+    ("dcnkit", "DeformConv2d", ["x", "offset", "weight", "bias", "mask"], dict(padding=[1, 1])),
+    ("", "DeformConv", ["x", "weight", "offset", "bias", "mask"], dict(pads=[1, 1, 1, 1], kernel_shape=[3, 3])),
+    ("mmdeploy", "MMCVModulatedDeformConv2d", ["x", "offset", "mask", "weight", "bias"], dict(padding=[1, 1])),
+])
+def test_fuse_reads_every_domain_and_folds_relu_only_at_the_minimum_zero_point(domain, op, order, attrs):
+    """A graph rewrite only (no oneDNN needed): the same QDeformConv2d from every domain's node; a Relu folded
+    where the output's zero point is the uint8 minimum, the node left float otherwise."""
+    from dcnkit.runtime.quantize_qdeform import fuse_qdeform_conv
+
+    m = _qdq_dcn_graph(domain, op, order, attrs, relu=True, y_zp=0)
+    assert fuse_qdeform_conv(m) == 1
+    (n,) = m.graph.node
+    assert (n.domain, n.op_type) == ("dcnkit", "QDeformConv2d")
+    assert list(n.input) == ["x", "xs", "xz", "dcn.q.w", "dcn.q.w_scale", "dcn.q.w_zp", "offset", "mask", "b", "ys",
+                             "yz"] and list(n.output) == ["y"]
+    a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+    assert a["padding"] == [1, 1] and a["stride"] == [1, 1] and a["groups"] == 1 and a["deformable_groups"] == 1
+    w = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    assert w["dcn.q.w"].dtype == np.int8 and np.abs(w["dcn.q.w"]).max() == 63  # 7-bit by default
+    want = _qdq_dcn_graph(domain, op, order, attrs).graph.initializer
+    wf = [numpy_helper.to_array(t) for t in want if t.name == "w"][0]
+    np.testing.assert_allclose(w["dcn.q.w"] * w["dcn.q.w_scale"].reshape(-1, 1, 1, 1), wf,
+                               atol=float(w["dcn.q.w_scale"].max()) / 2 + 1e-7)
+    kept = _qdq_dcn_graph(domain, op, order, attrs, relu=True, y_zp=128)
+    assert fuse_qdeform_conv(kept) == 0 and "QDeformConv2d" not in {x.op_type for x in kept.graph.node}
