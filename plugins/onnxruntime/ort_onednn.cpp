@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #if defined(DCNKIT_WITH_ONEDNN_HEADERS)
 #include <oneapi/dnnl/dnnl.h>

@@ -10,7 +10,6 @@
 
 namespace dcnkit::ort {
 
-
 Status gather_inputs(const Kernel& k, const OrtKernelContext* ctx, TensorView* inputs, size_t max_inputs) {
   for (size_t i = 0; i < max_inputs; ++i) inputs[i] = TensorView();
   size_t count = 0;
