@@ -68,9 +68,10 @@ class Spec:
 # Hot kernels, keyed by their (unqualified) name.
 GATED = {
     # The DCN gather (2026-11-25, sm_90, nvcc 13.0): 32-37 SASS per column element for float (the 4-channel loop
-    # 70-84 static SASS, the rest 284-333 once per 16-channel slice), 40-48 registers, no 64-bit conversion in
-    # loops, for every float/half/bfloat16 instantiation (32- and 64-bit indices). Before: the same model gave
-    # 42-48 (the old one 130-173), 64-bit-index variants with 6 I2F/F2I.S64 in the grid-stride loop.
+    # 70-84 static SASS, the rest 221-262 once per 16-channel slice), 40-48 registers, no 64-bit conversion in
+    # loops, for every float/half/bfloat16 instantiation (32- and 64-bit indices; half/bfloat16 35-46). The kernel
+    # before: 42-57 for float by this model (130-173 by the earlier one), its 64-bit-index variants with 6
+    # I2F/F2I.S64 in the grid-stride loop.
     "deform_conv2d_gather_kernel": Spec(40, note="per column element, 16 channels per thread slice"),
     "deform_conv2d_sampling_backward_kernel": Spec(60, marker="RED", per_element=4,
                                                    note="per column element, 16 channels per thread slice"),

@@ -14,7 +14,9 @@
 // loads); a neighbour inside the map is read even when its weight is 0, as torchvision does.
 //
 // IndexT is the in-image index type: int32_t when every per-image extent and the tile fit (the launchers
-// check), int64_t otherwise. Image bases (n * Cin*H*W) are 64-bit. KH, KW > 0 fix the kernel size at
+// check), int64_t otherwise. Image bases (n * Cin*H*W) are 64-bit. The forward gather uses IndexT only for its
+// base offsets: its sampling point and its channel loop are 32-bit (make_dcn_tile bounds a plane, the padded
+// extents and a column row below 2^31), so both variants run the same loop. KH, KW > 0 fix the kernel size at
 // compile time (3x3, 1x1); 0 reads it from the params. kMask says whether a mask is given.
 #pragma once
 
@@ -155,9 +157,8 @@ DCNKIT_HD DcnPointWork<Acc, IndexT> dcn_point_work(const DeformConv2dParams& p, 
 // The forward gather's sampling point, computed once for the thread's slice of channels: neighbour q of the
 // cell is at in-plane offset at + {0, 1, W, W + 1}[q] and is read only when ok[q]; w[q] is its bilinear weight
 // with the mask folded in. The coordinate is 32-bit integer plus float arithmetic (floor and fractions from
-// the float coordinate; y0, x0 as 32-bit integers: make_dcn_tile checks that H + pad_h and W + pad_w fit), so
-// no instantiation converts a 64-bit integer to or from float; `at` is an IndexT (64-bit in the wide variant
-// only through one widening multiply).
+// the float coordinate; y0, x0 and the in-plane offset `at` as 32-bit integers: make_dcn_tile checks that H*W,
+// H + 2 pad_h and W + 2 pad_w fit), so no instantiation converts a 64-bit integer to or from float.
 template <typename Acc>
 struct DcnGatherPoint {
   int32_t at;
@@ -166,9 +167,8 @@ struct DcnGatherPoint {
 };
 
 template <typename Acc, typename T, typename IndexT, int KH, int KW, bool kMask>
-DCNKIT_HD DcnGatherPoint<Acc> dcn_gather_point(const DeformConv2dParams& p, const DcnTile& t,
-                                                       const T* offset, const T* mask, const DcnThread& w,
-                                                       int64_t n, uint32_t pos) {
+DCNKIT_HD DcnGatherPoint<Acc> dcn_gather_point(const DeformConv2dParams& p, const DcnTile& t, const T* offset,
+                                               const T* mask, const DcnThread& w, int64_t n, uint32_t pos) {
   using std::floor;
   const DeformConv2dAttrs& a = p.attrs;
   const uint32_t K = static_cast<uint32_t>(dcn_kernel_size<KH, KW>(p));
@@ -184,11 +184,10 @@ DCNKIT_HD DcnGatherPoint<Acc> dcn_gather_point(const DeformConv2dParams& p, cons
   // offset[n][g][k][2][pos] and mask[n][g][k][pos]: 2 Gd K P and Gd K P < 2^31 (deform_conv2d_index32 for the
   // int32 variant, make_dcn_tile's P and K bounds and the offset's size for both).
   const uint32_t row = w.g * K + w.k;
-  const T* off = offset + n * static_cast<int64_t>(2 * Gd * K) * P + IndexT(2 * row) * IndexT(P) + IndexT(pos);
+  const T* off = offset + n * (int64_t(2) * Gd * K * P) + IndexT(2) * IndexT(row) * IndexT(P) + IndexT(pos);
   const Acc oy = to_acc<Acc>(off[0]), ox = to_acc<Acc>(off[P]);
-  const Acc m = kMask ? to_acc<Acc>(mask[n * static_cast<int64_t>(Gd * K) * P + IndexT(row) * IndexT(P) +
-                                         IndexT(pos)])
-                      : Acc(1);
+  const Acc m =
+      kMask ? to_acc<Acc>(mask[n * (int64_t(Gd) * K * P) + IndexT(row) * IndexT(P) + IndexT(pos)]) : Acc(1);
   const int32_t H = static_cast<int32_t>(p.height), W = static_cast<int32_t>(p.width);
   const int32_t y = int32_t(ho) * int32_t(a.stride_h) - int32_t(a.pad_h) + int32_t(i) * int32_t(a.dilation_h);
   const int32_t x = int32_t(wo) * int32_t(a.stride_w) - int32_t(a.pad_w) + int32_t(j) * int32_t(a.dilation_w);
