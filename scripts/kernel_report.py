@@ -16,12 +16,14 @@ trip count the estimated SASS per element (a static cost model):
 it too -- the one with the most global loads). Each iteration of the element loop is executed once per
 `elements per loop iteration` elements (the markers it issues); everything else is charged once per thread's
 work item: the setup before the loop, tails and the grid-stride step after it, cold paths too, so the estimate
-is an upper bound of the dynamic path. (Until 2026-11-25 the element loop could be an outer loop whose own body
-issued a few markers -- the DCN gather's grid-stride loop, with the 1-3 channel remainder of its 4-channel loop
--- which then charged the whole per-thread setup to those 3 elements and the 4-channel loop once per 3
-elements: 130 SASS per element where the executed path for a 16-channel slice was about 35 (hand count of the
-sm_90 SASS: 185 setup + 4 x 90 loop + ~10 tail checks, / 16). The prologue was the instructions before the
-element loop only, leaving out the work after it.)
+is an upper bound of the dynamic path. Checked by hand on the DCN gather (float, int32 indices, 3x3, mask, sm_90,
+2026-11-25): a 16-channel work item executes ~191 instructions up to the channel loop, 4 x 71 in it and ~8 after
+it, ~30 per element; the model gives 32.6 (it also charges the 1-channel tail loop and the cold paths). Until then
+the element loop could be an outer loop whose own body issued a few markers -- the old gather's grid-stride loop,
+with the 1-3 channel remainder of its 4-channel loop -- which charged the whole per-thread setup to those 3
+elements and the 4-channel loop once per 3 elements: 130 SASS per element where the executed path was about 37
+(~200 setup, ~24 preheader, 4 x 90 loop, ~8 after, / 16); and the prologue was only the instructions before the
+element loop.
 
 Gates (issue 25 item 6): 0 spill and 0 stack frame in every kernel; for the hot kernels (GATED below, float,
 half and bfloat16 instantiations) <= 48 registers, no CALL and no 64-bit int<->float conversion inside loops,
