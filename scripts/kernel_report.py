@@ -17,8 +17,8 @@ it too -- the one with the most global loads). Each iteration of the element loo
 `elements per loop iteration` elements (the markers it issues); everything else is charged once per thread's
 work item: the setup before the loop, tails and the grid-stride step after it, cold paths too, so the estimate
 is an upper bound of the dynamic path. Checked by hand on the DCN gather (float, int32 indices, 3x3, mask, sm_90,
-2026-11-25): a 16-channel work item executes ~191 instructions up to the channel loop, 4 x 71 in it and ~8 after
-it, ~30 per element; the model gives 32.6 (it also charges the 1-channel tail loop and the cold paths). Until then
+2026-11-25): a 16-channel work item executes ~191 instructions up to the channel loop, 4 x 69 in it and ~8 after
+it, ~30 per element; the model gives 31.9 (it also charges the 1-channel tail loop and the cold paths). Until then
 the element loop could be an outer loop whose own body issued a few markers -- the old gather's grid-stride loop,
 with the 1-3 channel remainder of its 4-channel loop -- which charged the whole per-thread setup to those 3
 elements and the 4-channel loop once per 3 elements: 130 SASS per element where the executed path was about 37
@@ -69,9 +69,9 @@ class Spec:
 
 # Hot kernels, keyed by their (unqualified) name.
 GATED = {
-    # The DCN gather (2026-11-25, sm_90, nvcc 13.0): 32-37 SASS per column element for float (the 4-channel loop
-    # 70-84 static SASS, the rest 221-262 once per 16-channel slice), 40-48 registers, no 64-bit conversion in
-    # loops, for every float/half/bfloat16 instantiation (32- and 64-bit indices; half/bfloat16 35-46). The kernel
+    # The DCN gather (2026-11-25, sm_90, nvcc 13.0): 31-37 SASS per column element for float (the 4-channel loop
+    # 67-83 static SASS, the rest 222-261 once per 16-channel slice), 40-48 registers, no 64-bit conversion in
+    # loops, for every float/half/bfloat16 instantiation (32- and 64-bit indices; half/bfloat16 34-48). The kernel
     # before: 42-57 for float by this model (130-173 by the earlier one), its 64-bit-index variants with 6
     # I2F/F2I.S64 in the grid-stride loop.
     "deform_conv2d_gather_kernel": Spec(40, note="per column element, 16 channels per thread slice"),

@@ -253,8 +253,7 @@ DCNKIT_HD void deform_conv2d_gather(const DeformConv2dParams& p, const DcnTile& 
   const T* ya = input + n * static_cast<int64_t>(Cin * IndexT(HW)) + static_cast<int64_t>(c0 * IndexT(HW) + IndexT(r.at));
   const T* yb = ya + W;
   T* out = columns + static_cast<int64_t>(((IndexT(w.b) * Cin + c0) * K + IndexT(w.k)) * pt + IndexT(w.pl));
-  int32_t c = 0;
-  for (; c + 4 <= len; c += 4) {
+  for (int32_t groups = len >> 2; groups > 0; --groups) {
     const Acc v0 = dcn_gather_value<Acc, T>(ya, yb, r);
     ya += HW;
     yb += HW;
@@ -279,7 +278,7 @@ DCNKIT_HD void deform_conv2d_gather(const DeformConv2dParams& p, const DcnTile& 
 #if defined(__CUDA_ARCH__)
 #pragma unroll 1
 #endif
-  for (; c < len; ++c) {
+  for (int32_t c = len & 3; c > 0; --c) {
     *out = from_acc<T>(dcn_gather_value<Acc, T>(ya, yb, r));
     ya += HW;
     yb += HW;
