@@ -88,9 +88,9 @@ GATED = {
 }
 
 # Kernels known to break a gate, with the reason.
-_PLAN_SASS = ("about 410-425 SASS per output at sampling ratio 2 (gate 250; 370 before the model charged the code after "
-              "the element loop too): ~41 per sample (4 LDG, 2 LDS.128, int64 tap addresses, selects) and ~100 per "
-              "(channel, bin) item, against the design's ~22 and ~100")
+_PLAN_SASS = ("about 410-425 SASS per output at sampling ratio 2 (gate 250; 370 before the model charged the code "
+              "after the element loop too): ~41 per sample (4 LDG, 2 LDS.128, int64 tap addresses, selects) and ~100 "
+              "per (channel, bin) item, against the design's ~22 and ~100")
 PENDING: dict[str, str] = {
     "roi_align_plan_forward_kernel": _PLAN_SASS,
     "multi_level_roi_align_plan_forward_kernel": _PLAN_SASS,

@@ -250,9 +250,12 @@ DCNKIT_HD void deform_conv2d_gather(const DeformConv2dParams& p, const DcnTile& 
   const IndexT lo = s0 < cpg ? s0 : cpg, end = s0 + IndexT(t.slice_len);
   const int32_t len = static_cast<int32_t>((end < cpg ? end : cpg) - lo);
   const IndexT c0 = IndexT(w.g) * cpg + lo;
-  const T* ya = input + n * static_cast<int64_t>(Cin * IndexT(HW)) + static_cast<int64_t>(c0 * IndexT(HW) + IndexT(r.at));
+  const T* ya = input + n * static_cast<int64_t>(Cin * IndexT(HW)) +
+                static_cast<int64_t>(c0 * IndexT(HW) + IndexT(r.at));
   const T* yb = ya + W;
   T* out = columns + static_cast<int64_t>(((IndexT(w.b) * Cin + c0) * K + IndexT(w.k)) * pt + IndexT(w.pl));
+  // Unrolled by hand: a `#pragma unroll` loop over v[4] gave nvcc 13.0 a 104-instruction body for the 64-bit-index
+  // float variant (sm_90) against 83 for this one.
   for (int32_t groups = len >> 2; groups > 0; --groups) {
     const Acc v0 = dcn_gather_value<Acc, T>(ya, yb, r);
     ya += HW;
