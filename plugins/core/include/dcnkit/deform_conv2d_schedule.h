@@ -144,6 +144,17 @@ inline Status make_dcn_tile(const DeformConv2dParams& p, int64_t n0, int64_t nb,
                      "a column tile of fewer than 2^31 threads and 2^31 output positions",
                      std::to_string(threads) + " threads, " + std::to_string(p.out_spatial()) + " positions");
   }
+  // The gather's 32-bit in-plane offsets and coordinates (deform_conv2d_gather.h, dcn_gather_point): one
+  // channel plane, the padded extents (a coordinate lies in [-pad, H + pad)) and a column row step (K *
+  // positions of the tile) below 2^31.
+  const int64_t HW = p.height * p.width;
+  if (HW >= lim || p.height + 2 * p.attrs.pad_h >= lim || p.width + 2 * p.attrs.pad_w >= lim || K * pt >= lim) {
+    return arg_error("deform_conv2d_cuda", "input",
+                     "an input plane H*W, H + 2*pad_h, W + 2*pad_w and a column row below 2^31 elements",
+                     "H*W " + std::to_string(HW) + ", H + 2*pad_h " + std::to_string(p.height + 2 * p.attrs.pad_h) +
+                         ", W + 2*pad_w " + std::to_string(p.width + 2 * p.attrs.pad_w) + ", row " +
+                         std::to_string(K * pt));
+  }
   t->n0 = n0;
   t->nb = nb;
   t->p0 = p0;
