@@ -16,6 +16,7 @@ from onnx import helper, numpy_helper
 from dcnkit.runtime import runners
 from dcnkit.runtime import tensorrt as dk_trt
 from dcnkit.runtime.tensorrt_int8 import require_qdq, tensorrt_qdq
+from test_tensorrt_tools import _call
 
 TRT_REASON = runners.available_backends()["tensorrt"]
 
@@ -148,17 +149,6 @@ def test_models_tensorrt_cannot_take_are_refused_naming_the_node():
     computed.graph.node.insert(0, helper.make_node("ReduceMax", ["x"], ["x_scale"], keepdims=0))
     with pytest.raises(ValueError, match=r"scale of QuantizeLinear 'q' to be a constant.*'x_scale'"):
         tensorrt_qdq(computed)
-
-
-def _call(capsys, *args):
-    from dcnkit.cli import main
-
-    capsys.readouterr()
-    try:
-        rc = main([str(a) for a in args])
-    except SystemExit as e:
-        rc = e.code
-    return rc, capsys.readouterr().err
 
 
 def test_build_int8_refuses_a_float_model_before_tensorrt_is_needed(qdq, tmp_path, capsys):
