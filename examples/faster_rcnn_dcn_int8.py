@@ -11,12 +11,13 @@ quantizes it as these commands do, and compares the two models' detections on sc
 
 **Why the heads are fitted.** The untrained example detector (random weights) is no test of int8: its objectness
 and class scores sit a hair apart over thousands of anchors and proposals, so the perturbation int8 makes to its
-features (FPN maps at a cosine similarity of about 0.99 to float32's) reorders them, and only 3 to 5 of its top-10 detections survive (measured). A trained detector
-separates objects from background by wide margins. This example gets such margins deterministically and in
-seconds: on synthetic scenes whose objects are known (rectangles, label 1; discs, label 2), the detector's last
-linear layers -- the RPN's objectness and box deltas, the box head's class scores and box deltas -- are fitted by
-ridge regression to their training targets (torchvision's own anchor/proposal matching and box coding) on the
-frozen random backbone's features. Backbone, FPN, RPN and box-head convolutions stay as the seed made them.
+features (FPN maps at a cosine similarity of about 0.99 to float32's) reorders them, and only 3 to 5 of its top-10
+detections survive (measured). A trained detector separates objects from background by wide margins. This example
+gets such margins deterministically and in seconds: on synthetic scenes whose objects are known (rectangles,
+label 1; discs, label 2), the detector's last linear layers -- the RPN's objectness and box deltas, the box head's
+class scores and box deltas -- are fitted by ridge regression to their training targets (torchvision's own
+anchor/proposal matching and box coding) on the frozen random backbone's features. Backbone, FPN, RPN and box-head
+convolutions stay as the seed made them.
 
 **What is quantized.** ``dcnkit quantize`` (calibrated on 16 other scenes) quantizes the backbone, the FPN, the
 RPN's convolutions and the box head's matrix products; the kit's DeformConv and MultiLevelRoIAlign and the offset

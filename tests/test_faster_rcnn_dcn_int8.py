@@ -31,8 +31,9 @@ def test_scenes_know_their_objects():
     for (x0, y0, x1, y1), label in zip(boxes.astype(int), labels):
         assert 0 <= x0 < x1 <= SIZE and 0 <= y0 < y1 <= SIZE
         inside = image[0, :, y0:y1, x0:x1].reshape(3, -1)
-        # The object is one color (+ noise): most of its box holds it (a disc fills pi/4 of its box).
-        assert (np.abs(inside - np.median(inside, axis=1, keepdims=True)).max(axis=0) < 0.1).mean() > 0.5 or label == 1
+        # The object is one color (+ noise): most of its box holds it (a rectangle all of it, a disc pi/4).
+        share = (np.abs(inside - np.median(inside, axis=1, keepdims=True)).max(axis=0) < 0.1).mean()
+        assert share > (0.9 if label == 1 else 0.7), (label, share)
 
 
 def test_quantized_model_keeps_the_kits_nodes_float_and_the_box_arithmetic_float(models):

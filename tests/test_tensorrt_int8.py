@@ -67,7 +67,8 @@ def _float_model():
     rng = np.random.default_rng(0)
 
     def w(*shape, k=1.0):
-        return numpy_helper.from_array((rng.standard_normal(shape) * k / np.sqrt(np.prod(shape[1:]))).astype(np.float32))
+        scale = k / np.sqrt(np.prod(shape[1:]))
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32))
 
     inits = {"w1": w(6, 4, 3, 3), "b1": w(6, k=0.1), "woff": w(18, 6, 3, 3, k=0.5), "wm": w(9, 6, 3, 3),
              "w2": w(6, 6, 3, 3), "b2": w(6, k=0.1), "w3": w(5, 6, 1, 1), "b3": w(5, k=0.1)}
