@@ -256,7 +256,9 @@ int32_t PluginBase::getOutputShapes(const DimsExprs* inputs, int32_t nb_inputs, 
 // looks back only: features (their first map) in a float type the launchers take, RoIs in the features' type
 // or float32 (MultiLevelRoIAlign takes its RoIs first: any float type, checked against the maps at the first
 // map), index tables in int32 or int64 (the first table fixes the type of the others), everything else in the
-// features' type; linear (dense, row-major) only.
+// features' type; linear (dense, row-major) only. No int8 (nor fp8) tensors: in an INT8 network (Q/DQ nodes,
+// `dcnkit build --int8`) the plugin runs in float between TensorRT's DequantizeLinear and QuantizeLinear layers,
+// which TensorRT places, with the reformats, around it.
 bool PluginBase::supportsFormatCombination(int32_t pos, const DynamicPluginTensorDesc* in_out, int32_t nb_inputs,
                                            int32_t nb_outputs) noexcept {
   if (pos < 0 || pos >= nb_inputs + nb_outputs) return false;

@@ -194,6 +194,19 @@ void run_case(IPluginCreatorV3One* creator, const Case& c) {
         }
       }
     }
+    // Whole combinations, as an INT8 (Q/DQ) network offers them: every tensor in one float type is taken at every
+    // position; all in int8 is not taken (no int8 I/O: refused at the features, so TensorRT puts its Q/DQ layers and
+    // reformats around the plugin; the loop above refuses int8 there alone too).
+    const auto nin = static_cast<int32_t>(c.inputs.size());
+    for (DataType t : {DataType::kFLOAT, DataType::kHALF, DataType::kBF16, DataType::kINT8}) {
+      auto d = index_typed(dyn_descs(all, t), c);
+      bool every = true;
+      for (size_t pos = 0; pos < n; ++pos)
+        every = every && build->supportsFormatCombination(static_cast<int32_t>(pos), d.data(), nin, nout);
+      check(every == (t != DataType::kINT8),
+            op + ": all tensors in type " + std::to_string(static_cast<int>(t)) +
+                (t == DataType::kINT8 ? " refused" : " accepted at every position"));
+    }
   }
 
   // configurePlugin + getWorkspaceSize; bad shapes are rejected with a log line.

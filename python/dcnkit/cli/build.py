@@ -1,6 +1,6 @@
 """``dcnkit build``: an ONNX model -> a serialized TensorRT engine, with the kit's plugin library loaded.
 
-    dcnkit build m.onnx -o m.engine [--fp16 | --bf16] [--shapes NAME:MIN:OPT:MAX ...] [--workspace MIB]
+    dcnkit build m.onnx -o m.engine [--fp16 | --bf16 | --int8] [--shapes NAME:MIN:OPT:MAX ...] [--workspace MIB]
                  [--timing-cache FILE] [--plugins LIB ...]
 
 Arguments are checked against the model before TensorRT is needed (bad ones: one line, exit 2); without
@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="float16: TensorRT 11 converts the ONNX's float tensors first (strongly typed networks; "
                         "the RoIs of RoI operators stay float32), TensorRT 10 sets the FP16 builder flag")
     g.add_argument("--bf16", dest="precision", action="store_const", const="bf16", help="bfloat16, likewise")
+    g.add_argument("--int8", dest="precision", action="store_const", const="int8",
+                   help="int8 from a QDQ model (`dcnkit quantize`): its Q/DQ nodes made symmetric int8 as TensorRT "
+                        "takes them; TensorRT 11 needs no flag (strongly typed), TensorRT 10 sets BuilderFlag.INT8")
     p.add_argument("--shapes", action="append", default=[], metavar="NAME:MIN:OPT:MAX",
                    help="optimization profile of an input, shapes like 1x3x64x64 (repeat per input; required for "
                         "every input with dynamic dims)")
@@ -43,6 +46,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugins", action="append", default=[], metavar="LIB",
                    help="another plugin library to load (repeatable); the kit's libdcnkit_trt.so is always loaded")
     p.add_argument("-v", "--verbose", action="store_true", help="show Polygraphy's and TensorRT's log")
+
+
+def _check_int8_model(model: Path) -> None:
+    """--int8 needs a QDQ model that TensorRT's Q/DQ rules can take: checked (and converted once, to find out)
+    before TensorRT is needed."""
+    import onnx
+
+    from dcnkit.runtime.tensorrt_int8 import tensorrt_qdq
+
+    try:
+        tensorrt_qdq(onnx.load(str(model)), name=repr(str(model)))
+    except ValueError as e:
+        raise CliError("--int8", str(e).split(": ", 1)[1]) from None
 
 
 def run_build(args) -> int:
@@ -63,6 +79,8 @@ def run_build(args) -> int:
         shapes = dk_trt.check_shapes(model, dk_trt.parse_shapes(args.shapes))
     except dk_trt.ShapeSpecError as e:
         raise cli_error_from(e) from None
+    if args.precision == "int8":
+        _check_int8_model(model)
     dk_trt.require_tensorrt()  # BackendUnavailable: one line, exit 1
 
     from polygraphy.logger import G_LOGGER

@@ -16,6 +16,8 @@
   whole network in one float type, our nodes included, but the RoIs of the RoI operators, which stay float32;
   inputs and outputs stay float32); on TensorRT 10 it sets
   ``BuilderFlag.FP16`` / ``BF16`` and TensorRT picks the precision per layer. The build log says which.
+- INT8: ``precision="int8"`` takes a QDQ model (``dcnkit quantize``), rewritten into TensorRT's symmetric int8 Q/DQ
+  (:mod:`dcnkit.runtime.tensorrt_int8`); TensorRT 11 needs no flag for it, TensorRT 10 gets ``BuilderFlag.INT8``.
 - Engines run through Polygraphy's ``TrtRunner`` (NumPy in and out, Polygraphy's own CUDA wrapper: no torch, no pycuda).
 
 Nothing here imports ``tensorrt`` at module level; without it every entry point raises
@@ -37,7 +39,7 @@ from dcnkit.runtime.tensorrt_requirements import tensorrt_reason
 
 ENGINE_SUFFIXES = (".engine", ".plan", ".trt")
 PLUGIN_NAMESPACE = "dcnkit"
-PRECISIONS = ("fp16", "bf16")
+PRECISIONS = ("fp16", "bf16", "int8")
 _CONVERT_DTYPE = {"fp16": "float16", "bf16": "bfloat16"}
 _LOADED: dict[str, object] = {}  # plugin library path -> registry handle (kept for the process' lifetime)
 
@@ -291,13 +293,13 @@ def build_engine_bytes(model, *, precision: str | None = None, shapes: Mapping |
                        log: Callable[[str], None] | None = None, progress: bool = False) -> bytes:
     """A serialized engine for ``model`` (ONNX path, bytes or ModelProto) with the kit's plugins loaded.
 
-    ``precision``: None (float32, or the ONNX's own types), "fp16" or "bf16" (see the module doc);
+    ``precision``: None (float32, or the ONNX's own types), "fp16", "bf16" or "int8" (a QDQ model; see the module doc);
     ``shapes``: ``{input: (min, opt, max)}`` for one optimization profile (needed for dynamic dims);
     ``workspace_mib``: the builder's workspace pool limit; ``timing_cache``: a file read when it exists and
     written back after the build.
     """
     if precision not in (None, *PRECISIONS):
-        raise ValueError(f"precision: expected None, 'fp16' or 'bf16', got {precision!r}")
+        raise ValueError(f"precision: expected None, 'fp16', 'bf16' or 'int8', got {precision!r}")
     if workspace_mib is not None and workspace_mib < 1:
         raise ValueError(f"workspace_mib: expected >= 1, got {workspace_mib}")
     say = log or (lambda _msg: None)
@@ -309,7 +311,12 @@ def build_engine_bytes(model, *, precision: str | None = None, shapes: Mapping |
     proto = load_model(model)
     changed = 0
     flags = {}
-    if precision:
+    if precision == "int8":
+        from dcnkit.runtime.tensorrt_int8 import int8_build_setup
+
+        proto, flags = int8_build_setup(proto, strongly_typed_only(), trt.__version__, say)
+        changed += 1
+    elif precision:
         if strongly_typed_only():
             from dcnkit.runtime.precision import convert_float_tensors
 
