@@ -72,11 +72,7 @@ GATED = {
 }
 
 # Kernels known to break a gate, with the reason.
-_PLAN_SASS = ("about 370 SASS per output at sampling ratio 2 (gate 250): ~41 per sample (4 LDG, 2 LDS.128, int64 tap "
-              "addresses, selects) and ~100 per (channel, bin) item, against the design's ~22 and ~100")
 PENDING: dict[str, str] = {
-    "roi_align_plan_forward_kernel": _PLAN_SASS,
-    "multi_level_roi_align_plan_forward_kernel": _PLAN_SASS,
     "deform_conv2d_gather_kernel": (
         "about 130 SASS per column element for float with 32-bit indices (gate 40): the element loop's body is about "
         "390 static SASS (its 4-channel inner loop 90) for a 16-channel slice; the 64-bit-index instantiations (sizes "
@@ -84,9 +80,6 @@ PENDING: dict[str, str] = {
     "deform_conv2d_sampling_backward_kernel": (
         "about 360-420 SASS per column element (gate 60); the 64-bit-index instantiations take 59-78 registers "
         "(gate 48) and 4 64-bit int<->float conversions in the loop"),
-    "roi_align_visit_forward_kernel": (
-        "the double instantiation of the bounded-visit fallback has a 24 B stack frame and spills since the border "
-        "rule reads only in-map neighbours (a per-neighbour mask); float, half and bfloat16 have none"),
 }
 
 _DTYPES = {"f": "float", "d": "double", "6__half": "half", "13__nv_bfloat16": "bfloat16"}
