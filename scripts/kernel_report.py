@@ -69,6 +69,10 @@ GATED = {
                                                       note="per output, as RoIAlign's"),
     "multi_level_roi_align_plan_backward_kernel": Spec(float("inf"), marker="RED", per_element=16, inner_trip=4,
                                                        note="registers and loops only"),
+    "deform_roi_pool_plan_forward_kernel": Spec(250, inner_trip=4, elements_per_thread=32 * 49 / 256,
+                                                note="per output, as RoIAlign's (the bins' offsets applied in the plan)"),
+    "deform_roi_pool_plan_grad_input_kernel": Spec(float("inf"), marker="RED", per_element=16, inner_trip=4,
+                                                   note="registers and loops only"),
 }
 
 # Kernels known to break a gate, with the reason.

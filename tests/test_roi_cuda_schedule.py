@@ -4,7 +4,8 @@ sampling plan computed once per block, then 256 threads over (channel, bin) pair
 too large to plan) serially, and its forward and backward must give the CPU driver's results: the plan path
 (explicit grids, small adaptive grids), the visit path (ratio 5, a huge adaptive box), both in one call, avg
 and max, two channel groups (40 channels), boxes partly and wholly outside the map; MultiLevelRoIAlign with RoIs
-on three levels (each block plans on its RoI's level)."""
+on three levels (each block plans on its RoI's level); DeformRoIPool with and without offsets (each block plans
+every bin with its offsets applied), output and grad_input (grad_offset stays on the CPU driver)."""
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ import sys
 import torch
 
 import dcnkit  # noqa: F401
-from dcnkit.ops import multi_level_roi_align, roi_align
+from dcnkit.ops import deform_roi_pool, multi_level_roi_align, roi_align
 
 # (pooled, sampling_ratio, aligned, mode)
 CASES = [((7, 7), 2, True, "avg"), ((7, 7), 2, False, "max"), ((3, 2), 4, True, "avg"), ((2, 3), 1, False, "max"),
@@ -24,10 +25,16 @@ CASES = [((7, 7), 2, True, "avg"), ((7, 7), 2, False, "max"), ((3, 2), 4, True, 
 _CHILD = """
 import sys, torch
 import dcnkit
-from dcnkit.ops import multi_level_roi_align, roi_align
+from dcnkit.ops import deform_roi_pool, multi_level_roi_align, roi_align
 inp = torch.load(sys.argv[1])
 out = []
 for a in inp:
+    if "offset" in a:
+        x = a["x"].clone().requires_grad_()
+        y = deform_roi_pool(x, a["rois"], a["offset"], a["pooled"], 0.5, a["ratio"], 0.1)
+        y.backward(a["gy"])
+        out.append({"y": y.detach(), "gx": x.grad})
+        continue
     if "levels" in a:
         fs = [f.clone().requires_grad_() for f in a["levels"]]
         y = multi_level_roi_align(fs, a["rois"], a["pooled"], [2.0, 4.0, 8.0], a["ratio"], 8, 1.0, a["aligned"],
@@ -44,6 +51,11 @@ torch.save(out, sys.argv[2])
 
 
 def _run_here(a):
+    if "offset" in a:
+        x = a["x"].clone().requires_grad_()
+        y = deform_roi_pool(x, a["rois"], a["offset"], a["pooled"], 0.5, a["ratio"], 0.1)
+        y.backward(a["gy"])
+        return y.detach(), x.grad
     if "levels" in a:
         fs = [f.clone().requires_grad_() for f in a["levels"]]
         y = multi_level_roi_align(fs, a["rois"], a["pooled"], [2.0, 4.0, 8.0], a["ratio"], 8, 1.0, a["aligned"],
@@ -80,6 +92,12 @@ def _inputs():
         y = multi_level_roi_align(levels, ml_rois, pooled, [2.0, 4.0, 8.0], ratio, 8, 1.0, aligned, mode)
         cases.append({"levels": levels, "rois": ml_rois, "pooled": pooled, "ratio": ratio, "aligned": aligned,
                       "mode": mode, "gy": torch.randn(y.shape, generator=g, dtype=torch.float64)})
+    # DeformRoIPool: offsets that move bins partly off the map, none, the plan and the visit (ratio 5, huge box)
+    for pooled, ratio, with_offset in [((7, 7), 2, True), ((3, 3), 0, True), ((2, 2), 5, True), ((3, 2), 1, False)]:
+        offset = torch.randn(len(rois), 2, *pooled, generator=g, dtype=torch.float64) * 3 if with_offset else None
+        y = deform_roi_pool(x, rois, offset, pooled, 0.5, ratio, 0.1)
+        cases.append({"x": x, "rois": rois, "pooled": pooled, "ratio": ratio, "offset": offset,
+                      "aligned": True, "mode": "avg", "gy": torch.randn(y.shape, generator=g, dtype=torch.float64)})
     return cases
 
 
@@ -92,7 +110,8 @@ def test_cuda_schedule_matches_the_cpu_driver(tmp_path):
     got = torch.load(tmp_path / "out.pt")
     for a, o in zip(cases, got):
         y, gx = _run_here(a)
-        what = f"{'multi-level ' if 'levels' in a else ''}{a['pooled']} ratio {a['ratio']} {a['aligned']} {a['mode']}"
+        op = "multi-level " if "levels" in a else ("deform " if "offset" in a else "")
+        what = f"{op}{a['pooled']} ratio {a['ratio']} {a['aligned']} {a['mode']}"
         assert y.abs().sum() > 0, what
         # the same samples in the same order: the forward is bit-identical; the backward adds in another order
         torch.testing.assert_close(o["y"], y, rtol=0, atol=0, msg=lambda m: f"{what}: {m}")

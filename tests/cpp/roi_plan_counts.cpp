@@ -1,8 +1,10 @@
-// Counting harness of RoIAlign's CUDA block schedule (issue 25, proxy (a)): the per-thread DCNKIT_HD bodies of
+// Counting harness of RoIAlign's and DeformRoIPool's CUDA block schedule (issue 25, proxy (a)): the per-thread
+// DCNKIT_HD bodies of
 // roi_plan.h run over the launch grid with a counting storage type, whose every read (to_acc) and write
 // (from_acc) is one global load or store; a read is a RoI-field load when it lands in the rois buffer. Prints
 // the counts per output element and exits 1 when a gate fails:
-//   RoI-field loads per output <= 0.1, stores per output == 1, tap loads per output <= 4 * samples per bin.
+//   RoI-field loads per output <= 0.1, stores per output == 1, tap loads per output <= 4 * samples per bin
+//   (DeformRoIPool: its offset loads, 2 per plan entry, counted with the taps).
 // Built and run by tests/test_kernel_counts.py (the system C++ compiler, plugins/core/include only).
 #include <cstdio>
 #include <vector>
@@ -93,6 +95,54 @@ int main() {
     }
     if (!(taps <= 4 * samples)) {
       std::printf("FAIL: tap loads per output %.2f (expected <= %g)\n", taps, 4 * samples);
+      ok = false;
+    }
+  }
+  // DeformRoIPool (avg): the same layout, each bin moved by its offsets (plan per (RoI, bin), once per block)
+  DeformRoIPoolParams dp;
+  dp.batch = p.batch;
+  dp.channels = p.channels;
+  dp.height = p.height;
+  dp.width = p.width;
+  dp.num_rois = p.num_rois;
+  dp.has_offset = true;
+  dp.attrs.pooled_h = dp.attrs.pooled_w = 7;
+  dp.attrs.sampling_ratio = 2;
+  dp.attrs.spatial_scale = 0.5;
+  std::vector<Counted> offset(p.num_rois * 2 * 49);
+  for (size_t i = 0; i < offset.size(); ++i) offset[i] = Counted{0.3 * double(int(i % 7) - 3)};
+  {
+    std::vector<Counted> output(outputs, Counted{0.0});
+    g_roi_loads = g_other_loads = g_stores = 0;
+    int64_t planned = 0;
+    roi_block_schedule_serial<double>(
+        dp, [&](int64_t k) { return deform_roi_plan_head<double>(dp, rois.data(), k); }, 256,
+        [&](const RoIPlanHead<double>& h, int64_t k, int64_t c0, int64_t nc, const RoIPlanEntry<double>* plan,
+            int tid) {
+          if (plan == nullptr) return;
+          planned += tid == 0;
+          roi_plan_forward_items<double, Counted>(dp, h, plan, input.data(), k, c0, nc, tid, 256, output.data(),
+                                                  false);
+        },
+        [&](int64_t k) { return DeformRoIOrigin<Counted>{dp, offset.data(), k}; });
+    const double roi = double(g_roi_loads) / outputs, taps = double(g_other_loads) / outputs,
+                 stores = double(g_stores) / outputs;
+    std::printf("| deform avg | %.4f | %.2f | %.3f |\n", roi, taps, stores);
+    if (planned != p.num_rois * 2) {
+      std::printf("FAIL: deform: %lld of %lld blocks planned\n", (long long)planned, (long long)(p.num_rois * 2));
+      ok = false;
+    }
+    if (!(roi <= 0.1)) {
+      std::printf("FAIL: deform: RoI-field loads per output %.4f (expected <= 0.1)\n", roi);
+      ok = false;
+    }
+    if (stores != 1.0) {
+      std::printf("FAIL: deform: stores per output %.3f (expected 1)\n", stores);
+      ok = false;
+    }
+    if (!(taps <= 4 * samples + 2 * samples / 32.0)) {
+      std::printf("FAIL: deform: tap and offset loads per output %.2f (expected <= %g)\n", taps,
+                  4 * samples + 2 * samples / 32.0);
       ok = false;
     }
   }

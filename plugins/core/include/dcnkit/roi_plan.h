@@ -98,12 +98,56 @@ DCNKIT_HD RoIPlanHead<Acc> roi_plan_head(const RoIAlignParams& p, const T* rois,
   return h;
 }
 
+// The corner (y0, x0) of bin (ph, pw) of a head's box, as the bin functions see it: RoIAlign's (no offsets) ...
+struct RoIBoxOrigin {
+  template <typename Acc>
+  DCNKIT_HD void operator()(const RoIPlanHead<Acc>& h, int64_t ph, int64_t pw, Acc* y0, Acc* x0) const {
+    roi_bin_origin<Acc, Acc>(h.box, ph, pw, nullptr, nullptr, Acc(0), y0, x0);
+  }
+};
+
+// ... and DeformRoIPool's: shifted by RoI k's offsets of that bin (offset null: none). The plan of a DeformRoIPool
+// RoI is then per (RoI, bin) with the offsets applied, computed once per block like RoIAlign's.
+template <typename T>
+struct DeformRoIOrigin {
+  const DeformRoIPoolParams& p;
+  const T* offset;
+  int64_t k;
+  template <typename Acc>
+  DCNKIT_HD void operator()(const RoIPlanHead<Acc>& h, int64_t ph, int64_t pw, Acc* y0, Acc* x0) const {
+    deform_roi_pool_origin<Acc, T>(p, h.box, offset, k, ph, pw, y0, x0);
+  }
+};
+
+// Whether the op pools the maximum (DeformRoIPool: always the mean).
+template <typename P>
+DCNKIT_HD bool roi_pool_max_mode(const P& p) {
+  return p.attrs.mode == PoolMode::kMax;
+}
+DCNKIT_HD bool roi_pool_max_mode(const DeformRoIPoolParams&) { return false; }
+
+// The head of RoI k of DeformRoIPool (one thread per block): aligned RoIAlign's box; the offsets move each bin
+// (DeformRoIOrigin).
+template <typename Acc, typename T>
+DCNKIT_HD RoIPlanHead<Acc> deform_roi_plan_head(const DeformRoIPoolParams& p, const T* rois, int64_t k) {
+  const T* roi = rois + k * 5;
+  RoIPlanHead<Acc> h;
+  if (!roi_batch_index<Acc>(roi, p.batch, &h.b)) h.b = -1;
+  h.box = deform_roi_pool_box<Acc>(p, roi);
+  h.H = p.height;
+  h.W = p.width;
+  h.level = 0;
+  roi_plan_finish(h, p.attrs.pooled_h * p.attrs.pooled_w);
+  return h;
+}
+
 // The plan of a planned head: entry e = bin * stride + iy * gw + ix is sample (iy, ix) of bin `bin`, every
 // sample of the grid in the full loop's order (a sample outside the map is an entry with idx[0] = -1). The bin
 // functions then see what roi_bin_visit gives them: the samples inside, in order (avg), and a 0 candidate where
 // samples outside begin (max: the same maximum and arg-max, the first on ties).
-template <typename Acc, typename P>
-DCNKIT_HD void roi_plan_fill(const P& p, const RoIPlanHead<Acc>& h, int tid, int step, RoIPlanEntry<Acc>* plan) {
+template <typename Acc, typename P, typename Origin = RoIBoxOrigin>
+DCNKIT_HD void roi_plan_fill(const P& p, const RoIPlanHead<Acc>& h, int tid, int step, RoIPlanEntry<Acc>* plan,
+                             const Origin& origin = Origin()) {
   // unsigned: the index decode is three unsigned 32-bit divisions
   const uint32_t ow = static_cast<uint32_t>(p.attrs.pooled_w), S = static_cast<uint32_t>(h.stride),
                  gw = static_cast<uint32_t>(h.box.gw);
@@ -111,7 +155,7 @@ DCNKIT_HD void roi_plan_fill(const P& p, const RoIPlanHead<Acc>& h, int tid, int
   for (uint32_t e = static_cast<uint32_t>(tid); e < total; e += static_cast<uint32_t>(step)) {
     const uint32_t bin = e / S, s = e % S;
     Acc y0, x0;
-    roi_bin_origin<Acc, Acc>(h.box, bin / ow, bin % ow, nullptr, nullptr, Acc(0), &y0, &x0);
+    origin(h, bin / ow, bin % ow, &y0, &x0);
     const Taps<Acc> t = roi_taps(RoIAxis<Acc>{y0, h.box.bin_h, h.box.gh}(s / gw),
                                  RoIAxis<Acc>{x0, h.box.bin_w, h.box.gw}(s % gw), h.H, h.W);
     for (int i = 0; i < 4; ++i) {
@@ -313,38 +357,39 @@ DCNKIT_HD void roi_plan_backward_items(const P& p, const RoIPlanHead<Acc>& h,
 
 // The same two for a block whose RoI is not planned: each (channel, bin) samples on the fly (bounded visit).
 // H, W: the head's map (RoIAlign passes its params' sizes, which stay in the kernel's parameters).
-template <typename Acc, typename T, typename P>
+template <typename Acc, typename T, typename P, typename Origin = RoIBoxOrigin>
 DCNKIT_HD void roi_visit_forward_items(const P& p, const RoIPlanHead<Acc>& h, int64_t H, int64_t W, const T* input,
-                                       int64_t k, int64_t c0, int64_t nc, int tid, int step, T* output) {
+                                       int64_t k, int64_t c0, int64_t nc, int tid, int step, T* output,
+                                       const Origin& origin = Origin()) {
   const int64_t C = p.channels;
   const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w, bins = oh * ow;
-  const bool max_mode = p.attrs.mode == PoolMode::kMax;
+  const bool max_mode = roi_pool_max_mode(p);
   T* out = output + (k * C + c0) * bins;
   roi_block_bins(nc, oh, ow, tid, step, [&](int64_t c, int64_t ph, int64_t pw) {
     Acc v = Acc(0);
     if (h.b >= 0) {
       Acc y0, x0;
-      roi_bin_origin<Acc, Acc>(h.box, ph, pw, nullptr, nullptr, Acc(0), &y0, &x0);
+      origin(h, ph, pw, &y0, &x0);
       v = roi_align_bin_forward<Acc>(input + (h.b * C + c0 + c) * H * W, H, W, h.box, y0, x0, max_mode);
     }
     out[c * bins + ph * ow + pw] = from_acc<T>(v);
   });
 }
 
-template <typename Acc, typename T, typename P, typename AddAt>
+template <typename Acc, typename T, typename P, typename AddAt, typename Origin = RoIBoxOrigin>
 DCNKIT_HD void roi_visit_backward_items(const P& p, const RoIPlanHead<Acc>& h, int64_t H, int64_t W,
                                         const T* grad_output, const T* input, int64_t k, int64_t c0, int64_t nc,
-                                        int tid, int step, const AddAt& add_at) {
+                                        int tid, int step, const AddAt& add_at, const Origin& origin = Origin()) {
   if (h.b < 0 || !(h.n > Acc(0))) return;
   const int64_t C = p.channels;
   const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w, bins = oh * ow;
-  const bool max_mode = p.attrs.mode == PoolMode::kMax;
+  const bool max_mode = roi_pool_max_mode(p);
   const T* go = grad_output + (k * C + c0) * bins;
   roi_block_bins(nc, oh, ow, tid, step, [&](int64_t c, int64_t ph, int64_t pw) {
     const Acc g = to_acc<Acc>(go[c * bins + ph * ow + pw]);
     if (g == Acc(0)) return;
     Acc y0, x0;
-    roi_bin_origin<Acc, Acc>(h.box, ph, pw, nullptr, nullptr, Acc(0), &y0, &x0);
+    origin(h, ph, pw, &y0, &x0);
     auto add = add_at((h.b * C + c0 + c) * H * W);
     const T* img = max_mode ? input + (h.b * C + c0 + c) * H * W : nullptr;
     roi_align_bin_backward<Acc, T>(img, H, W, h.box, y0, x0, max_mode, g, add);
@@ -355,15 +400,20 @@ DCNKIT_HD void roi_visit_backward_items(const P& p, const RoIPlanHead<Acc>& h, i
 // The CUDA grid of the block kernels run serially on the host (the CPU test path and the counting harness):
 // for each block (RoI k, channel group), its head (head_of(k)), its plan where planned (every thread's share),
 // then block(head, k, c0, nc, plan or null (visit), tid) for each thread, in grid order.
-template <typename Acc, typename P, typename HeadOf, typename Block>
-void roi_block_schedule_serial(const P& p, const HeadOf& head_of, int threads, const Block& block) {
+// origin_of(k): the bin origin of RoI k (RoIAlign's by default; DeformRoIPool: DeformRoIOrigin).
+struct RoIBoxOriginOf {
+  RoIBoxOrigin operator()(int64_t) const { return {}; }
+};
+template <typename Acc, typename P, typename HeadOf, typename Block, typename OriginOf = RoIBoxOriginOf>
+void roi_block_schedule_serial(const P& p, const HeadOf& head_of, int threads, const Block& block,
+                               const OriginOf& origin_of = OriginOf()) {
   std::vector<RoIPlanEntry<Acc>> plan(static_cast<size_t>(roi_plan_capacity<Acc>()));
   const int64_t groups = (p.channels + kRoIPlanChannels - 1) / kRoIPlanChannels;
   for (int64_t k = 0; k < p.num_rois; ++k) {
     for (int64_t g = 0; g < groups; ++g) {
       const RoIPlanHead<Acc> h = head_of(k);
       if (h.stride != 0) {
-        for (int tid = 0; tid < threads; ++tid) roi_plan_fill<Acc>(p, h, tid, threads, plan.data());
+        for (int tid = 0; tid < threads; ++tid) roi_plan_fill<Acc>(p, h, tid, threads, plan.data(), origin_of(k));
       }
       for (int tid = 0; tid < threads; ++tid) {
         block(h, k, g * kRoIPlanChannels, roi_group_channels(p.channels, g), h.stride != 0 ? plan.data() : nullptr,
