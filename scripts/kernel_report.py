@@ -73,6 +73,12 @@ GATED = {
                                                 note="per output, as RoIAlign's (the bins' offsets applied in the plan)"),
     "deform_roi_pool_plan_grad_input_kernel": Spec(float("inf"), marker="RED", per_element=16, inner_trip=4,
                                                    note="registers and loops only"),
+    # R-FCN's default grid: 4 x 4 samples per bin, so the bound is RoIAlign's 250 at 4 samples plus 12 samples of
+    # about 25 SASS each (4 loads, 4 FMA, 2 LDS.128, addresses, the sample test and count); two stores per output
+    # (the output and its count)
+    "deform_psroi_pool_plan_forward_kernel": Spec(550, per_element=2, inner_trip=16, elements_per_thread=32 * 49 / 256,
+                                                  note="per output, sample_per_part 4, 7x7 bins, 32 output channels "
+                                                       "per block"),
 }
 
 # Kernels known to break a gate, with the reason.

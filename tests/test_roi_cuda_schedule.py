@@ -5,7 +5,9 @@ too large to plan) serially, and its forward and backward must give the CPU driv
 (explicit grids, small adaptive grids), the visit path (ratio 5, a huge adaptive box), both in one call, avg
 and max, two channel groups (40 channels), boxes partly and wholly outside the map; MultiLevelRoIAlign with RoIs
 on three levels (each block plans on its RoI's level); DeformRoIPool with and without offsets (each block plans
-every bin with its offsets applied), output and grad_input (grad_offset stays on the CPU driver)."""
+every bin with its offsets applied), output and grad_input (grad_offset stays on the CPU driver); DeformPSRoIPool's
+forward (psroi_plan.h: without trans, with one class, and the grid-stride fallbacks of two classes and 25 samples
+per bin), output and the count its backward reuses."""
 from __future__ import annotations
 
 import os
@@ -15,7 +17,7 @@ import sys
 import torch
 
 import dcnkit  # noqa: F401
-from dcnkit.ops import deform_roi_pool, multi_level_roi_align, roi_align
+from dcnkit.ops import deform_psroi_pool, deform_roi_pool, multi_level_roi_align, roi_align
 
 # (pooled, sampling_ratio, aligned, mode)
 CASES = [((7, 7), 2, True, "avg"), ((7, 7), 2, False, "max"), ((3, 2), 4, True, "avg"), ((2, 3), 1, False, "max"),
@@ -25,10 +27,16 @@ CASES = [((7, 7), 2, True, "avg"), ((7, 7), 2, False, "max"), ((3, 2), 4, True, 
 _CHILD = """
 import sys, torch
 import dcnkit
-from dcnkit.ops import deform_roi_pool, multi_level_roi_align, roi_align
+from dcnkit.ops import deform_psroi_pool, deform_roi_pool, multi_level_roi_align, roi_align
 inp = torch.load(sys.argv[1])
 out = []
 for a in inp:
+    if "trans" in a:
+        x = a["x"].clone().requires_grad_()
+        y = deform_psroi_pool(x, a["rois"], a["trans"], 0.5, 3, 40, 2, 3, a["ratio"], 0.2)
+        y.backward(a["gy"])
+        out.append({"y": y.detach(), "gx": x.grad})
+        continue
     if "offset" in a:
         x = a["x"].clone().requires_grad_()
         y = deform_roi_pool(x, a["rois"], a["offset"], a["pooled"], 0.5, a["ratio"], 0.1)
@@ -51,6 +59,11 @@ torch.save(out, sys.argv[2])
 
 
 def _run_here(a):
+    if "trans" in a:
+        x = a["x"].clone().requires_grad_()
+        y = deform_psroi_pool(x, a["rois"], a["trans"], 0.5, 3, 40, 2, 3, a["ratio"], 0.2)
+        y.backward(a["gy"])
+        return y.detach(), x.grad
     if "offset" in a:
         x = a["x"].clone().requires_grad_()
         y = deform_roi_pool(x, a["rois"], a["offset"], a["pooled"], 0.5, a["ratio"], 0.1)
@@ -98,6 +111,14 @@ def _inputs():
         y = deform_roi_pool(x, rois, offset, pooled, 0.5, ratio, 0.1)
         cases.append({"x": x, "rois": rois, "pooled": pooled, "ratio": ratio, "offset": offset,
                       "aligned": True, "mode": "avg", "gy": torch.randn(y.shape, generator=g, dtype=torch.float64)})
+    # DeformPSRoIPool: output_size 3, output_dim 40 (two channel groups; 2 x 2 input channels each), part_size 3; one
+    # class or none (planned), two classes and sample_per_part 5 (the grid-stride kernel); backward through the count
+    xp = torch.randn(2, 160, 11, 13, generator=g, dtype=torch.float64)
+    for classes, spp in [(0, 4), (1, 2), (2, 4), (1, 5)]:
+        trans = torch.randn(len(rois), 2 * classes, 3, 3, generator=g, dtype=torch.float64) if classes else None
+        y = deform_psroi_pool(xp, rois, trans, 0.5, 3, 40, 2, 3, spp, 0.2)
+        cases.append({"x": xp, "rois": rois, "pooled": (3, 3), "ratio": spp, "trans": trans, "aligned": False,
+                      "mode": f"{classes} classes", "gy": torch.randn(y.shape, generator=g, dtype=torch.float64)})
     return cases
 
 
@@ -110,7 +131,7 @@ def test_cuda_schedule_matches_the_cpu_driver(tmp_path):
     got = torch.load(tmp_path / "out.pt")
     for a, o in zip(cases, got):
         y, gx = _run_here(a)
-        op = "multi-level " if "levels" in a else ("deform " if "offset" in a else "")
+        op = "multi-level " if "levels" in a else ("deform " if "offset" in a else ("ps " if "trans" in a else ""))
         what = f"{op}{a['pooled']} ratio {a['ratio']} {a['aligned']} {a['mode']}"
         assert y.abs().sum() > 0, what
         # the same samples in the same order: the forward is bit-identical; the backward adds in another order

@@ -1,5 +1,5 @@
-// Counting harness of RoIAlign's and DeformRoIPool's CUDA block schedule (issue 25, proxy (a)): the per-thread
-// DCNKIT_HD bodies of
+// Counting harness of RoIAlign's, DeformRoIPool's and DeformPSRoIPool's CUDA block schedules (issue 25, proxy (a)):
+// the per-thread DCNKIT_HD bodies of roi_plan.h and psroi_plan.h
 // roi_plan.h run over the launch grid with a counting storage type, whose every read (to_acc) and write
 // (from_acc) is one global load or store; a read is a RoI-field load when it lands in the rois buffer. Prints
 // the counts per output element and exits 1 when a gate fails:
@@ -37,6 +37,7 @@ Counted from_acc<Counted, double>(double v) {
 }
 }  // namespace dcnkit
 
+#include "dcnkit/psroi_plan.h"
 #include "dcnkit/roi_plan.h"
 
 int main() {
@@ -143,6 +144,51 @@ int main() {
     if (!(taps <= 4 * samples + 2 * samples / 32.0)) {
       std::printf("FAIL: deform: tap and offset loads per output %.2f (expected <= %g)\n", taps,
                   4 * samples + 2 * samples / 32.0);
+      ok = false;
+    }
+  }
+  // DeformPSRoIPool (R-FCN: 7 x 7 bins of 4 x 4 samples, 2 x 2 groups, one class of trans): output and count
+  DeformPSRoIPoolParams pp;
+  pp.batch = p.batch;
+  pp.attrs.output_dim = 16;
+  pp.attrs.group_size = 2;
+  pp.channels = pp.attrs.output_dim * 4;
+  pp.height = p.height;
+  pp.width = p.width;
+  pp.num_rois = p.num_rois;
+  pp.attrs.output_size = pp.attrs.part_size = 7;
+  pp.attrs.sample_per_part = 4;
+  pp.attrs.spatial_scale = 0.5;
+  pp.attrs.trans_std = 0.1;
+  std::vector<Counted> trans(p.num_rois * 2 * 49, Counted{0.5});
+  std::vector<Counted> ps_input(pp.batch * pp.channels * pp.height * pp.width, Counted{1.0});
+  {
+    const int64_t ps_outputs = pp.num_rois * pp.attrs.output_dim * 49;
+    std::vector<Counted> output(ps_outputs), count(ps_outputs);
+    std::vector<RoIPlanEntry<double>> plan(psroi_plan_entries(pp));
+    g_roi_loads = g_other_loads = g_stores = 0;
+    for (int64_t k = 0; k < pp.num_rois; ++k) {  // one block per RoI: 16 output channels
+      const PSRoIPlanHead<double> h = psroi_plan_head<double>(pp, rois.data(), k);
+      for (int tid = 0; tid < 256; ++tid) psroi_plan_fill<double>(pp, h, trans.data(), k, tid, 256, plan.data());
+      for (int tid = 0; tid < 256; ++tid) {
+        psroi_plan_forward_items<double, Counted>(pp, h, plan.data(), ps_input.data(), k, 0, pp.attrs.output_dim, tid,
+                                                  256, output.data(), count.data());
+      }
+    }
+    const double roi = double(g_roi_loads) / ps_outputs, taps = double(g_other_loads) / ps_outputs,
+                 stores = double(g_stores) / ps_outputs;
+    std::printf("| psroi avg | %.4f | %.2f | %.3f |\n", roi, taps, stores);
+    if (!(psroi_plan_fits<float>(pp) && roi <= 0.1)) {  // the float launcher plans this call
+      std::printf("FAIL: psroi: RoI-field loads per output %.4f (expected <= 0.1, planned in float)\n", roi);
+      ok = false;
+    }
+    if (stores != 2.0) {
+      std::printf("FAIL: psroi: stores per output %.3f (expected 2: the output and its count)\n", stores);
+      ok = false;
+    }
+    // 16 samples of 4 taps, and 2 trans loads per plan entry over 16 output channels
+    if (!(taps <= 4 * 16 + 2 * 16 / 16.0)) {
+      std::printf("FAIL: psroi: tap and trans loads per output %.2f (expected <= %g)\n", taps, 4 * 16 + 2.0);
       ok = false;
     }
   }

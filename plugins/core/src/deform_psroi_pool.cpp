@@ -3,6 +3,7 @@
 
 #include "dcnkit/deform_psroi_pool.h"
 #include "dcnkit/psroi_kernels.h"
+#include "dcnkit/psroi_plan.h"
 
 namespace dcnkit {
 
@@ -85,6 +86,10 @@ Status deform_psroi_pool_forward_cpu(const DeformPSRoIPoolParams& p, const T* in
   const int64_t C = p.channels, H = p.height, W = p.width, D = p.attrs.output_dim;
   const int64_t P = p.attrs.output_size, spp = p.attrs.sample_per_part;
   if (p.attrs.no_trans) trans = nullptr;
+  if (roi_cuda_schedule_path() && psroi_plan_fits<T>(p)) {  // the CUDA launcher's planned blocks, run serially
+    psroi_forward_schedule_serial(p, input, rois, trans, output, count, 256);
+    return Status::Ok();
+  }
   parallel_for(ctx, p.num_rois * D, [&](int64_t begin, int64_t end) {
     for (int64_t kd = begin; kd < end; ++kd) {
       const int64_t k = kd / D, ctop = kd % D;

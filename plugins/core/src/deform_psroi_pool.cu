@@ -1,9 +1,12 @@
-// DeformPSRoIPool CUDA launchers: grid-stride kernels over the per-element functions of psroi_kernels.h.
+// DeformPSRoIPool CUDA launchers: the forward on RoIAlign's block schedule where its geometry allows (psroi_plan.h),
+// else, and for the backward, grid-stride kernels over the per-element functions of psroi_kernels.h.
 // float32, float64, float16, bfloat16, forward and backward (the accumulation type follows the data; 16-bit
 // grad_input and grad_trans accumulate in float32 workspace buffers). A RoI whose batch index is outside
 // [0, N) gives zeros.
 #include "dcnkit/cuda_utils.cuh"
 #include "dcnkit/psroi_kernels.h"
+#include "dcnkit/psroi_plan.h"
+#include "dcnkit/roi_plan_cuda.cuh"
 
 namespace dcnkit {
 namespace {
@@ -30,6 +33,23 @@ __global__ void deform_psroi_pool_forward_kernel(DeformPSRoIPoolParams p, const 
     output[i] = from_acc<T>(v);
     if (count != nullptr) count[i] = from_acc<T>(cnt);
   }
+}
+
+// One block per (RoI, group of kRoIPlanChannels output channels) (psroi_plan.h): thread 0 computes the RoI's box,
+// the block plans every bin's samples once, then loops over its (output channel, bin) pairs.
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kCudaThreads)
+    deform_psroi_pool_plan_forward_kernel(DeformPSRoIPoolParams p, const T* input, const T* rois, const T* trans,
+                                          T* output, T* count) {
+  __shared__ PSRoIPlanHead<Acc> head;
+  if (threadIdx.x == 0) head = psroi_plan_head<Acc>(p, rois, blockIdx.x);
+  __syncthreads();
+  RoIPlanEntry<Acc>* plan = roi_plan_smem<Acc>();
+  psroi_plan_fill<Acc>(p, head, trans, blockIdx.x, threadIdx.x, blockDim.x, plan);
+  __syncthreads();
+  const int64_t g = blockIdx.y;
+  psroi_plan_forward_items<Acc, T>(p, head, plan, input, blockIdx.x, g * kRoIPlanChannels,
+                                   roi_group_channels(p.attrs.output_dim, g), threadIdx.x, blockDim.x, output, count);
 }
 
 // One thread per output gradient element, scattering into the accumulation buffers (type Acc) of
@@ -88,7 +108,17 @@ Status deform_psroi_pool_forward_cuda(const DeformPSRoIPoolParams& p, DType dtyp
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    deform_psroi_pool_forward_kernel<T, typename AccType<T>::type><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
+    using Acc = typename AccType<T>::type;
+    if (psroi_plan_fits<Acc>(p) && p.num_rois <= 0x7fffffff && roi_channel_groups(p.attrs.output_dim) <= 65535) {
+      deform_psroi_pool_plan_forward_kernel<T, Acc>
+          <<<roi_block_grid(p.num_rois, p.attrs.output_dim), kCudaThreads,
+             static_cast<size_t>(psroi_plan_bytes<Acc>(p)), s>>>(
+              p, static_cast<const T*>(input), static_cast<const T*>(rois),
+              p.attrs.no_trans ? nullptr : static_cast<const T*>(trans), static_cast<T*>(output),
+              static_cast<T*>(count));
+      return cuda_launch_status("deform_psroi_pool_forward_cuda");
+    }
+    deform_psroi_pool_forward_kernel<T, Acc><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
         p, static_cast<const T*>(input), static_cast<const T*>(rois),
         p.attrs.no_trans ? nullptr : static_cast<const T*>(trans), static_cast<T*>(output),
         static_cast<T*>(count));
