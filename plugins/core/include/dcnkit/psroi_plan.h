@@ -75,8 +75,7 @@ DCNKIT_HD void psroi_plan_fill(const DeformPSRoIPoolParams& p, const PSRoIPlanHe
 }
 
 // Forward of a planned block: output and count (K, output_dim, P, P) of RoI k, output channels [c0, c0 + nc);
-// count may be null. roi_plan_forward_items' walk: the group's first map, the bin's entries and the outputs carried
-// from item to item, so that a tap's address is that pointer plus its 32-bit offset.
+// count may be null. roi_plan_forward_items' walk (RoIPlanWalk) over the groups' first maps.
 template <typename Acc, typename T>
 DCNKIT_HD void psroi_plan_forward_items(const DeformPSRoIPoolParams& p, const PSRoIPlanHead<Acc>& h,
                                         const RoIPlanEntry<Acc>* plan, const T* input, int64_t k, int64_t c0,
@@ -87,9 +86,9 @@ DCNKIT_HD void psroi_plan_forward_items(const DeformPSRoIPoolParams& p, const PS
   const uint32_t ub = static_cast<uint32_t>(bins), ut = static_cast<uint32_t>(tid), us = static_cast<uint32_t>(step);
   const int32_t total = static_cast<int32_t>(nc) * bins, dc = static_cast<int32_t>(us / ub),
                 db = static_cast<int32_t>(us % ub);
-  int32_t bin = static_cast<int32_t>(ut % ub);
-  const T* img = input + (h.b < 0 ? 0 : h.b) * p.channels * p.height * p.width + (c0 + ut / ub) * GHW;
-  const RoIPlanEntry<Acc>* e = plan + bin * S;
+  const int32_t bin = static_cast<int32_t>(ut % ub);
+  RoIPlanWalk<Acc, T> w{input + (h.b < 0 ? 0 : h.b) * p.channels * p.height * p.width + (c0 + ut / ub) * GHW,
+                        plan + bin * S, bin};
   const int64_t o = (k * p.attrs.output_dim + c0) * bins + tid;
   T* out = output + o;
   T* cnt = count != nullptr ? count + o : nullptr;
@@ -102,9 +101,9 @@ DCNKIT_HD void psroi_plan_forward_items(const DeformPSRoIPoolParams& p, const PS
 #pragma unroll 1
 #endif
     for (int32_t i = 0; i < n; ++i) {
-      const RoIPlanEntry<Acc> s = e[i];
+      const RoIPlanEntry<Acc> s = w.e[i];
       if (s.idx[0] < 0) continue;
-      sum += roi_plan_value(img, s);
+      sum += roi_plan_value(w.img, s);
       ++taken;
     }
     *out = from_acc<T>(taken > 0 ? sum / static_cast<Acc>(taken) : Acc(0));
@@ -113,14 +112,7 @@ DCNKIT_HD void psroi_plan_forward_items(const DeformPSRoIPoolParams& p, const PS
       *cnt = from_acc<T>(static_cast<Acc>(taken));
       cnt += step;
     }
-    img += dimg;
-    e += db * S;
-    bin += db;
-    if (bin >= bins) {
-      bin -= bins;
-      e -= bins * S;
-      img += GHW;
-    }
+    w.next(dimg, GHW, db, S, bins);
   }
 }
 

@@ -1,7 +1,8 @@
-// The RoI block schedule of RoIAlign and MultiLevelRoIAlign (their CUDA launchers, and the CPU test path
-// DCNKIT_ROI_CPU_PATH=cuda-schedule): one block per (RoI, group of kRoIPlanChannels channels). The block computes
-// the RoI's box once (roi_plan_head; MultiLevelRoIAlign: multi_level_plan_head, on the RoI's level),
-// then its sampling plan (roi_plan_fill: every sample of every bin as int32 taps and weights, in shared memory),
+// The RoI block schedule of RoIAlign, MultiLevelRoIAlign and DeformRoIPool (their CUDA launchers, and the CPU test
+// path DCNKIT_ROI_CPU_PATH=cuda-schedule): one block per (RoI, group of kRoIPlanChannels channels). The block computes
+// the RoI's box once (roi_plan_head; MultiLevelRoIAlign: multi_level_plan_head, on the RoI's level; DeformRoIPool:
+// deform_roi_plan_head, its bins moved by their offsets through DeformRoIOrigin), then its sampling plan
+// (roi_plan_fill: every sample of every bin as int32 taps and weights, in shared memory),
 // then loops over (channel, bin) pairs, bin fastest, applying the plan with the bin functions of roi_kernels.h
 // (roi_plan_forward_items / roi_plan_backward_items): the samples the CPU drivers visit, in the same order, so the
 // same sums. Grids too large for a plan (more than kRoIPlanSamples samples per bin or roi_plan_capacity() per RoI,
@@ -295,6 +296,26 @@ DCNKIT_HD Acc roi_plan_bin_forward(const T* img, const RoIPlanEntry<Acc>* e, int
   return sum / count;
 }
 
+// A thread's walk over its (channel, bin) items in roi_block_items' order with the channel map's and the bin's
+// entries' pointers carried from item to item (not recomputed from indices), so that a tap's address is that
+// pointer plus its 32-bit offset: each step moves dc channels (dimg: dc maps of `map` elements) and db bins.
+template <typename Acc, typename T>
+struct RoIPlanWalk {
+  const T* img;
+  const RoIPlanEntry<Acc>* e;
+  int32_t bin;
+  DCNKIT_HD void next(int64_t dimg, int64_t map, int32_t db, int32_t S, int32_t bins) {
+    img += dimg;
+    e += db * S;
+    bin += db;
+    if (bin >= bins) {
+      bin -= bins;
+      e -= bins * S;
+      img += map;
+    }
+  }
+};
+
 // Forward of a planned block: output (K, C, oh, ow) of RoI k, channels [c0, c0 + nc). max_mode is
 // p.attrs.mode == kMax (the kernels pass it as a compile-time constant). A planned head has h.n >= 1; a RoI
 // outside the batch reads no entry (n = 0), which gives its zeros on the same path.
@@ -307,26 +328,17 @@ DCNKIT_HD void roi_plan_forward_items(const P& p, const RoIPlanHead<Acc>& h,
   const uint32_t ub = static_cast<uint32_t>(bins), ut = static_cast<uint32_t>(tid), us = static_cast<uint32_t>(step);
   const int32_t total = static_cast<int32_t>(nc) * bins, dc = static_cast<int32_t>(us / ub),
                 db = static_cast<int32_t>(us % ub);
-  // roi_block_items' walk with the channel map's, the bin's entries' and the output's pointers carried from item
-  // to item (not recomputed from indices), so that a tap's address is that pointer plus its 32-bit offset
-  int32_t bin = static_cast<int32_t>(ut % ub);
-  const T* img = input + ((h.b < 0 ? 0 : h.b) * C + c0 + static_cast<int32_t>(ut / ub)) * HW;
-  const RoIPlanEntry<Acc>* e = plan + bin * S;
-  T* out = output + (k * C + c0) * bins + tid;
+  const int32_t bin = static_cast<int32_t>(ut % ub);
+  RoIPlanWalk<Acc, T> w{input + ((h.b < 0 ? 0 : h.b) * C + c0 + static_cast<int32_t>(ut / ub)) * HW, plan + bin * S,
+                        bin};
+  T* out = output + (k * C + c0) * bins + tid;  // the output's pointer is carried too
   const int64_t dimg = dc * HW;
   const int32_t n = h.b >= 0 ? S : 0;
   const Acc count = h.n;
   for (int32_t item = tid; item < total; item += step) {
-    *out = from_acc<T>(roi_plan_bin_forward<Acc>(img, e, n, count, max_mode));
+    *out = from_acc<T>(roi_plan_bin_forward<Acc>(w.img, w.e, n, count, max_mode));
     out += step;
-    img += dimg;
-    e += db * S;
-    bin += db;
-    if (bin >= bins) {
-      bin -= bins;
-      e -= bins * S;
-      img += HW;
-    }
+    w.next(dimg, HW, db, S, bins);
   }
 }
 
