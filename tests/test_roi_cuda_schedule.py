@@ -6,8 +6,8 @@ too large to plan) serially, and its forward and backward must give the CPU driv
 and max, two channel groups (40 channels), boxes partly and wholly outside the map; MultiLevelRoIAlign with RoIs
 on three levels (each block plans on its RoI's level); DeformRoIPool with and without offsets (each block plans
 every bin with its offsets applied), output and grad_input (grad_offset stays on the CPU driver); DeformPSRoIPool's
-forward (psroi_plan.h: without trans, with one class, and the grid-stride fallbacks of two classes and 25 samples
-per bin), output and the count its backward reuses."""
+forward and grad_input (psroi_plan.h: without trans, with one class, and the grid-stride fallbacks of two classes and
+25 samples per bin)."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
-// DeformPSRoIPool's block schedule (its CUDA forward launcher, and the CPU test path DCNKIT_ROI_CPU_PATH=cuda-schedule):
+// DeformPSRoIPool's block schedule (its CUDA forward and grad_input, and the CPU test path
+// DCNKIT_ROI_CPU_PATH=cuda-schedule):
 // RoIAlign's (roi_plan.h) for the position-sensitive bins. One block per (RoI, group of kRoIPlanChannels output
 // channels): thread 0 computes the RoI's box once (psroi_plan_head: the only RoI-field loads), the block plans every
 // sample of every bin (psroi_plan_fill: int32 taps and weights; a tap's offset counts from the first input map of its
@@ -116,11 +117,39 @@ DCNKIT_HD void psroi_plan_forward_items(const DeformPSRoIPoolParams& p, const PS
   }
 }
 
+// grad_input of a planned block: scatters grad_output of RoI k, output channels [c0, c0 + nc), through add(index,
+// value) into grad_input's (N, C, H, W) accumulation buffer: g / count (the forward's count) times each weight of
+// every sample taken, as psroi_bin_backward (grad_trans keeps the grid-stride kernel).
+template <typename Acc, typename T, typename AddAt>
+DCNKIT_HD void psroi_plan_backward_items(const DeformPSRoIPoolParams& p, const PSRoIPlanHead<Acc>& h,
+                                         const RoIPlanEntry<Acc>* plan, const T* grad_output, const T* count,
+                                         int64_t k, int64_t c0, int64_t nc, int tid, int step, const AddAt& add_at) {
+  if (h.b < 0) return;
+  const int64_t GHW = p.attrs.group_size * p.attrs.group_size * p.height * p.width;
+  const int32_t S = static_cast<int32_t>(p.attrs.sample_per_part * p.attrs.sample_per_part);
+  const int32_t bins = static_cast<int32_t>(p.attrs.output_size * p.attrs.output_size);
+  const int64_t base = h.b * p.channels * p.height * p.width + c0 * GHW, o0 = (k * p.attrs.output_dim + c0) * bins;
+  roi_block_items<int32_t>(static_cast<int32_t>(nc), bins, tid, step, [&](int32_t c, int32_t bin) {
+    const Acc g = to_acc<Acc>(grad_output[o0 + c * bins + bin]);
+    if (g == Acc(0)) return;
+    const Acc cnt = to_acc<Acc>(count[o0 + c * bins + bin]);
+    if (!(cnt > Acc(0))) return;
+    const Acc d = g / cnt;
+    auto add = add_at(base + c * GHW);
+    const RoIPlanEntry<Acc>* e = plan + bin * S;
+    for (int32_t i = 0; i < S; ++i) {
+      if (e[i].idx[0] < 0) continue;
+      for (int j = 0; j < 4; ++j) add(e[i].idx[j], d * e[i].w[j]);
+    }
+  });
+}
+
 #if !defined(__CUDACC__)
-// The CUDA grid of the planned forward run serially on the host (the CPU test path): block by block, thread by thread.
-template <typename T>
-void psroi_forward_schedule_serial(const DeformPSRoIPoolParams& p, const T* input, const T* rois, const T* trans,
-                                   T* output, T* count, int threads) {
+// The CUDA grid of the planned kernels run serially on the host (the CPU test path): block by block, thread by thread.
+// block(h, k, c0, nc, plan, tid): one thread's share of a planned block.
+template <typename T, typename Block>
+void psroi_schedule_serial(const DeformPSRoIPoolParams& p, const T* rois, const T* trans, int threads,
+                           const Block& block) {
   std::vector<RoIPlanEntry<T>> plan(static_cast<size_t>(psroi_plan_entries(p)));
   const int64_t D = p.attrs.output_dim, groups = (D + kRoIPlanChannels - 1) / kRoIPlanChannels;
   for (int64_t k = 0; k < p.num_rois; ++k) {
@@ -128,8 +157,7 @@ void psroi_forward_schedule_serial(const DeformPSRoIPoolParams& p, const T* inpu
       const PSRoIPlanHead<T> h = psroi_plan_head<T>(p, rois, k);
       for (int tid = 0; tid < threads; ++tid) psroi_plan_fill<T>(p, h, trans, k, tid, threads, plan.data());
       for (int tid = 0; tid < threads; ++tid) {
-        psroi_plan_forward_items<T, T>(p, h, plan.data(), input, k, g * kRoIPlanChannels,
-                                       roi_group_channels(D, g), tid, threads, output, count);
+        block(h, k, g * kRoIPlanChannels, roi_group_channels(D, g), plan.data(), tid);
       }
     }
   }
