@@ -85,22 +85,26 @@ GATED = {
                                                       note="per output, as RoIAlign's"),
     "multi_level_roi_align_plan_backward_kernel": Spec(float("inf"), marker="RED", per_element=16, inner_trip=4,
                                                        note="registers and loops only"),
+    "deform_roi_pool_plan_forward_kernel": Spec(250, inner_trip=4, elements_per_thread=32 * 49 / 256,
+                                                note="per output, as RoIAlign's (the bins' offsets applied in the plan)"),
+    "deform_roi_pool_plan_grad_input_kernel": Spec(float("inf"), marker="RED", per_element=16, inner_trip=4,
+                                                   note="registers and loops only"),
+    # R-FCN's default grid: 4 x 4 samples per bin, so the bound is RoIAlign's 250 at 4 samples plus 12 samples of
+    # about 25 SASS each (4 loads, 4 FMA, 2 LDS.128, addresses, the sample test and count); two stores per output
+    # (the output and its count)
+    "deform_psroi_pool_plan_forward_kernel": Spec(550, per_element=2, inner_trip=16, elements_per_thread=32 * 49 / 256,
+                                                  note="per output, sample_per_part 4, 7x7 bins, 32 output channels "
+                                                       "per block"),
+    "deform_psroi_pool_plan_grad_input_kernel": Spec(float("inf"), marker="RED", per_element=64, inner_trip=16,
+                                                     note="registers and loops only"),
 }
 
 # Kernels known to break a gate, with the reason.
-_PLAN_SASS = ("about 410-425 SASS per output at sampling ratio 2 (gate 250; 370 before the model charged the code "
-              "after the element loop too): ~41 per sample (4 LDG, 2 LDS.128, int64 tap addresses, selects) and ~100 "
-              "per (channel, bin) item, against the design's ~22 and ~100")
 PENDING: dict[str, str] = {
-    "roi_align_plan_forward_kernel": _PLAN_SASS,
-    "multi_level_roi_align_plan_forward_kernel": _PLAN_SASS,
     "deform_conv2d_sampling_backward_kernel": (
         "about 107-139 SASS per column element (gate 60; 360-420 when the model took the grid-stride loop for the "
         "element loop); the 64-bit-index instantiations take 59-78 registers (gate 48) and 4 64-bit int<->float "
         "conversions in the loop"),
-    "roi_align_visit_forward_kernel": (
-        "the double instantiation of the bounded-visit fallback has a 24 B stack frame and spills since the border "
-        "rule reads only in-map neighbours (a per-neighbour mask); float, half and bfloat16 have none"),
 }
 
 _DTYPES = {"f": "float", "d": "double", "6__half": "half", "13__nv_bfloat16": "bfloat16"}

@@ -5,7 +5,8 @@ DCNKIT_HD bodies over their launch grid with counting scalar types, print their 
   <= 1/8, offset/mask loads <= 3/8, stores exactly 1, index divisions 0; backward atomics <= 4, offset/mask
   gradients written once; extra fwd+bwd workspace at (8,64,64,64) fp32 <= 0.5x torchvision's columns; it also
   prints the model's predicted times (labelled "model").
-- RoIAlign (tests/cpp/roi_plan_counts.cpp): RoI-field loads per output <= 0.1, one store per output.
+- RoIAlign, DeformRoIPool and DeformPSRoIPool (tests/cpp/roi_plan_counts.cpp): RoI-field loads per output <= 0.1,
+  one store per output (DeformPSRoIPool: two, the output and its count).
 """
 from __future__ import annotations
 
@@ -42,5 +43,5 @@ def test_kernel_counts(tmp_path):
 @needs_cxx
 def test_roi_align_plan_counts(tmp_path):
     run = _build_and_run("roi_plan_counts.cpp", tmp_path)
-    assert "| avg |" in run.stdout and "| max |" in run.stdout, run.stdout + run.stderr
+    assert all(f"| {m} |" in run.stdout for m in ("avg", "max", "deform avg", "psroi avg")), run.stdout + run.stderr
     assert run.returncode == 0, run.stdout + run.stderr

@@ -4,7 +4,10 @@ sampling plan computed once per block, then 256 threads over (channel, bin) pair
 too large to plan) serially, and its forward and backward must give the CPU driver's results: the plan path
 (explicit grids, small adaptive grids), the visit path (ratio 5, a huge adaptive box), both in one call, avg
 and max, two channel groups (40 channels), boxes partly and wholly outside the map; MultiLevelRoIAlign with RoIs
-on three levels (each block plans on its RoI's level)."""
+on three levels (each block plans on its RoI's level); DeformRoIPool with and without offsets (each block plans
+every bin with its offsets applied), output and grad_input (grad_offset stays on the CPU driver); DeformPSRoIPool's
+forward and grad_input (psroi_plan.h: without trans, with one class, and the grid-stride fallbacks of two classes and
+25 samples per bin)."""
 from __future__ import annotations
 
 import os
@@ -14,7 +17,7 @@ import sys
 import torch
 
 import dcnkit  # noqa: F401
-from dcnkit.ops import multi_level_roi_align, roi_align
+from dcnkit.ops import deform_psroi_pool, deform_roi_pool, multi_level_roi_align, roi_align
 
 # (pooled, sampling_ratio, aligned, mode)
 CASES = [((7, 7), 2, True, "avg"), ((7, 7), 2, False, "max"), ((3, 2), 4, True, "avg"), ((2, 3), 1, False, "max"),
@@ -24,10 +27,22 @@ CASES = [((7, 7), 2, True, "avg"), ((7, 7), 2, False, "max"), ((3, 2), 4, True, 
 _CHILD = """
 import sys, torch
 import dcnkit
-from dcnkit.ops import multi_level_roi_align, roi_align
+from dcnkit.ops import deform_psroi_pool, deform_roi_pool, multi_level_roi_align, roi_align
 inp = torch.load(sys.argv[1])
 out = []
 for a in inp:
+    if "trans" in a:
+        x = a["x"].clone().requires_grad_()
+        y = deform_psroi_pool(x, a["rois"], a["trans"], 0.5, 3, 40, 2, 3, a["ratio"], 0.2)
+        y.backward(a["gy"])
+        out.append({"y": y.detach(), "gx": x.grad})
+        continue
+    if "offset" in a:
+        x = a["x"].clone().requires_grad_()
+        y = deform_roi_pool(x, a["rois"], a["offset"], a["pooled"], 0.5, a["ratio"], 0.1)
+        y.backward(a["gy"])
+        out.append({"y": y.detach(), "gx": x.grad})
+        continue
     if "levels" in a:
         fs = [f.clone().requires_grad_() for f in a["levels"]]
         y = multi_level_roi_align(fs, a["rois"], a["pooled"], [2.0, 4.0, 8.0], a["ratio"], 8, 1.0, a["aligned"],
@@ -44,6 +59,16 @@ torch.save(out, sys.argv[2])
 
 
 def _run_here(a):
+    if "trans" in a:
+        x = a["x"].clone().requires_grad_()
+        y = deform_psroi_pool(x, a["rois"], a["trans"], 0.5, 3, 40, 2, 3, a["ratio"], 0.2)
+        y.backward(a["gy"])
+        return y.detach(), x.grad
+    if "offset" in a:
+        x = a["x"].clone().requires_grad_()
+        y = deform_roi_pool(x, a["rois"], a["offset"], a["pooled"], 0.5, a["ratio"], 0.1)
+        y.backward(a["gy"])
+        return y.detach(), x.grad
     if "levels" in a:
         fs = [f.clone().requires_grad_() for f in a["levels"]]
         y = multi_level_roi_align(fs, a["rois"], a["pooled"], [2.0, 4.0, 8.0], a["ratio"], 8, 1.0, a["aligned"],
@@ -80,6 +105,20 @@ def _inputs():
         y = multi_level_roi_align(levels, ml_rois, pooled, [2.0, 4.0, 8.0], ratio, 8, 1.0, aligned, mode)
         cases.append({"levels": levels, "rois": ml_rois, "pooled": pooled, "ratio": ratio, "aligned": aligned,
                       "mode": mode, "gy": torch.randn(y.shape, generator=g, dtype=torch.float64)})
+    # DeformRoIPool: offsets that move bins partly off the map, none, the plan and the visit (ratio 5, huge box)
+    for pooled, ratio, with_offset in [((7, 7), 2, True), ((3, 3), 0, True), ((2, 2), 5, True), ((3, 2), 1, False)]:
+        offset = torch.randn(len(rois), 2, *pooled, generator=g, dtype=torch.float64) * 3 if with_offset else None
+        y = deform_roi_pool(x, rois, offset, pooled, 0.5, ratio, 0.1)
+        cases.append({"x": x, "rois": rois, "pooled": pooled, "ratio": ratio, "offset": offset,
+                      "aligned": True, "mode": "avg", "gy": torch.randn(y.shape, generator=g, dtype=torch.float64)})
+    # DeformPSRoIPool: output_size 3, output_dim 40 (two channel groups; 2 x 2 input channels each), part_size 3; one
+    # class or none (planned), two classes and sample_per_part 5 (the grid-stride kernel); backward through the count
+    xp = torch.randn(2, 160, 11, 13, generator=g, dtype=torch.float64)
+    for classes, spp in [(0, 4), (1, 2), (2, 4), (1, 5)]:
+        trans = torch.randn(len(rois), 2 * classes, 3, 3, generator=g, dtype=torch.float64) if classes else None
+        y = deform_psroi_pool(xp, rois, trans, 0.5, 3, 40, 2, 3, spp, 0.2)
+        cases.append({"x": xp, "rois": rois, "pooled": (3, 3), "ratio": spp, "trans": trans, "aligned": False,
+                      "mode": f"{classes} classes", "gy": torch.randn(y.shape, generator=g, dtype=torch.float64)})
     return cases
 
 
@@ -92,7 +131,8 @@ def test_cuda_schedule_matches_the_cpu_driver(tmp_path):
     got = torch.load(tmp_path / "out.pt")
     for a, o in zip(cases, got):
         y, gx = _run_here(a)
-        what = f"{'multi-level ' if 'levels' in a else ''}{a['pooled']} ratio {a['ratio']} {a['aligned']} {a['mode']}"
+        op = "multi-level " if "levels" in a else ("deform " if "offset" in a else ("ps " if "trans" in a else ""))
+        what = f"{op}{a['pooled']} ratio {a['ratio']} {a['aligned']} {a['mode']}"
         assert y.abs().sum() > 0, what
         # the same samples in the same order: the forward is bit-identical; the backward adds in another order
         torch.testing.assert_close(o["y"], y, rtol=0, atol=0, msg=lambda m: f"{what}: {m}")

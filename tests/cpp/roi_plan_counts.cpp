@@ -1,8 +1,10 @@
-// Counting harness of RoIAlign's CUDA block schedule (issue 25, proxy (a)): the per-thread DCNKIT_HD bodies of
+// Counting harness of RoIAlign's, DeformRoIPool's and DeformPSRoIPool's CUDA block schedules (issue 25, proxy (a)):
+// the per-thread DCNKIT_HD bodies of roi_plan.h and psroi_plan.h
 // roi_plan.h run over the launch grid with a counting storage type, whose every read (to_acc) and write
 // (from_acc) is one global load or store; a read is a RoI-field load when it lands in the rois buffer. Prints
 // the counts per output element and exits 1 when a gate fails:
-//   RoI-field loads per output <= 0.1, stores per output == 1, tap loads per output <= 4 * samples per bin.
+//   RoI-field loads per output <= 0.1, stores per output == 1, tap loads per output <= 4 * samples per bin
+//   (DeformRoIPool: its offset loads, 2 per plan entry, counted with the taps).
 // Built and run by tests/test_kernel_counts.py (the system C++ compiler, plugins/core/include only).
 #include <cstdio>
 #include <vector>
@@ -35,6 +37,7 @@ Counted from_acc<Counted, double>(double v) {
 }
 }  // namespace dcnkit
 
+#include "dcnkit/psroi_plan.h"
 #include "dcnkit/roi_plan.h"
 
 int main() {
@@ -93,6 +96,99 @@ int main() {
     }
     if (!(taps <= 4 * samples)) {
       std::printf("FAIL: tap loads per output %.2f (expected <= %g)\n", taps, 4 * samples);
+      ok = false;
+    }
+  }
+  // DeformRoIPool (avg): the same layout, each bin moved by its offsets (plan per (RoI, bin), once per block)
+  DeformRoIPoolParams dp;
+  dp.batch = p.batch;
+  dp.channels = p.channels;
+  dp.height = p.height;
+  dp.width = p.width;
+  dp.num_rois = p.num_rois;
+  dp.has_offset = true;
+  dp.attrs.pooled_h = dp.attrs.pooled_w = 7;
+  dp.attrs.sampling_ratio = 2;
+  dp.attrs.spatial_scale = 0.5;
+  std::vector<Counted> offset(p.num_rois * 2 * 49);
+  for (size_t i = 0; i < offset.size(); ++i) offset[i] = Counted{0.3 * double(int(i % 7) - 3)};
+  {
+    std::vector<Counted> output(outputs, Counted{0.0});
+    g_roi_loads = g_other_loads = g_stores = 0;
+    int64_t planned = 0;
+    roi_block_schedule_serial<double>(
+        dp, [&](int64_t k) { return deform_roi_plan_head<double>(dp, rois.data(), k); }, 256,
+        [&](const RoIPlanHead<double>& h, int64_t k, int64_t c0, int64_t nc, const RoIPlanEntry<double>* plan,
+            int tid) {
+          if (plan == nullptr) return;
+          planned += tid == 0;
+          roi_plan_forward_items<double, Counted>(dp, h, plan, input.data(), k, c0, nc, tid, 256, output.data(),
+                                                  false);
+        },
+        [&](int64_t k) { return DeformRoIOrigin<Counted>{dp, offset.data(), k}; });
+    const double roi = double(g_roi_loads) / outputs, taps = double(g_other_loads) / outputs,
+                 stores = double(g_stores) / outputs;
+    std::printf("| deform avg | %.4f | %.2f | %.3f |\n", roi, taps, stores);
+    if (planned != p.num_rois * 2) {
+      std::printf("FAIL: deform: %lld of %lld blocks planned\n", (long long)planned, (long long)(p.num_rois * 2));
+      ok = false;
+    }
+    if (!(roi <= 0.1)) {
+      std::printf("FAIL: deform: RoI-field loads per output %.4f (expected <= 0.1)\n", roi);
+      ok = false;
+    }
+    if (stores != 1.0) {
+      std::printf("FAIL: deform: stores per output %.3f (expected 1)\n", stores);
+      ok = false;
+    }
+    if (!(taps <= 4 * samples + 2 * samples / 32.0)) {
+      std::printf("FAIL: deform: tap and offset loads per output %.2f (expected <= %g)\n", taps,
+                  4 * samples + 2 * samples / 32.0);
+      ok = false;
+    }
+  }
+  // DeformPSRoIPool (R-FCN: 7 x 7 bins of 4 x 4 samples, 2 x 2 groups, one class of trans): output and count
+  DeformPSRoIPoolParams pp;
+  pp.batch = p.batch;
+  pp.attrs.output_dim = 16;
+  pp.attrs.group_size = 2;
+  pp.channels = pp.attrs.output_dim * 4;
+  pp.height = p.height;
+  pp.width = p.width;
+  pp.num_rois = p.num_rois;
+  pp.attrs.output_size = pp.attrs.part_size = 7;
+  pp.attrs.sample_per_part = 4;
+  pp.attrs.spatial_scale = 0.5;
+  pp.attrs.trans_std = 0.1;
+  std::vector<Counted> trans(p.num_rois * 2 * 49, Counted{0.5});
+  std::vector<Counted> ps_input(pp.batch * pp.channels * pp.height * pp.width, Counted{1.0});
+  {
+    const int64_t ps_outputs = pp.num_rois * pp.attrs.output_dim * 49;
+    std::vector<Counted> output(ps_outputs), count(ps_outputs);
+    std::vector<RoIPlanEntry<double>> plan(psroi_plan_entries(pp));
+    g_roi_loads = g_other_loads = g_stores = 0;
+    for (int64_t k = 0; k < pp.num_rois; ++k) {  // one block per RoI: 16 output channels
+      const PSRoIPlanHead<double> h = psroi_plan_head<double>(pp, rois.data(), k);
+      for (int tid = 0; tid < 256; ++tid) psroi_plan_fill<double>(pp, h, trans.data(), k, tid, 256, plan.data());
+      for (int tid = 0; tid < 256; ++tid) {
+        psroi_plan_forward_items<double, Counted>(pp, h, plan.data(), ps_input.data(), k, 0, pp.attrs.output_dim, tid,
+                                                  256, output.data(), count.data());
+      }
+    }
+    const double roi = double(g_roi_loads) / ps_outputs, taps = double(g_other_loads) / ps_outputs,
+                 stores = double(g_stores) / ps_outputs;
+    std::printf("| psroi avg | %.4f | %.2f | %.3f |\n", roi, taps, stores);
+    if (!(psroi_plan_fits<float>(pp) && roi <= 0.1)) {  // the float launcher plans this call
+      std::printf("FAIL: psroi: RoI-field loads per output %.4f (expected <= 0.1, planned in float)\n", roi);
+      ok = false;
+    }
+    if (stores != 2.0) {
+      std::printf("FAIL: psroi: stores per output %.3f (expected 2: the output and its count)\n", stores);
+      ok = false;
+    }
+    // 16 samples of 4 taps, and 2 trans loads per plan entry over 16 output channels
+    if (!(taps <= 4 * 16 + 2 * 16 / 16.0)) {
+      std::printf("FAIL: psroi: tap and trans loads per output %.2f (expected <= %g)\n", taps, 4 * 16 + 2.0);
       ok = false;
     }
   }

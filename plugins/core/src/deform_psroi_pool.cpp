@@ -1,8 +1,10 @@
 // DeformPSRoIPool: params, checks and CPU launchers. The math is in psroi_kernels.h.
+#include <algorithm>
 #include <cmath>
 
 #include "dcnkit/deform_psroi_pool.h"
 #include "dcnkit/psroi_kernels.h"
+#include "dcnkit/psroi_plan.h"
 
 namespace dcnkit {
 
@@ -85,6 +87,13 @@ Status deform_psroi_pool_forward_cpu(const DeformPSRoIPoolParams& p, const T* in
   const int64_t C = p.channels, H = p.height, W = p.width, D = p.attrs.output_dim;
   const int64_t P = p.attrs.output_size, spp = p.attrs.sample_per_part;
   if (p.attrs.no_trans) trans = nullptr;
+  if (roi_cuda_schedule_path() && psroi_plan_fits<T>(p)) {  // the CUDA launcher's planned blocks, run serially
+    psroi_schedule_serial<T>(p, rois, trans, 256, [&](const PSRoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
+                                                      const RoIPlanEntry<T>* plan, int tid) {
+      psroi_plan_forward_items<T, T>(p, h, plan, input, k, c0, nc, tid, 256, output, count);
+    });
+    return Status::Ok();
+  }
   parallel_for(ctx, p.num_rois * D, [&](int64_t begin, int64_t end) {
     for (int64_t kd = begin; kd < end; ++kd) {
       const int64_t k = kd / D, ctop = kd % D;
@@ -116,7 +125,14 @@ Status deform_psroi_pool_backward_cpu(const DeformPSRoIPoolParams& p, const T* g
   if (p.attrs.no_trans) trans = nullptr;
   // grad_input: one task per input channel c (owns grad_input[:, c]); c is read by the outputs
   // (k, ctop, ph, pw) with ctop = c / G^2 whose (gh, gw) match c.
-  if (grad_input != nullptr) {
+  if (grad_input != nullptr && roi_cuda_schedule_path() && psroi_plan_fits<T>(p)) {  // the CUDA launcher's blocks
+    std::fill(grad_input, grad_input + N * C * H * W, T(0));
+    const auto add_at = [grad_input](int64_t at) { return CpuAdd<T>{grad_input + at}; };
+    psroi_schedule_serial<T>(p, rois, trans, 256, [&](const PSRoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
+                                                      const RoIPlanEntry<T>* plan, int tid) {
+      psroi_plan_backward_items<T, T>(p, h, plan, grad_output, count, k, c0, nc, tid, 256, add_at);
+    });
+  } else if (grad_input != nullptr) {
     parallel_for(ctx, C, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {
         for (int64_t n = 0; n < N; ++n) {

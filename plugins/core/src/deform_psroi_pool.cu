@@ -1,9 +1,12 @@
-// DeformPSRoIPool CUDA launchers: grid-stride kernels over the per-element functions of psroi_kernels.h.
+// DeformPSRoIPool CUDA launchers: the forward and grad_input on RoIAlign's block schedule where the geometry allows
+// (psroi_plan.h), else, and for grad_trans, grid-stride kernels over the per-element functions of psroi_kernels.h.
 // float32, float64, float16, bfloat16, forward and backward (the accumulation type follows the data; 16-bit
 // grad_input and grad_trans accumulate in float32 workspace buffers). A RoI whose batch index is outside
 // [0, N) gives zeros.
 #include "dcnkit/cuda_utils.cuh"
 #include "dcnkit/psroi_kernels.h"
+#include "dcnkit/psroi_plan.h"
+#include "dcnkit/roi_plan_cuda.cuh"
 
 namespace dcnkit {
 namespace {
@@ -30,6 +33,41 @@ __global__ void deform_psroi_pool_forward_kernel(DeformPSRoIPoolParams p, const 
     output[i] = from_acc<T>(v);
     if (count != nullptr) count[i] = from_acc<T>(cnt);
   }
+}
+
+// One block per (RoI, group of kRoIPlanChannels output channels) (psroi_plan.h): thread 0 computes the RoI's box,
+// the block plans every bin's samples once, then loops over its (output channel, bin) pairs.
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kCudaThreads)
+    deform_psroi_pool_plan_forward_kernel(DeformPSRoIPoolParams p, const T* input, const T* rois, const T* trans,
+                                          T* output, T* count) {
+  __shared__ PSRoIPlanHead<Acc> head;
+  if (threadIdx.x == 0) head = psroi_plan_head<Acc>(p, rois, blockIdx.x);
+  __syncthreads();
+  RoIPlanEntry<Acc>* plan = roi_plan_smem<Acc>();
+  psroi_plan_fill<Acc>(p, head, trans, blockIdx.x, threadIdx.x, blockDim.x, plan);
+  __syncthreads();
+  const int64_t g = blockIdx.y;
+  psroi_plan_forward_items<Acc, T>(p, head, plan, input, blockIdx.x, g * kRoIPlanChannels,
+                                   roi_group_channels(p.attrs.output_dim, g), threadIdx.x, blockDim.x, output, count);
+}
+
+// grad_input on the forward's blocks: each block plans its RoI once and scatters its (output channel, bin) pairs.
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kCudaThreads)
+    deform_psroi_pool_plan_grad_input_kernel(DeformPSRoIPoolParams p, const T* grad_output, const T* rois,
+                                             const T* trans, const T* count, Acc* grad_input) {
+  __shared__ PSRoIPlanHead<Acc> head;
+  if (threadIdx.x == 0) head = psroi_plan_head<Acc>(p, rois, blockIdx.x);
+  __syncthreads();
+  if (head.b < 0) return;
+  RoIPlanEntry<Acc>* plan = roi_plan_smem<Acc>();
+  psroi_plan_fill<Acc>(p, head, trans, blockIdx.x, threadIdx.x, blockDim.x, plan);
+  __syncthreads();
+  const int64_t g = blockIdx.y;
+  psroi_plan_backward_items<Acc, T>(p, head, plan, grad_output, count, blockIdx.x, g * kRoIPlanChannels,
+                                    roi_group_channels(p.attrs.output_dim, g), threadIdx.x, blockDim.x,
+                                    [grad_input](int64_t at) { return RoIAtomicAdd<Acc>{grad_input + at}; });
 }
 
 // One thread per output gradient element, scattering into the accumulation buffers (type Acc) of
@@ -88,7 +126,17 @@ Status deform_psroi_pool_forward_cuda(const DeformPSRoIPoolParams& p, DType dtyp
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    deform_psroi_pool_forward_kernel<T, typename AccType<T>::type><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
+    using Acc = typename AccType<T>::type;
+    if (psroi_plan_fits<Acc>(p) && p.num_rois <= 0x7fffffff && roi_channel_groups(p.attrs.output_dim) <= 65535) {
+      deform_psroi_pool_plan_forward_kernel<T, Acc>
+          <<<roi_block_grid(p.num_rois, p.attrs.output_dim), kCudaThreads,
+             static_cast<size_t>(psroi_plan_bytes<Acc>(p)), s>>>(
+              p, static_cast<const T*>(input), static_cast<const T*>(rois),
+              p.attrs.no_trans ? nullptr : static_cast<const T*>(trans), static_cast<T*>(output),
+              static_cast<T*>(count));
+      return cuda_launch_status("deform_psroi_pool_forward_cuda");
+    }
+    deform_psroi_pool_forward_kernel<T, Acc><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
         p, static_cast<const T*>(input), static_cast<const T*>(rois),
         p.attrs.no_trans ? nullptr : static_cast<const T*>(trans), static_cast<T*>(output),
         static_cast<T*>(count));
@@ -112,10 +160,22 @@ Status deform_psroi_pool_backward_cuda(const DeformPSRoIPoolParams& p, DType dty
     const GradAcc<T> gtr = grad_acc(static_cast<T*>(grad_trans), trans_elements(p), &ws);
     DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gin, s, "deform_psroi_pool_backward_cuda: memset"));
     DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gtr, s, "deform_psroi_pool_backward_cuda: memset"));
-    if (n > 0 && (grad_input != nullptr || (grad_trans != nullptr && trans != nullptr))) {
+    // grad_input on the plan's blocks where the forward planned; then the grid-stride kernel for the rest
+    const bool planned = grad_input != nullptr && n > 0 && psroi_plan_fits<Acc>(p) && p.num_rois <= 0x7fffffff &&
+                         roi_channel_groups(p.attrs.output_dim) <= 65535;
+    if (planned) {
+      deform_psroi_pool_plan_grad_input_kernel<T, Acc>
+          <<<roi_block_grid(p.num_rois, p.attrs.output_dim), kCudaThreads,
+             static_cast<size_t>(psroi_plan_bytes<Acc>(p)), s>>>(p, static_cast<const T*>(grad_output),
+                                                                  static_cast<const T*>(rois), trans,
+                                                                  static_cast<const T*>(count), gin.acc);
+      DCNKIT_RETURN_IF_ERROR(cuda_launch_status("deform_psroi_pool_backward_cuda: grad_input"));
+    }
+    Acc* rest_gin = planned ? nullptr : gin.acc;
+    if (n > 0 && (rest_gin != nullptr || (grad_trans != nullptr && trans != nullptr))) {
       deform_psroi_pool_backward_kernel<T, Acc><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
           p, static_cast<const T*>(grad_output), static_cast<const T*>(input), static_cast<const T*>(rois),
-          trans, static_cast<const T*>(count), gin.acc, gtr.acc);
+          trans, static_cast<const T*>(count), rest_gin, gtr.acc);
       DCNKIT_RETURN_IF_ERROR(cuda_launch_status("deform_psroi_pool_backward_cuda"));
     }
     DCNKIT_RETURN_IF_ERROR(grad_acc_store(gin, s, "deform_psroi_pool_backward_cuda: store"));

@@ -1,8 +1,10 @@
 // DeformRoIPool: params, checks and CPU launchers. The math is in roi_kernels.h.
+#include <algorithm>
 #include <cmath>
 
 #include "dcnkit/deform_roi_pool.h"
 #include "dcnkit/roi_cpu_drivers.h"
+#include "dcnkit/roi_plan.h"
 
 namespace dcnkit {
 
@@ -32,11 +34,65 @@ Status make_deform_roi_pool_params(const char* op, const Shape& input, const Sha
   return Status::Ok();
 }
 
+namespace {
+
+// DCNKIT_ROI_CPU_PATH=cuda-schedule (roi_cuda_schedule_path): the CUDA launchers' block schedule of the output and
+// grad_input (roi_plan.h: the plan with each bin's offsets applied, or the bounded visit) run serially.
+constexpr int kCudaScheduleThreads = 256;
+
+template <typename T, typename Block>
+void deform_roi_cuda_schedule(const DeformRoIPoolParams& p, const T* rois, const T* offset, const Block& block) {
+  roi_block_schedule_serial<T>(
+      p, [&](int64_t k) { return deform_roi_plan_head<T>(p, rois, k); }, kCudaScheduleThreads,
+      [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc, const RoIPlanEntry<T>* plan, int tid) {
+        block(h, k, c0, nc, plan, tid, DeformRoIOrigin<T>{p, offset, k});
+      },
+      [&](int64_t k) { return DeformRoIOrigin<T>{p, offset, k}; });
+}
+
+template <typename T>
+void deform_roi_forward_cuda_schedule(const DeformRoIPoolParams& p, const T* input, const T* rois, const T* offset,
+                                      T* output) {
+  deform_roi_cuda_schedule<T>(p, rois, offset, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
+                                                   const RoIPlanEntry<T>* plan, int tid, const auto& origin) {
+    if (plan != nullptr) {
+      roi_plan_forward_items<T, T>(p, h, plan, input, k, c0, nc, tid, kCudaScheduleThreads, output, false);
+    } else {
+      roi_visit_forward_items<T, T>(p, h, p.height, p.width, input, k, c0, nc, tid, kCudaScheduleThreads, output,
+                                    origin);
+    }
+  });
+}
+
+template <typename T>
+void deform_roi_grad_input_cuda_schedule(const DeformRoIPoolParams& p, const T* grad_output, const T* rois,
+                                         const T* offset, T* grad_input) {
+  std::fill(grad_input, grad_input + p.batch * p.channels * p.height * p.width, T(0));
+  const auto add_at = [grad_input](int64_t at) { return CpuAddTo<T>{grad_input + at}; };
+  const T* none = nullptr;
+  deform_roi_cuda_schedule<T>(p, rois, offset, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
+                                                   const RoIPlanEntry<T>* plan, int tid, const auto& origin) {
+    if (plan != nullptr) {
+      roi_plan_backward_items<T, T>(p, h, plan, grad_output, none, k, c0, nc, tid, kCudaScheduleThreads, add_at,
+                                    false);
+    } else {
+      roi_visit_backward_items<T, T>(p, h, p.height, p.width, grad_output, none, k, c0, nc, tid,
+                                     kCudaScheduleThreads, add_at, origin);
+    }
+  });
+}
+
+}  // namespace
+
 template <typename T>
 Status deform_roi_pool_forward_cpu(const DeformRoIPoolParams& p, const T* input, const T* rois,
                                    const T* offset, T* output, const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("deform_roi_pool", rois, p.num_rois, p.batch));
   if (!p.has_offset) offset = nullptr;
+  if (roi_cuda_schedule_path()) {
+    deform_roi_forward_cuda_schedule(p, input, rois, offset, output);
+    return Status::Ok();
+  }
   auto box_of = [&](const T* roi) { return deform_roi_pool_box<T>(p, roi); };
   auto origin_of = [&](int64_t k, const RoIAlignBox<T>& box, int64_t ph, int64_t pw, T* y0, T* x0) {
     deform_roi_pool_origin<T, T>(p, box, offset, k, ph, pw, y0, x0);
@@ -58,7 +114,9 @@ Status deform_roi_pool_backward_cpu(const DeformRoIPoolParams& p, const T* grad_
   auto origin_of = [&](int64_t k, const RoIAlignBox<T>& box, int64_t ph, int64_t pw, T* y0, T* x0) {
     deform_roi_pool_origin<T, T>(p, box, offset, k, ph, pw, y0, x0);
   };
-  if (grad_input != nullptr) {
+  if (grad_input != nullptr && roi_cuda_schedule_path()) {
+    deform_roi_grad_input_cuda_schedule(p, grad_output, rois, offset, grad_input);
+  } else if (grad_input != nullptr) {
     roi_pool_backward_cpu(ctx, p.num_rois, N, C, H, W, oh, ow, false, grad_output, input, rois,
                           grad_input, box_of, origin_of);
   }

@@ -1,52 +1,87 @@
-// DeformRoIPool CUDA launchers: grid-stride kernels over the per-element functions of roi_kernels.h.
+// DeformRoIPool CUDA launchers: RoIAlign's block schedule for the output and grad_input (roi_plan.h), a grid-stride
+// kernel over the per-element functions of roi_kernels.h for grad_offset.
 // float32, float64, float16, bfloat16, forward and backward (the accumulation type follows the data; a 16-bit
 // grad_input accumulates in a float32 workspace buffer). A RoI whose batch index is outside [0, N) gives zeros.
 #include "dcnkit/cuda_utils.cuh"
 #include "dcnkit/roi_kernels.h"
+#include "dcnkit/roi_plan_cuda.cuh"
 
 namespace dcnkit {
 namespace {
 
+// Forward and grad_input: RoIAlign's block schedule (roi_plan.h, roi_plan_cuda.cuh): one block per (RoI, group of
+// kRoIPlanChannels channels); thread 0 computes the RoI's head, the block plans every bin's samples with the bin's
+// offsets applied (plan kernels; DeformRoIOrigin) or samples on the fly (visit kernels, grids too large to plan),
+// then loops over its (channel, bin) pairs. Avg pooling only.
 template <typename T, typename Acc>
-__global__ void deform_roi_pool_forward_kernel(DeformRoIPoolParams p, const T* input, const T* rois,
-                                               const T* offset, T* output) {
-  const int64_t C = p.channels, H = p.height, W = p.width;
-  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
-  DCNKIT_CUDA_KERNEL_LOOP(i, p.num_rois * C * oh * ow) {
-    const RoIElement e = roi_element(i, C, oh, ow);
-    const T* roi = rois + e.k * 5;
-    int64_t b = 0;
-    if (!roi_batch_index<Acc>(roi, p.batch, &b)) {
-      output[i] = from_acc<T>(Acc(0));
-      continue;
-    }
-    const RoIAlignBox<Acc> box = deform_roi_pool_box<Acc>(p, roi);
-    Acc y0, x0;
-    deform_roi_pool_origin<Acc, T>(p, box, offset, e.k, e.ph, e.pw, &y0, &x0);
-    output[i] = from_acc<T>(
-        roi_align_bin_forward<Acc>(input + (b * C + e.c) * H * W, H, W, box, y0, x0, false));
-  }
+__global__ void __launch_bounds__(kCudaThreads)
+    deform_roi_pool_plan_forward_kernel(DeformRoIPoolParams p, const T* input, const T* rois, const T* offset,
+                                        T* output) {
+  __shared__ RoIPlanHead<Acc> head;
+  roi_block_head<Acc>([&](int64_t k) { return deform_roi_plan_head<Acc>(p, rois, k); }, rois, p.batch, false,
+                      &head);
+  if (head.stride == 0) return;  // the visit kernel's RoI
+  RoIPlanEntry<Acc>* plan = roi_plan_smem<Acc>();
+  roi_plan_fill<Acc>(p, head, threadIdx.x, blockDim.x, plan, DeformRoIOrigin<T>{p, offset, blockIdx.x});
+  __syncthreads();
+  const int64_t g = blockIdx.y;
+  roi_plan_forward_items<Acc, T>(p, head, plan, input, blockIdx.x, g * kRoIPlanChannels,
+                                 roi_group_channels(p.channels, g), threadIdx.x, blockDim.x, output, false);
 }
 
-// grad_input: one thread per output gradient element (atomicAdd into the accumulation buffer, type Acc).
+// The visit kernels (the fallback of huge adaptive grids) may take all the registers a 256-thread block leaves
+// (minimum 1 block per SM): with ptxas's default budget the bounded visit spilled to the stack.
 template <typename T, typename Acc>
-__global__ void deform_roi_pool_grad_input_kernel(DeformRoIPoolParams p, const T* grad_output,
-                                                  const T* rois, const T* offset, Acc* grad_input) {
-  const int64_t C = p.channels, H = p.height, W = p.width;
-  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
-  DCNKIT_CUDA_KERNEL_LOOP(i, p.num_rois * C * oh * ow) {
-    const RoIElement e = roi_element(i, C, oh, ow);
-    const T* roi = rois + e.k * 5;
-    int64_t b = 0;
-    if (!roi_batch_index<Acc>(roi, p.batch, &b)) continue;
-    const Acc g = to_acc<Acc>(grad_output[i]);
-    if (g == Acc(0)) continue;
-    const RoIAlignBox<Acc> box = deform_roi_pool_box<Acc>(p, roi);
-    Acc y0, x0;
-    deform_roi_pool_origin<Acc, T>(p, box, offset, e.k, e.ph, e.pw, &y0, &x0);
-    RoIAtomicAdd<Acc> add{grad_input + (b * C + e.c) * H * W};
-    roi_align_bin_backward<Acc, T>(static_cast<const T*>(nullptr), H, W, box, y0, x0, false, g, add);
-  }
+__global__ void __launch_bounds__(kCudaThreads, 1)
+    deform_roi_pool_visit_forward_kernel(DeformRoIPoolParams p, const T* input, const T* rois, const T* offset,
+                                         T* output) {
+  __shared__ RoIPlanHead<Acc> head;
+  roi_block_head<Acc>([&](int64_t k) { return deform_roi_plan_head<Acc>(p, rois, k); }, rois, p.batch, false,
+                      &head);
+  if (head.stride != 0) return;  // the plan kernel's RoI
+  const int64_t g = blockIdx.y;
+  roi_visit_forward_items<Acc, T>(p, head, p.height, p.width, input, blockIdx.x, g * kRoIPlanChannels,
+                                  roi_group_channels(p.channels, g), threadIdx.x, blockDim.x, output,
+                                  DeformRoIOrigin<T>{p, offset, blockIdx.x});
+}
+
+// grad_input: the same blocks, scattering with atomicAdd into the accumulation buffer (type Acc).
+template <typename Acc>
+struct DeformRoIAtomicAt {
+  Acc* base;
+  __device__ __forceinline__ RoIAtomicAdd<Acc> operator()(int64_t offset) const { return {base + offset}; }
+};
+
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kCudaThreads)
+    deform_roi_pool_plan_grad_input_kernel(DeformRoIPoolParams p, const T* grad_output, const T* rois,
+                                           const T* offset, Acc* grad_input) {
+  __shared__ RoIPlanHead<Acc> head;
+  roi_block_head<Acc>([&](int64_t k) { return deform_roi_plan_head<Acc>(p, rois, k); }, rois, p.batch, false,
+                      &head);
+  if (head.stride == 0) return;
+  RoIPlanEntry<Acc>* plan = roi_plan_smem<Acc>();
+  roi_plan_fill<Acc>(p, head, threadIdx.x, blockDim.x, plan, DeformRoIOrigin<T>{p, offset, blockIdx.x});
+  __syncthreads();
+  const int64_t g = blockIdx.y;
+  roi_plan_backward_items<Acc, T>(p, head, plan, grad_output, static_cast<const T*>(nullptr), blockIdx.x,
+                                  g * kRoIPlanChannels, roi_group_channels(p.channels, g), threadIdx.x, blockDim.x,
+                                  DeformRoIAtomicAt<Acc>{grad_input}, false);
+}
+
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kCudaThreads, 1)
+    deform_roi_pool_visit_grad_input_kernel(DeformRoIPoolParams p, const T* grad_output, const T* rois,
+                                            const T* offset, Acc* grad_input) {
+  __shared__ RoIPlanHead<Acc> head;
+  roi_block_head<Acc>([&](int64_t k) { return deform_roi_plan_head<Acc>(p, rois, k); }, rois, p.batch, false,
+                      &head);
+  if (head.stride != 0) return;
+  const int64_t g = blockIdx.y;
+  roi_visit_backward_items<Acc, T>(p, head, p.height, p.width, grad_output, static_cast<const T*>(nullptr),
+                                   blockIdx.x, g * kRoIPlanChannels, roi_group_channels(p.channels, g), threadIdx.x,
+                                   blockDim.x, DeformRoIAtomicAt<Acc>{grad_input},
+                                   DeformRoIOrigin<T>{p, offset, blockIdx.x});
 }
 
 // grad_offset: one thread per (k, ph, pw), summing over channels in the accumulation type (no atomics).
@@ -104,10 +139,18 @@ Status deform_roi_pool_forward_cuda(const DeformRoIPoolParams& p, DType dtype, c
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    deform_roi_pool_forward_kernel<T, typename AccType<T>::type><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
-        p, static_cast<const T*>(input), static_cast<const T*>(rois),
-        p.has_offset ? static_cast<const T*>(offset) : nullptr, static_cast<T*>(output));
-    return cuda_launch_status("deform_roi_pool_forward_cuda");
+    using Acc = typename AccType<T>::type;
+    const T *x = static_cast<const T*>(input), *r = static_cast<const T*>(rois);
+    const T* off = p.has_offset ? static_cast<const T*>(offset) : nullptr;
+    T* y = static_cast<T*>(output);
+    const dim3 grid = roi_block_grid(p.num_rois, p.channels);
+    return roi_block_launch<Acc>(
+        "deform_roi_pool_forward_cuda", p.num_rois, p.channels, p.attrs.sampling_ratio,
+        p.attrs.pooled_h * p.attrs.pooled_w, p.height * p.width, false,
+        [&](auto, size_t smem) {
+          deform_roi_pool_plan_forward_kernel<T, Acc><<<grid, kCudaThreads, smem, s>>>(p, x, r, off, y);
+        },
+        [&] { deform_roi_pool_visit_forward_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, x, r, off, y); });
   });
 }
 
@@ -126,9 +169,18 @@ Status deform_roi_pool_backward_cuda(const DeformRoIPoolParams& p, DType dtype,
       const GradAcc<T> gin = grad_acc(static_cast<T*>(grad_input), input_elements(p), &ws);
       DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gin, s, "deform_roi_pool_backward_cuda: memset"));
       if (n > 0) {
-        deform_roi_pool_grad_input_kernel<T, Acc><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
-            p, static_cast<const T*>(grad_output), static_cast<const T*>(rois), offset, gin.acc);
-        DCNKIT_RETURN_IF_ERROR(cuda_launch_status("deform_roi_pool_backward_cuda: grad_input"));
+        const T *go = static_cast<const T*>(grad_output), *r = static_cast<const T*>(rois);
+        const dim3 grid = roi_block_grid(p.num_rois, p.channels);
+        DCNKIT_RETURN_IF_ERROR(roi_block_launch<Acc>(
+            "deform_roi_pool_backward_cuda", p.num_rois, p.channels, p.attrs.sampling_ratio,
+            p.attrs.pooled_h * p.attrs.pooled_w, p.height * p.width, false,
+            [&](auto, size_t smem) {
+              deform_roi_pool_plan_grad_input_kernel<T, Acc><<<grid, kCudaThreads, smem, s>>>(p, go, r, offset,
+                                                                                              gin.acc);
+            },
+            [&] {
+              deform_roi_pool_visit_grad_input_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, go, r, offset, gin.acc);
+            }));
       }
       DCNKIT_RETURN_IF_ERROR(grad_acc_store(gin, s, "deform_roi_pool_backward_cuda: store"));
     }

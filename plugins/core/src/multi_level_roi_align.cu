@@ -37,8 +37,9 @@ __global__ void __launch_bounds__(kCudaThreads)
                                  output, kMax);
 }
 
+// The double instantiation may take all the registers a 256-thread block leaves (as RoIAlign's visit kernel).
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, sizeof(Acc) == 8 ? 1 : 0)
     multi_level_roi_align_visit_forward_kernel(MultiLevelRoIAlignParams p, LevelPointers<const T*> features,
                                                const T* rois, T* output) {
   __shared__ RoIPlanHead<Acc> head;

@@ -27,8 +27,10 @@ __global__ void __launch_bounds__(kCudaThreads)
                                  roi_group_channels(p.channels, g), threadIdx.x, blockDim.x, output, kMax);
 }
 
+// The double instantiation may take all the registers a 256-thread block leaves (minimum 1 block per SM): with
+// ptxas's default budget its bounded visit spilled its loop-invariant box to the stack; the others keep the default.
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, sizeof(Acc) == 8 ? 1 : 0)
     roi_align_visit_forward_kernel(RoIAlignParams p, const T* input, const T* rois, T* output) {
   __shared__ RoIPlanHead<Acc> head;
   roi_block_head<Acc>([&](int64_t k) { return roi_plan_head<Acc>(p, rois, k); }, rois + blockIdx.x * 5, p.batch,

@@ -17,25 +17,41 @@ struct PSRoIBin {
   Acc roi_h, roi_w;
 };
 
-// Geometry of output (k, ctop, ph, pw). `roi` is row k of rois; `trans` the whole trans tensor or null.
+// The RoI's part of the geometry (from row `roi` alone): box start, size and sample spacing.
+template <typename Acc>
+struct PSRoIBox {
+  Acc x_start, y_start, roi_w, roi_h, bin_w, bin_h, sub_w, sub_h;
+};
 template <typename Acc, typename T>
-DCNKIT_HD PSRoIBin<Acc> psroi_bin(const DeformPSRoIPoolParams& p, const T* roi, const T* trans,
-                                  int64_t k, int64_t ctop, int64_t ph, int64_t pw) {
-  const int64_t P = p.attrs.output_size, G = p.attrs.group_size, ps = p.attrs.part_size;
-  const int64_t spp = p.attrs.sample_per_part;
+DCNKIT_HD PSRoIBox<Acc> psroi_box(const DeformPSRoIPoolParams& p, const T* roi) {
+  const int64_t P = p.attrs.output_size, spp = p.attrs.sample_per_part;
   const Acc s = static_cast<Acc>(p.attrs.spatial_scale);
-  PSRoIBin<Acc> r;
-  const Acc x_start = std::round(to_acc<Acc>(roi[1])) * s - Acc(0.5);
-  const Acc y_start = std::round(to_acc<Acc>(roi[2])) * s - Acc(0.5);
+  PSRoIBox<Acc> b;
+  b.x_start = std::round(to_acc<Acc>(roi[1])) * s - Acc(0.5);
+  b.y_start = std::round(to_acc<Acc>(roi[2])) * s - Acc(0.5);
   const Acc x_end = (std::round(to_acc<Acc>(roi[3])) + Acc(1)) * s - Acc(0.5);
   const Acc y_end = (std::round(to_acc<Acc>(roi[4])) + Acc(1)) * s - Acc(0.5);
-  r.roi_w = x_end - x_start;
-  r.roi_h = y_end - y_start;
-  if (r.roi_w < Acc(0.1)) r.roi_w = Acc(0.1);
-  if (r.roi_h < Acc(0.1)) r.roi_h = Acc(0.1);
-  const Acc bin_w = r.roi_w / static_cast<Acc>(P), bin_h = r.roi_h / static_cast<Acc>(P);
-  r.sub_w = bin_w / static_cast<Acc>(spp);
-  r.sub_h = bin_h / static_cast<Acc>(spp);
+  b.roi_w = x_end - b.x_start;
+  b.roi_h = y_end - b.y_start;
+  if (b.roi_w < Acc(0.1)) b.roi_w = Acc(0.1);
+  if (b.roi_h < Acc(0.1)) b.roi_h = Acc(0.1);
+  b.bin_w = b.roi_w / static_cast<Acc>(P);
+  b.bin_h = b.roi_h / static_cast<Acc>(P);
+  b.sub_w = b.bin_w / static_cast<Acc>(spp);
+  b.sub_h = b.bin_h / static_cast<Acc>(spp);
+  return b;
+}
+
+// Geometry of output (k, ctop, ph, pw) of RoI k's box. `trans`: the whole trans tensor or null.
+template <typename Acc, typename T>
+DCNKIT_HD PSRoIBin<Acc> psroi_bin_of_box(const DeformPSRoIPoolParams& p, const PSRoIBox<Acc>& b, const T* trans,
+                                         int64_t k, int64_t ctop, int64_t ph, int64_t pw) {
+  const int64_t P = p.attrs.output_size, G = p.attrs.group_size, ps = p.attrs.part_size;
+  PSRoIBin<Acc> r;
+  r.roi_w = b.roi_w;
+  r.roi_h = b.roi_h;
+  r.sub_w = b.sub_w;
+  r.sub_h = b.sub_h;
   // floor(ph / P * part_size), in integers.
   const int64_t part_h = ph * ps / P, part_w = pw * ps / P;
   Acc tx = Acc(0), ty = Acc(0);
@@ -49,13 +65,20 @@ DCNKIT_HD PSRoIBin<Acc> psroi_bin(const DeformPSRoIPoolParams& p, const T* roi, 
     tx = to_acc<Acc>(trans[r.trans_x]) * std_;
     ty = to_acc<Acc>(trans[r.trans_y]) * std_;
   }
-  r.w0 = static_cast<Acc>(pw) * bin_w + x_start + tx * r.roi_w;
-  r.h0 = static_cast<Acc>(ph) * bin_h + y_start + ty * r.roi_h;
+  r.w0 = static_cast<Acc>(pw) * b.bin_w + b.x_start + tx * r.roi_w;
+  r.h0 = static_cast<Acc>(ph) * b.bin_h + b.y_start + ty * r.roi_h;
   int64_t gw = pw * G / P, gh = ph * G / P;
   gw = gw < 0 ? 0 : (gw > G - 1 ? G - 1 : gw);
   gh = gh < 0 ? 0 : (gh > G - 1 ? G - 1 : gh);
   r.channel = (ctop * G + gh) * G + gw;
   return r;
+}
+
+// Geometry of output (k, ctop, ph, pw). `roi` is row k of rois; `trans` the whole trans tensor or null.
+template <typename Acc, typename T>
+DCNKIT_HD PSRoIBin<Acc> psroi_bin(const DeformPSRoIPoolParams& p, const T* roi, const T* trans,
+                                  int64_t k, int64_t ctop, int64_t ph, int64_t pw) {
+  return psroi_bin_of_box<Acc, T>(p, psroi_box<Acc, T>(p, roi), trans, k, ctop, ph, pw);
 }
 
 // Coordinate of sample i along one axis of a DeformPSRoIPool bin: origin + i * step.

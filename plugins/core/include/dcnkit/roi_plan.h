@@ -1,7 +1,8 @@
-// The RoI block schedule of RoIAlign and MultiLevelRoIAlign (their CUDA launchers, and the CPU test path
-// DCNKIT_ROI_CPU_PATH=cuda-schedule): one block per (RoI, group of kRoIPlanChannels channels). The block computes
-// the RoI's box once (roi_plan_head; MultiLevelRoIAlign: multi_level_plan_head, on the RoI's level),
-// then its sampling plan (roi_plan_fill: every sample of every bin as int32 taps and weights, in shared memory),
+// The RoI block schedule of RoIAlign, MultiLevelRoIAlign and DeformRoIPool (their CUDA launchers, and the CPU test
+// path DCNKIT_ROI_CPU_PATH=cuda-schedule): one block per (RoI, group of kRoIPlanChannels channels). The block computes
+// the RoI's box once (roi_plan_head; MultiLevelRoIAlign: multi_level_plan_head, on the RoI's level; DeformRoIPool:
+// deform_roi_plan_head, its bins moved by their offsets through DeformRoIOrigin), then its sampling plan
+// (roi_plan_fill: every sample of every bin as int32 taps and weights, in shared memory),
 // then loops over (channel, bin) pairs, bin fastest, applying the plan with the bin functions of roi_kernels.h
 // (roi_plan_forward_items / roi_plan_backward_items): the samples the CPU drivers visit, in the same order, so the
 // same sums. Grids too large for a plan (more than kRoIPlanSamples samples per bin or roi_plan_capacity() per RoI,
@@ -25,9 +26,10 @@ constexpr int64_t kRoIPlanSamples = 16;     // most samples per bin of a planned
 constexpr int64_t kRoIPlanBytes = 32768;    // most shared memory of a plan's entries
 constexpr int64_t kRoIPlanChannels = 32;    // channels per block
 
-// One sample of the plan: its four taps (idx[0] < 0: a sample outside the map) and weights.
+// One sample of the plan: its four taps (int32 offsets in the channel map; idx[0] < 0: a sample outside the map)
+// and weights, 16-byte aligned so that a float entry is two 16-byte shared-memory loads.
 template <typename Acc>
-struct RoIPlanEntry {
+struct alignas(16) RoIPlanEntry {
   int32_t idx[4];
   Acc w[4];
 };
@@ -97,18 +99,64 @@ DCNKIT_HD RoIPlanHead<Acc> roi_plan_head(const RoIAlignParams& p, const T* rois,
   return h;
 }
 
+// The corner (y0, x0) of bin (ph, pw) of a head's box, as the bin functions see it: RoIAlign's (no offsets) ...
+struct RoIBoxOrigin {
+  template <typename Acc>
+  DCNKIT_HD void operator()(const RoIPlanHead<Acc>& h, int64_t ph, int64_t pw, Acc* y0, Acc* x0) const {
+    roi_bin_origin<Acc, Acc>(h.box, ph, pw, nullptr, nullptr, Acc(0), y0, x0);
+  }
+};
+
+// ... and DeformRoIPool's: shifted by RoI k's offsets of that bin (offset null: none). The plan of a DeformRoIPool
+// RoI is then per (RoI, bin) with the offsets applied, computed once per block like RoIAlign's.
+template <typename T>
+struct DeformRoIOrigin {
+  const DeformRoIPoolParams& p;
+  const T* offset;
+  int64_t k;
+  template <typename Acc>
+  DCNKIT_HD void operator()(const RoIPlanHead<Acc>& h, int64_t ph, int64_t pw, Acc* y0, Acc* x0) const {
+    deform_roi_pool_origin<Acc, T>(p, h.box, offset, k, ph, pw, y0, x0);
+  }
+};
+
+// Whether the op pools the maximum (DeformRoIPool: always the mean).
+template <typename P>
+DCNKIT_HD bool roi_pool_max_mode(const P& p) {
+  return p.attrs.mode == PoolMode::kMax;
+}
+DCNKIT_HD bool roi_pool_max_mode(const DeformRoIPoolParams&) { return false; }
+
+// The head of RoI k of DeformRoIPool (one thread per block): aligned RoIAlign's box; the offsets move each bin
+// (DeformRoIOrigin).
+template <typename Acc, typename T>
+DCNKIT_HD RoIPlanHead<Acc> deform_roi_plan_head(const DeformRoIPoolParams& p, const T* rois, int64_t k) {
+  const T* roi = rois + k * 5;
+  RoIPlanHead<Acc> h;
+  if (!roi_batch_index<Acc>(roi, p.batch, &h.b)) h.b = -1;
+  h.box = deform_roi_pool_box<Acc>(p, roi);
+  h.H = p.height;
+  h.W = p.width;
+  h.level = 0;
+  roi_plan_finish(h, p.attrs.pooled_h * p.attrs.pooled_w);
+  return h;
+}
+
 // The plan of a planned head: entry e = bin * stride + iy * gw + ix is sample (iy, ix) of bin `bin`, every
 // sample of the grid in the full loop's order (a sample outside the map is an entry with idx[0] = -1). The bin
 // functions then see what roi_bin_visit gives them: the samples inside, in order (avg), and a 0 candidate where
 // samples outside begin (max: the same maximum and arg-max, the first on ties).
-template <typename Acc, typename P>
-DCNKIT_HD void roi_plan_fill(const P& p, const RoIPlanHead<Acc>& h, int tid, int step, RoIPlanEntry<Acc>* plan) {
-  const int32_t ow = static_cast<int32_t>(p.attrs.pooled_w), S = h.stride, gw = static_cast<int32_t>(h.box.gw);
-  const int32_t total = static_cast<int32_t>(p.attrs.pooled_h) * ow * S;
-  for (int32_t e = tid; e < total; e += step) {
-    const int32_t bin = e / S, s = e % S;
+template <typename Acc, typename P, typename Origin = RoIBoxOrigin>
+DCNKIT_HD void roi_plan_fill(const P& p, const RoIPlanHead<Acc>& h, int tid, int step, RoIPlanEntry<Acc>* plan,
+                             const Origin& origin = Origin()) {
+  // unsigned: the index decode is three unsigned 32-bit divisions
+  const uint32_t ow = static_cast<uint32_t>(p.attrs.pooled_w), S = static_cast<uint32_t>(h.stride),
+                 gw = static_cast<uint32_t>(h.box.gw);
+  const uint32_t total = static_cast<uint32_t>(p.attrs.pooled_h) * ow * S;
+  for (uint32_t e = static_cast<uint32_t>(tid); e < total; e += static_cast<uint32_t>(step)) {
+    const uint32_t bin = e / S, s = e % S;
     Acc y0, x0;
-    roi_bin_origin<Acc, Acc>(h.box, bin / ow, bin % ow, nullptr, nullptr, Acc(0), &y0, &x0);
+    origin(h, bin / ow, bin % ow, &y0, &x0);
     const Taps<Acc> t = roi_taps(RoIAxis<Acc>{y0, h.box.bin_h, h.box.gh}(s / gw),
                                  RoIAxis<Acc>{x0, h.box.bin_w, h.box.gw}(s % gw), h.H, h.W);
     for (int i = 0; i < 4; ++i) {
@@ -181,29 +229,117 @@ DCNKIT_HD void roi_block_items(I nc, I bins, int tid, int step, const F& f) {
   }
 }
 
+// roi_block_items over (channel, bin) pairs of an oh x ow grid, with the bin's (ph, pw) = (bin / ow, bin % ow)
+// carried from item to item: f(c, ph, pw), and no 64-bit division inside the loop (the bounded visit's walk).
+template <typename F>
+DCNKIT_HD void roi_block_bins(int64_t nc, int64_t oh, int64_t ow, int tid, int step, const F& f) {
+  const int64_t bins = oh * ow, total = nc * bins;
+  const int64_t dc = step / bins, db = step % bins, dph = db / ow, dpw = db % ow;
+  int64_t c = tid / bins, ph = (tid % bins) / ow, pw = (tid % bins) % ow;
+  for (int64_t item = tid; item < total; item += step) {
+    f(c, ph, pw);
+    c += dc;
+    ph += dph;
+    pw += dpw;
+    if (pw >= ow) {
+      pw -= ow;
+      ++ph;
+    }
+    if (ph >= oh) {
+      ph -= oh;
+      ++c;
+    }
+  }
+}
+
 // Channels of block group g: [g * kRoIPlanChannels, ...) clipped to C (the first, c0, is g * kRoIPlanChannels).
 DCNKIT_HD int64_t roi_group_channels(int64_t C, int64_t g) {
   const int64_t c0 = g * kRoIPlanChannels;
   return C - c0 < kRoIPlanChannels ? C - c0 : kRoIPlanChannels;
 }
 
+// One planned sample of the channel map `img`: taps_value's sum (the same order, so the same bits) from the
+// entry's int32 in-map offsets. The entry must be inside (idx[0] >= 0).
+template <typename Acc, typename T>
+DCNKIT_HD Acc roi_plan_value(const T* img, const RoIPlanEntry<Acc>& e) {
+  Acc v = Acc(0);
+  for (int j = 0; j < 4; ++j) v += e.w[j] * to_acc<Acc>(img[e.idx[j]]);
+  return v;
+}
+
+// Forward of one planned bin of `img` from its n entries: roi_bin_reduce over RoIPlanSamples (avg: the sum of
+// the samples inside over `count`; max: the first largest, a sample outside a candidate 0), without the Taps
+// detour: the entry is read once (two 16-byte loads for float) and its offsets stay 32-bit. n == 0 gives 0
+// (count > 0). One sample per iteration (not unrolled): the loop issues what the samples need, no remainder.
+template <typename Acc, typename T>
+DCNKIT_HD Acc roi_plan_bin_forward(const T* img, const RoIPlanEntry<Acc>* e, int32_t n, Acc count, bool max_mode) {
+  if (max_mode) {
+    Acc best = Acc(0);
+#if defined(__CUDA_ARCH__)
+#pragma unroll 1
+#endif
+    for (int32_t i = 0; i < n; ++i) {
+      const RoIPlanEntry<Acc> s = e[i];
+      const Acc v = s.idx[0] >= 0 ? roi_plan_value(img, s) : Acc(0);
+      if (i == 0 || v > best) best = v;
+    }
+    return best;
+  }
+  Acc sum = Acc(0);
+#if defined(__CUDA_ARCH__)
+#pragma unroll 1
+#endif
+  for (int32_t i = 0; i < n; ++i) {
+    const RoIPlanEntry<Acc> s = e[i];
+    if (s.idx[0] >= 0) sum += roi_plan_value(img, s);
+  }
+  return sum / count;
+}
+
+// A thread's walk over its (channel, bin) items in roi_block_items' order with the channel map's and the bin's
+// entries' pointers carried from item to item (not recomputed from indices), so that a tap's address is that
+// pointer plus its 32-bit offset: each step moves dc channels (dimg: dc maps of `map` elements) and db bins.
+template <typename Acc, typename T>
+struct RoIPlanWalk {
+  const T* img;
+  const RoIPlanEntry<Acc>* e;
+  int32_t bin;
+  DCNKIT_HD void next(int64_t dimg, int64_t map, int32_t db, int32_t S, int32_t bins) {
+    img += dimg;
+    e += db * S;
+    bin += db;
+    if (bin >= bins) {
+      bin -= bins;
+      e -= bins * S;
+      img += map;
+    }
+  }
+};
+
 // Forward of a planned block: output (K, C, oh, ow) of RoI k, channels [c0, c0 + nc). max_mode is
-// p.attrs.mode == kMax (the kernels pass it as a compile-time constant).
+// p.attrs.mode == kMax (the kernels pass it as a compile-time constant). A planned head has h.n >= 1; a RoI
+// outside the batch reads no entry (n = 0), which gives its zeros on the same path.
 template <typename Acc, typename T, typename P>
 DCNKIT_HD void roi_plan_forward_items(const P& p, const RoIPlanHead<Acc>& h,
                                       const RoIPlanEntry<Acc>* plan, const T* input, int64_t k, int64_t c0,
                                       int64_t nc, int tid, int step, T* output, bool max_mode) {
   const int64_t C = p.channels, HW = h.H * h.W;
-  const int32_t bins = static_cast<int32_t>(p.attrs.pooled_h * p.attrs.pooled_w);
-  T* out = output + (k * C + c0) * bins;
-  const T* img = input + ((h.b < 0 ? 0 : h.b) * C + c0) * HW;
-  roi_block_items<int32_t>(static_cast<int32_t>(nc), bins, tid, step, [&](int32_t c, int32_t bin) {
-    Acc v = Acc(0);
-    if (h.b >= 0) {
-      v = roi_bin_reduce<Acc>(img + c * HW, h.n, RoIPlanSamples<Acc>{plan + bin * h.stride, h.stride}, max_mode);
-    }
-    out[c * bins + bin] = from_acc<T>(v);
-  });
+  const int32_t bins = static_cast<int32_t>(p.attrs.pooled_h * p.attrs.pooled_w), S = h.stride;
+  const uint32_t ub = static_cast<uint32_t>(bins), ut = static_cast<uint32_t>(tid), us = static_cast<uint32_t>(step);
+  const int32_t total = static_cast<int32_t>(nc) * bins, dc = static_cast<int32_t>(us / ub),
+                db = static_cast<int32_t>(us % ub);
+  const int32_t bin = static_cast<int32_t>(ut % ub);
+  RoIPlanWalk<Acc, T> w{input + ((h.b < 0 ? 0 : h.b) * C + c0 + static_cast<int32_t>(ut / ub)) * HW, plan + bin * S,
+                        bin};
+  T* out = output + (k * C + c0) * bins + tid;  // the output's pointer is carried too
+  const int64_t dimg = dc * HW;
+  const int32_t n = h.b >= 0 ? S : 0;
+  const Acc count = h.n;
+  for (int32_t item = tid; item < total; item += step) {
+    *out = from_acc<T>(roi_plan_bin_forward<Acc>(w.img, w.e, n, count, max_mode));
+    out += step;
+    w.next(dimg, HW, db, S, bins);
+  }
 }
 
 // Backward of a planned block: scatters grad_output of RoI k, channels [c0, c0 + nc), through add(index, value)
@@ -233,38 +369,39 @@ DCNKIT_HD void roi_plan_backward_items(const P& p, const RoIPlanHead<Acc>& h,
 
 // The same two for a block whose RoI is not planned: each (channel, bin) samples on the fly (bounded visit).
 // H, W: the head's map (RoIAlign passes its params' sizes, which stay in the kernel's parameters).
-template <typename Acc, typename T, typename P>
+template <typename Acc, typename T, typename P, typename Origin = RoIBoxOrigin>
 DCNKIT_HD void roi_visit_forward_items(const P& p, const RoIPlanHead<Acc>& h, int64_t H, int64_t W, const T* input,
-                                       int64_t k, int64_t c0, int64_t nc, int tid, int step, T* output) {
+                                       int64_t k, int64_t c0, int64_t nc, int tid, int step, T* output,
+                                       const Origin& origin = Origin()) {
   const int64_t C = p.channels;
-  const int64_t ow = p.attrs.pooled_w, bins = p.attrs.pooled_h * ow;
-  const bool max_mode = p.attrs.mode == PoolMode::kMax;
+  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w, bins = oh * ow;
+  const bool max_mode = roi_pool_max_mode(p);
   T* out = output + (k * C + c0) * bins;
-  roi_block_items<int64_t>(nc, bins, tid, step, [&](int64_t c, int64_t bin) {
+  roi_block_bins(nc, oh, ow, tid, step, [&](int64_t c, int64_t ph, int64_t pw) {
     Acc v = Acc(0);
     if (h.b >= 0) {
       Acc y0, x0;
-      roi_bin_origin<Acc, Acc>(h.box, bin / ow, bin % ow, nullptr, nullptr, Acc(0), &y0, &x0);
+      origin(h, ph, pw, &y0, &x0);
       v = roi_align_bin_forward<Acc>(input + (h.b * C + c0 + c) * H * W, H, W, h.box, y0, x0, max_mode);
     }
-    out[c * bins + bin] = from_acc<T>(v);
+    out[c * bins + ph * ow + pw] = from_acc<T>(v);
   });
 }
 
-template <typename Acc, typename T, typename P, typename AddAt>
+template <typename Acc, typename T, typename P, typename AddAt, typename Origin = RoIBoxOrigin>
 DCNKIT_HD void roi_visit_backward_items(const P& p, const RoIPlanHead<Acc>& h, int64_t H, int64_t W,
                                         const T* grad_output, const T* input, int64_t k, int64_t c0, int64_t nc,
-                                        int tid, int step, const AddAt& add_at) {
+                                        int tid, int step, const AddAt& add_at, const Origin& origin = Origin()) {
   if (h.b < 0 || !(h.n > Acc(0))) return;
   const int64_t C = p.channels;
-  const int64_t ow = p.attrs.pooled_w, bins = p.attrs.pooled_h * ow;
-  const bool max_mode = p.attrs.mode == PoolMode::kMax;
+  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w, bins = oh * ow;
+  const bool max_mode = roi_pool_max_mode(p);
   const T* go = grad_output + (k * C + c0) * bins;
-  roi_block_items<int64_t>(nc, bins, tid, step, [&](int64_t c, int64_t bin) {
-    const Acc g = to_acc<Acc>(go[c * bins + bin]);
+  roi_block_bins(nc, oh, ow, tid, step, [&](int64_t c, int64_t ph, int64_t pw) {
+    const Acc g = to_acc<Acc>(go[c * bins + ph * ow + pw]);
     if (g == Acc(0)) return;
     Acc y0, x0;
-    roi_bin_origin<Acc, Acc>(h.box, bin / ow, bin % ow, nullptr, nullptr, Acc(0), &y0, &x0);
+    origin(h, ph, pw, &y0, &x0);
     auto add = add_at((h.b * C + c0 + c) * H * W);
     const T* img = max_mode ? input + (h.b * C + c0 + c) * H * W : nullptr;
     roi_align_bin_backward<Acc, T>(img, H, W, h.box, y0, x0, max_mode, g, add);
@@ -275,15 +412,20 @@ DCNKIT_HD void roi_visit_backward_items(const P& p, const RoIPlanHead<Acc>& h, i
 // The CUDA grid of the block kernels run serially on the host (the CPU test path and the counting harness):
 // for each block (RoI k, channel group), its head (head_of(k)), its plan where planned (every thread's share),
 // then block(head, k, c0, nc, plan or null (visit), tid) for each thread, in grid order.
-template <typename Acc, typename P, typename HeadOf, typename Block>
-void roi_block_schedule_serial(const P& p, const HeadOf& head_of, int threads, const Block& block) {
+// origin_of(k): the bin origin of RoI k (RoIAlign's by default; DeformRoIPool: DeformRoIOrigin).
+struct RoIBoxOriginOf {
+  RoIBoxOrigin operator()(int64_t) const { return {}; }
+};
+template <typename Acc, typename P, typename HeadOf, typename Block, typename OriginOf = RoIBoxOriginOf>
+void roi_block_schedule_serial(const P& p, const HeadOf& head_of, int threads, const Block& block,
+                               const OriginOf& origin_of = OriginOf()) {
   std::vector<RoIPlanEntry<Acc>> plan(static_cast<size_t>(roi_plan_capacity<Acc>()));
   const int64_t groups = (p.channels + kRoIPlanChannels - 1) / kRoIPlanChannels;
   for (int64_t k = 0; k < p.num_rois; ++k) {
     for (int64_t g = 0; g < groups; ++g) {
       const RoIPlanHead<Acc> h = head_of(k);
       if (h.stride != 0) {
-        for (int tid = 0; tid < threads; ++tid) roi_plan_fill<Acc>(p, h, tid, threads, plan.data());
+        for (int tid = 0; tid < threads; ++tid) roi_plan_fill<Acc>(p, h, tid, threads, plan.data(), origin_of(k));
       }
       for (int tid = 0; tid < threads; ++tid) {
         block(h, k, g * kRoIPlanChannels, roi_group_channels(p.channels, g), h.stride != 0 ? plan.data() : nullptr,
