@@ -16,7 +16,8 @@ trip count the estimated SASS per element (a static cost model):
 it too -- the one with the most global loads). Each iteration of the element loop is executed once per
 `elements per loop iteration` elements (the markers it issues); everything else is charged once per thread's
 work item: the setup before the loop, tails and the grid-stride step after it, cold paths too, so the estimate
-is an upper bound of the dynamic path. Checked by hand on the DCN gather (float, int32 indices, 3x3, mask, sm_90,
+is an upper bound of the dynamic path. The one exception: a block head that only thread 0 runs (`if (threadIdx.x == 0)` at the
+kernel's start: the RoI kernels' plan head) is issued by one warp per block and charged as such. Checked by hand on the DCN gather (float, int32 indices, 3x3, mask, sm_90,
 2026-11-25): a 16-channel work item executes ~191 instructions up to the channel loop, 4 x 69 in it and ~8 after
 it, ~30 per element; the model gives 31.9 (it also charges the 1-channel tail loop and the cold paths). Until then
 the element loop could be an outer loop whose own body issued a few markers -- the old gather's grid-stride loop,
@@ -64,6 +65,7 @@ class Spec:
     inner_trip: int = 1
     inner_loads: int = 4
     elements_per_thread: float = 16.0
+    threads_per_block: int = 256
     note: str = ""
 
 
@@ -264,8 +266,34 @@ def sass_per_element(instrs, loops, spec: Spec):
     end = len(instrs)
     while end > 0 and (instrs[end - 1][1].startswith("NOP") or _self_branch(instrs[end - 1])):
         end -= 1
-    rest = end - size
-    return body / elements + rest / spec.elements_per_thread, lp
+    # A block head that one thread computes (`if (threadIdx.x == 0) {...}`: the RoI kernels' plan head) is issued
+    # by one warp of the block, not by every thread: charged once per block's elements, i.e. divided by its warps.
+    lo, hi = one_thread_region(instrs)
+    if lp[0] <= hi and lo <= lp[1]:
+        lo, hi = 0, -1
+    head = hi - lo + 1
+    rest = end - size - head
+    warps = spec.threads_per_block / 32
+    return body / elements + rest / spec.elements_per_thread + head / (spec.elements_per_thread * warps), lp
+
+
+def one_thread_region(instrs) -> tuple[int, int]:
+    """(first, last) index of the region that only thread 0 runs, (0, -1) if none: in the kernel's opening, an
+    `S2R Rt, SR_TID.X`, an `ISETP.NE... Pn, PT, Rt, RZ` and then a forward `@Pn BRA target`: the instructions after
+    the branch up to its target."""
+    tid = pred = None
+    for i, (addr, op, args) in enumerate(instrs[:24]):
+        a = [x.strip() for x in args.split(",")]
+        if op == "S2R" and len(a) == 2 and a[1] == "SR_TID.X":
+            tid = a[0]
+        elif tid and op.startswith("ISETP.NE") and len(a) >= 4 and a[2] == tid and a[3] == "RZ":
+            pred = a[0]
+        elif pred and op.split(".")[0] == "BRA":  # (the parser drops the predicate: the first branch after it)
+            t = re.search(r"0x([0-9a-f]+)", args)
+            target = int(t.group(1), 16) if t else -1
+            last = max((j for j, ins in enumerate(instrs) if ins[0] < target), default=i)
+            return (i + 1, last) if target > addr else (0, -1)
+    return 0, -1
 
 
 def _self_branch(instr) -> bool:

@@ -98,6 +98,26 @@ def test_the_element_loop_is_the_innermost_marker_loop():
     assert value == pytest.approx(7 + 7 / spec.elements_per_thread)
 
 
+def test_a_block_head_of_thread_zero_is_charged_once_per_block():
+    # `if (threadIdx.x == 0) { head }` [3, 6] before the element loop [7, 11]: one warp of the block issues the head,
+    # so it costs head / (elements per thread x warps per block); the other 4 instructions once per thread.
+    body = ["S2R R2, SR_TID.X", "ISETP.NE.AND P0, PT, R2, RZ, PT", "@P0 BRA 0x70",
+            "LDG.E R3, [R4]", "FMUL R3, R3, R3", "FADD R3, R3, R3", "STS [RZ], R3",
+            "LDG.E R5, [R6]", "LDG.E R7, [R6+0x4]", "LDG.E R8, [R6+0x8]", "LDG.E R9, [R6+0xc]",
+            "STG.E [R10], R4", "@P1 BRA 0x70", "EXIT"]
+    spec = kr.GATED["deform_conv2d_gather_kernel"]
+    instrs = kr.parse_sass(_sass(PLAN, body))[PLAN]
+    assert kr.one_thread_region(instrs) == (3, 6)
+    value, loop = kr.sass_per_element(instrs, kr.find_loops(instrs), spec)
+    assert loop == (7, 12)
+    assert value == pytest.approx(6 + 4 / spec.elements_per_thread + 4 / (spec.elements_per_thread * 8))
+    # A branch on another register is no thread-0 head: all of it is charged per thread.
+    other = [b.replace("ISETP.NE.AND P0, PT, R2, RZ, PT", "ISETP.NE.AND P0, PT, R9, RZ, PT") for b in body]
+    instrs = kr.parse_sass(_sass(PLAN, other))[PLAN]
+    assert kr.one_thread_region(instrs) == (0, -1)
+    assert kr.sass_per_element(instrs, kr.find_loops(instrs), spec)[0] == pytest.approx(6 + 8 / spec.elements_per_thread)
+
+
 def _gated(ptxas_regs=40, body=ELEMENT_NEST, name=PLAN, stack=0):
     k = kr.Kernel("x.cu", name, *kr.kernel_name(name), registers=ptxas_regs, stack=stack)
     kr.analyse(k, kr.parse_sass(_sass(name, body))[name])
