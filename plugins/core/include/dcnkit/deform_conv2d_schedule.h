@@ -15,6 +15,7 @@
 
 #include <algorithm>
 
+#include "dcnkit/deform_conv2d_sampling_backward.h"
 #include "dcnkit/deform_conv2d_sorted.h"
 
 namespace dcnkit {
@@ -143,6 +144,11 @@ inline Status make_dcn_tile(const DeformConv2dParams& p, int64_t n0, int64_t nb,
     return arg_error("deform_conv2d_cuda", "input",
                      "a column tile of fewer than 2^31 threads and 2^31 output positions",
                      std::to_string(threads) + " threads, " + std::to_string(p.out_spatial()) + " positions");
+  }
+  // The kernels' sampling coordinates are 32-bit: ho * stride - pad + i * dilation lies in [-pad, H + pad).
+  if (p.height + 2 * p.attrs.pad_h >= lim || p.width + 2 * p.attrs.pad_w >= lim) {
+    return arg_error("deform_conv2d_cuda", "input", "a padded height and width (H + 2 pad, W + 2 pad) below 2^31",
+                     std::to_string(p.height + 2 * p.attrs.pad_h) + " x " + std::to_string(p.width + 2 * p.attrs.pad_w));
   }
   t->n0 = n0;
   t->nb = nb;
@@ -315,7 +321,9 @@ Status deform_conv2d_backward_schedule(const DeformConv2dParams& p, DType dt, co
       ga.batch = t.nb;
       DCNKIT_RETURN_IF_ERROR(ex.gemm(ga));
     }
-    const bool sorted = grad_input != nullptr && ex.deterministic;
+    // grad_input without atomics in deterministic mode, and on maps of one row or column (the fused kernel's
+    // scatter addresses a 2 x 2 window of pixels).
+    const bool sorted = grad_input != nullptr && (ex.deterministic || p.height < 2 || p.width < 2);
     if (grad_offset || grad_mask || (grad_input && !sorted))
       DCNKIT_RETURN_IF_ERROR(ex.sampling_backward(t, columns, grad_input != nullptr && !sorted));
     if (!sorted) return Status::Ok();
