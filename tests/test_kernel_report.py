@@ -65,11 +65,20 @@ def test_loops_conversions_and_the_per_element_model():
     assert kr.find_loops(instrs) == [(2, 11), (4, 9)]
     assert kr.is_conv64("I2F.S64") and kr.is_conv64("F2I.S64.TRUNC") and kr.is_conv64("I2F.F64.U64")
     assert not kr.is_conv64("I2F.U32.RP") and not kr.is_conv64("F2I.FTZ.U32.TRUNC.NTZ") and not kr.is_conv64("F2F.F64.F32")
-    # element loop: 10 - 6 own + 6 * 4 trips = 28 per element, plus the 2 instructions before it / elements_per_thread
+    # element loop: 10 - 6 own + 6 * 4 trips = 28 per element, plus the 3 instructions outside it (2 before, the
+    # EXIT after) / elements_per_thread
     spec = kr.GATED["roi_align_plan_forward_kernel"]
     value, loop = kr.sass_per_element(instrs, kr.find_loops(instrs), spec)
     assert loop == (2, 11)
-    assert value == pytest.approx(4 + 6 * 4 + 2 / spec.elements_per_thread)
+    assert value == pytest.approx(4 + 6 * 4 + 3 / spec.elements_per_thread)
+    # the epilogue counts too: a 2-instruction loop after the element loop other_trip times, the EXIT once, the
+    # alignment NOPs not at all
+    tail = ELEMENT_NEST[:12] + ["SHFL.DOWN PT, R1, R2, R3, R4", "@P2 BRA 0xc0", "EXIT", "NOP", "NOP"]
+    instrs = kr.parse_sass(_sass(PLAN, tail))[PLAN]
+    five = kr.Spec(250, inner_trip=4, elements_per_thread=16, other_trip=5)
+    value, loop = kr.sass_per_element(instrs, kr.find_loops(instrs), five)
+    assert loop == (2, 11)
+    assert value == pytest.approx(4 + 6 * 4 + (2 + 2 * 5 + 1) / 16)
     # a loop that only stores (zeros for a bad RoI) beside the hot one is not the element loop
     zeros = ["STG.E [R10], RZ", "@P2 BRA 0x0"]
     instrs = kr.parse_sass(_sass(PLAN, zeros + ELEMENT_NEST[:9] + ["@P0 BRA 0x60", "STG.E [R10], R4",

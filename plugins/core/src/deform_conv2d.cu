@@ -114,7 +114,7 @@ __device__ __forceinline__ void sampling_backward_grid(const DeformConv2dParams&
       g.gm += __shfl_down_sync(0xffffffffu, g.gm, o, S);
     }
     if (i < t.threads && (threadIdx.x & (S - 1)) == 0)
-      deform_conv2d_point_grad_store<Acc, T, KH, KW>(p, t, i, g, grad_offset, grad_mask);
+      deform_conv2d_point_grad_store<Acc, T, IndexT, KH, KW>(p, t, i, g, grad_offset, grad_mask);
   }
 }
 

@@ -197,19 +197,22 @@ DCNKIT_HD DcnPointGrad<Acc> dcn_slice_tree(DcnPointGrad<Acc>* v, int S) {
 }
 
 // Stores the reduced offset/mask gradients of the point of backward thread idx (slice 0 stores): written
-// once, no atomics. Either pointer may be null.
-template <typename Acc, typename T, int KH, int KW>
+// once, no atomics. Either pointer may be null. In-image offsets in the index type (a 64-bit image base).
+template <typename Acc, typename T, typename IndexT, int KH, int KW>
 DCNKIT_HD void deform_conv2d_point_grad_store(const DeformConv2dParams& p, const DcnTile& t, uint32_t idx,
                                               const DcnPointGrad<Acc>& g, T* grad_offset, T* grad_mask) {
   const DcnThread w = dcn_backward_thread(t, idx);
-  const int64_t K = dcn_kernel_size<KH, KW>(p), P = p.out_h * p.out_w, Gd = p.attrs.deformable_groups;
-  const int64_t n = t.n0 + w.b, pos = t.p0 + w.pl;
+  const IndexT K = IndexT(dcn_kernel_size<KH, KW>(p));
+  const IndexT P = IndexT(p.out_h) * IndexT(p.out_w), Gd = IndexT(p.attrs.deformable_groups);
+  const int64_t n = t.n0 + w.b;
+  const IndexT row = IndexT(w.g) * K + IndexT(w.k), pos = IndexT(t.p0) + IndexT(w.pl);
   if (grad_offset) {
-    T* go = grad_offset + n * 2 * Gd * K * P + (w.g * 2 * K + 2 * w.k) * P + pos;
+    T* go = grad_offset + n * static_cast<int64_t>(IndexT(2) * Gd * K * P) + static_cast<int64_t>(IndexT(2) * row * P + pos);
     go[0] = from_acc<T>(Acc(g.gy * g.m));
     go[P] = from_acc<T>(Acc(g.gx * g.m));
   }
-  if (grad_mask) grad_mask[n * Gd * K * P + (w.g * K + w.k) * P + pos] = from_acc<T>(g.gm);
+  if (grad_mask)
+    grad_mask[n * static_cast<int64_t>(Gd * K * P) + static_cast<int64_t>(row * P + pos)] = from_acc<T>(g.gm);
 }
 
 }  // namespace dcnkit
