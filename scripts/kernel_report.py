@@ -90,10 +90,11 @@ PENDING: dict[str, str] = {
         "390 static SASS (its 4-channel inner loop 90) for a 16-channel slice; the 64-bit-index instantiations (sizes "
         "past 2^31) also convert 64-bit integers to float in the loop (6 I2F/F2I.S64)"),
     "deform_conv2d_sampling_backward_kernel": (
-        "about 61-67 SASS per column element for float (gate 60; half and bfloat16 67-72): the channel loop is 36-37 "
-        "SASS per channel (5 LDG, 4 RED, 9 FP, the rest 64-bit pointer steps and moves) and the code outside it, "
-        "once per thread (index decode, sampling point, window, slice reduction, offset/mask store), about 330-420 "
-        "for a 16-channel slice; registers (48), spills, CALLs and 64-bit conversions pass"),
+        "60-62 SASS per column element for float with 32-bit indices, 60-66 with 64-bit ones (gate 60; half and "
+        "bfloat16 65-70): the channel loop is 34-38 SASS per channel (5 LDG, 4 RED, 9 FP, the rest 64-bit pointer "
+        "steps and register moves) and the code outside it, once per thread (index decode, sampling point, window, "
+        "slice reduction, offset/mask store), 310-400 for a 16-channel slice; registers (48), spills, CALLs and "
+        "64-bit conversions pass"),
     "roi_align_visit_forward_kernel": (
         "the double instantiation of the bounded-visit fallback has a 24 B stack frame and spills since the border "
         "rule reads only in-map neighbours (a per-neighbour mask); float, half and bfloat16 have none"),

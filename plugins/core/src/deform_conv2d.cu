@@ -103,10 +103,11 @@ __device__ __forceinline__ void sampling_backward_grid(const DeformConv2dParams&
   const int S = static_cast<int>(t.slices);
   for (uint32_t base = blockIdx.x * blockDim.x; base < t.threads; base += blockDim.x * gridDim.x) {
     const uint32_t i = base + threadIdx.x;
+    const DcnThread w = dcn_backward_thread(t, i);  // decoded once: the body and the store share it
     DcnPointGrad<Acc> g{Acc(0), Acc(0), Acc(0), Acc(0)};
     if (i < t.threads)
-      g = deform_conv2d_sampling_backward<Acc, T, IndexT, KH, KW, kMask>(p, t, input, offset, mask, grad_columns,
-                                                                         i, want, grad_input, AtomicAdd());
+      g = deform_conv2d_sampling_backward<Acc, T, IndexT, KH, KW, kMask>(p, t, input, offset, mask, grad_columns, w,
+                                                                         grad_input, AtomicAdd());
     if (!want) continue;
     for (int o = S / 2; o > 0; o >>= 1) {  // the order of dcn_slice_tree
       g.gy += __shfl_down_sync(0xffffffffu, g.gy, o, S);
@@ -114,7 +115,7 @@ __device__ __forceinline__ void sampling_backward_grid(const DeformConv2dParams&
       g.gm += __shfl_down_sync(0xffffffffu, g.gm, o, S);
     }
     if (i < t.threads && (threadIdx.x & (S - 1)) == 0)
-      deform_conv2d_point_grad_store<Acc, T, IndexT, KH, KW>(p, t, i, g, grad_offset, grad_mask);
+      deform_conv2d_point_grad_store<Acc, T, IndexT, KH, KW>(p, t, w, g, grad_offset, grad_mask);
   }
 }
 

@@ -146,10 +146,8 @@ DCNKIT_HD void dcn_backward_channels(const T* x, G* gi, const T* gcol, IndexT pl
 template <typename Acc, typename T, typename IndexT, int KH, int KW, bool kMask, typename G, typename Add>
 DCNKIT_HD DcnPointGrad<Acc> deform_conv2d_sampling_backward(const DeformConv2dParams& p, const DcnTile& t,
                                                             const T* input, const T* offset, const T* mask,
-                                                            const T* grad_columns, uint32_t idx,
-                                                            bool want_point_grad, G* grad_input, Add add) {
-  (void)want_point_grad;
-  const DcnThread w = dcn_backward_thread(t, idx);
+                                                            const T* grad_columns, const DcnThread& w,
+                                                            G* grad_input, Add add) {
   const DcnBackwardPoint<Acc, IndexT> r = dcn_backward_point<Acc, T, IndexT, KH, KW, kMask>(p, t, offset, mask, w);
   const IndexT K = IndexT(dcn_kernel_size<KH, KW>(p)), W = IndexT(p.width);
   const IndexT HW = IndexT(p.height) * W, Cin = IndexT(p.in_channels), pt = IndexT(t.pt);
@@ -182,6 +180,17 @@ DCNKIT_HD DcnPointGrad<Acc> deform_conv2d_sampling_backward(const DeformConv2dPa
   return g;
 }
 
+// The same for thread idx of the tile's backward grid (want_point_grad: the partials are computed either way).
+template <typename Acc, typename T, typename IndexT, int KH, int KW, bool kMask, typename G, typename Add>
+DCNKIT_HD DcnPointGrad<Acc> deform_conv2d_sampling_backward(const DeformConv2dParams& p, const DcnTile& t,
+                                                            const T* input, const T* offset, const T* mask,
+                                                            const T* grad_columns, uint32_t idx,
+                                                            bool want_point_grad, G* grad_input, Add add) {
+  (void)want_point_grad;
+  return deform_conv2d_sampling_backward<Acc, T, IndexT, KH, KW, kMask, G, Add>(
+      p, t, input, offset, mask, grad_columns, dcn_backward_thread(t, idx), grad_input, add);
+}
+
 // Sums the partials v[0..S) of one point (S a power of two) in the order of a shuffle-down tree
 // (v[l] += v[l + o] for o = S/2, ..., 1): the order the CUDA kernel's __shfl_down_sync reduction uses.
 template <typename Acc>
@@ -199,9 +208,8 @@ DCNKIT_HD DcnPointGrad<Acc> dcn_slice_tree(DcnPointGrad<Acc>* v, int S) {
 // Stores the reduced offset/mask gradients of the point of backward thread idx (slice 0 stores): written
 // once, no atomics. Either pointer may be null. In-image offsets in the index type (a 64-bit image base).
 template <typename Acc, typename T, typename IndexT, int KH, int KW>
-DCNKIT_HD void deform_conv2d_point_grad_store(const DeformConv2dParams& p, const DcnTile& t, uint32_t idx,
+DCNKIT_HD void deform_conv2d_point_grad_store(const DeformConv2dParams& p, const DcnTile& t, const DcnThread& w,
                                               const DcnPointGrad<Acc>& g, T* grad_offset, T* grad_mask) {
-  const DcnThread w = dcn_backward_thread(t, idx);
   const IndexT K = IndexT(dcn_kernel_size<KH, KW>(p));
   const IndexT P = IndexT(p.out_h) * IndexT(p.out_w), Gd = IndexT(p.attrs.deformable_groups);
   const int64_t n = t.n0 + w.b;
@@ -213,6 +221,12 @@ DCNKIT_HD void deform_conv2d_point_grad_store(const DeformConv2dParams& p, const
   }
   if (grad_mask)
     grad_mask[n * static_cast<int64_t>(Gd * K * P) + static_cast<int64_t>(row * P + pos)] = from_acc<T>(g.gm);
+}
+
+template <typename Acc, typename T, typename IndexT, int KH, int KW>
+DCNKIT_HD void deform_conv2d_point_grad_store(const DeformConv2dParams& p, const DcnTile& t, uint32_t idx,
+                                              const DcnPointGrad<Acc>& g, T* grad_offset, T* grad_mask) {
+  deform_conv2d_point_grad_store<Acc, T, IndexT, KH, KW>(p, t, dcn_backward_thread(t, idx), g, grad_offset, grad_mask);
 }
 
 }  // namespace dcnkit
