@@ -5,10 +5,13 @@
 
 Measured (interleaved rounds, the fastest counts; benchmarks/_common.py):
 * DCN (DCNv2 3x3, C_out = C) forward and forward+backward vs torchvision in float32, float16 and bfloat16 at
-  (1,64,64,64), (4,256,32,32), (8,32,128,128), and the peak extra memory of one call (benchmarks/bench_deform_conv2d.py);
+  (1,64,64,64), (4,256,32,32), (8,32,128,128), and the peak extra memory of one call at each of them and of
+  batches 1-8 of the first (benchmarks/bench_deform_conv2d.py);
 * RoIAlign avg and max, forward and forward+backward, vs torchvision (benchmarks/bench_roi_align.py);
 * the kit's ONNX Runtime CUDA DeformConv2d vs ONNX Runtime's built-in DeformConv, IO binding, TF32 off for float32,
-  when onnxruntime has the CUDA execution provider (benchmarks/bench_ort_deform_conv.py).
+  when onnxruntime has the CUDA execution provider (benchmarks/bench_ort_deform_conv.py);
+* the TensorRT plugins' enqueue on device buffers, driven without TensorRT by the host lifecycle harness and checked
+  against the torch op: a pass/fail row per plugin and type (scripts/check_trt_enqueue.py).
 Beside each time: the target of issue 25 (ratio to the baseline) and the model's prediction (benchmarks/gpu_model.py;
 SASS per element from scripts/kernel_report.py when nvcc and cuobjdump are here). A part whose dependency is absent
 is one "skip" line. Writes report.json and report.md under --out.
@@ -27,11 +30,16 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import gpu_model as M  # noqa: E402
 
+sys.path.insert(0, str(HERE.parent / "scripts"))
+import check_trt_enqueue as TRT  # noqa: E402
+
 DCN_SHAPES = [(1, 64, 64, 64), (4, 256, 32, 32), (8, 32, 128, 128)]
 DCN_DTYPES = ["float32", "float16", "bfloat16"]
+MEMORY_KEYS = ("dcnkit_fwd_bytes", "torchvision_fwd_bytes", "dcnkit_fwdbwd_bytes", "torchvision_fwdbwd_bytes")
 ROI = dict(num_rois=512, channels=256, pooled=7)  # bench_roi_align.py's case
 # Targets (issue 25): time / baseline time at most this.
-TARGETS = {"dcn fwd": 0.8, "dcn fwdbwd": 0.8, "dcn fwd (8,32,128,128)": 0.5, "roi": 0.8, "ort dcn": 0.8}
+TARGETS = {"dcn fwd": 0.8, "dcn fwdbwd": 0.8, "dcn fwd (8,32,128,128)": 0.5, "roi": 0.8, "ort dcn": 0.8,
+           "dcn memory": 1.0}
 
 
 def _load(name: str):
@@ -111,7 +119,30 @@ def ort_rows(measured: list | None, sass: dict) -> list[dict]:
             for r in (measured or [])]
 
 
-def markdown(rows: list[dict], memory: dict | None, notes: list[str]) -> str:
+def dcn_memory_rows(measure) -> list[dict]:
+    """Peak extra memory of one DCN call per benchmark shape and dtype, dcnkit vs torchvision; ``measure(shape,
+    dtype)`` gives bench_deform_conv2d.py's memory row of that shape (its batch) or None. Target: fwd+bwd <= 1x."""
+    rows = []
+    for dt in DCN_DTYPES:
+        for s in DCN_SHAPES:
+            m = measure(s, dt) or {}
+            r = {"shape": list(s), "dtype": dt, "target": TARGETS["dcn memory"]}
+            for k in MEMORY_KEYS:
+                r[k] = m.get(k)
+            mine, base = r["dcnkit_fwdbwd_bytes"], r["torchvision_fwdbwd_bytes"]
+            r["ratio"] = mine / base if mine is not None and base else None
+            r["meets"] = None if r["ratio"] is None else r["ratio"] <= r["target"]
+            rows.append(r)
+    return rows
+
+
+def _mib_cells(m: dict) -> str:
+    """dcnkit's and torchvision's fwd and fwd+bwd peak bytes of a memory row, in MiB ("-": not measured)."""
+    return " | ".join("-" if m.get(k) is None else f"{m[k] / 2**20:.1f}" for k in MEMORY_KEYS)
+
+
+def markdown(rows: list[dict], memory: dict | None, notes: list[str], trt: list[dict] | None = None,
+             shape_memory: list[dict] | None = None) -> str:
     def f(v, spec=".3f"):
         return "-" if v is None else format(v, spec)
 
@@ -125,9 +156,17 @@ def markdown(rows: list[dict], memory: dict | None, notes: list[str]) -> str:
         out += ["", f"Peak extra memory of one call (MiB), float32, shape (N, {', '.join(map(str, memory['shape'][1:]))})",
                 "", "| N | dcnkit fwd | torchvision fwd | dcnkit fwd+bwd | torchvision fwd+bwd |", "|---|---|---|---|---|"]
         for m in memory["rows"]:
-            g = [m.get(k) for k in ("dcnkit_fwd_bytes", "torchvision_fwd_bytes", "dcnkit_fwdbwd_bytes",
-                                    "torchvision_fwdbwd_bytes")]
-            out.append(f"| {m['batch']} | " + " | ".join("-" if v is None else f"{v / 2**20:.1f}" for v in g) + " |")
+            out.append(f"| {m['batch']} | {_mib_cells(m)} |")
+    if shape_memory:
+        out += ["", "DCN peak extra memory of one call (MiB) at the benchmark shapes (target: fwd+bwd <= "
+                "torchvision's)", "", "| shape | dtype | dcnkit fwd | torchvision fwd | dcnkit fwd+bwd | "
+                "torchvision fwd+bwd | ratio | met |", "|---|---|---|---|---|---|---|---|"]
+        for m in shape_memory:
+            met = "-" if m["meets"] is None else ("yes" if m["meets"] else "no")
+            out.append(f"| {tuple(m['shape'])} | {m['dtype']} | {_mib_cells(m)} | {f(m['ratio'], '.2f')} | {met} |")
+    if trt:
+        out += ["", "TensorRT plugins' enqueue on device buffers (host lifecycle harness, no TensorRT) vs the torch op",
+                "", TRT.table(trt).rstrip()]
     return "\n".join(out + [""] + [f"* {n}" for n in notes]) + "\n"
 
 
@@ -151,6 +190,7 @@ def main(argv=None) -> dict:
     sass = model_sass(log, not args.no_kernel_report)
     dcn = roi = ort = None
     device = "none (dry run)"
+    shape_memory = dcn_memory_rows(lambda s, dt: None)
     if args.dry_run:
         log("skip: measurements (--dry-run)")
     else:
@@ -164,6 +204,10 @@ def main(argv=None) -> dict:
         log("DCN: benchmarks/bench_deform_conv2d.py (float32, float16, bfloat16)")
         dcn = _load("bench_deform_conv2d").main(common + ["--dtypes", ",".join(DCN_DTYPES), "--json",
                                                           str(out / "bench_deform_conv2d.json")])
+        log("DCN peak memory per benchmark shape and dtype (one child process each)")
+        bench = _load("bench_deform_conv2d")
+        shape_memory = dcn_memory_rows(lambda s, dt: (bench.measure_memory(s, dt, "cuda", [s[0]], False,
+                                                                           torch.get_num_threads()) or [None])[0])
         log("RoIAlign: benchmarks/bench_roi_align.py")
         roi = _load("bench_roi_align").main(common + ["--json", str(out / "bench_roi_align.json")])
         import onnxruntime as ort_mod
@@ -173,14 +217,25 @@ def main(argv=None) -> dict:
             ort = _load("bench_ort_deform_conv").main(common + ["--json", str(out / "bench_ort_deform_conv.json")])
         else:
             log("skip: ORT CUDA DeformConv2d vs built-in (onnxruntime has no CUDAExecutionProvider)")
-    log("skip: TensorRT plugins' enqueue on device buffers through the host lifecycle harness (not built yet)")
+    trt = None
+    if args.dry_run:
+        log("skip: TensorRT plugins' enqueue on device buffers (--dry-run)")
+    else:
+        log("TensorRT plugins' enqueue on device buffers, no TensorRT: scripts/check_trt_enqueue.py")
+        try:
+            trt = TRT.run(log=log)
+        except Exception as e:  # the harness did not build or run: one failed row, the other figures stay
+            log(f"TensorRT enqueue harness: {type(e).__name__}: {e}")
+            trt = [{"plugin": "(harness)", "dtype": "-", "max_err": None, "allowed": None, "passed": False,
+                    "note": (str(e).splitlines() or [type(e).__name__])[0]}]
     rows = dcn_rows(dcn, sass) + roi_rows(roi, sass) + ort_rows(ort, sass)
     notes.insert(0, f"device: {device}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
                     f"fastest of {args.repeat} interleaved rounds; model: benchmarks/gpu_model.py (kernel time only)")
     report = {"device": device, "seconds": round(time.time() - t0, 1), "model_sass": sass, "rows": rows,
-              "memory": (dcn or {}).get("memory"), "notes": notes}
+              "memory": (dcn or {}).get("memory"), "dcn_memory": shape_memory, "tensorrt_enqueue": trt,
+              "notes": notes}
     (out / "report.json").write_text(json.dumps(report, indent=1))
-    md = markdown(rows, report["memory"], notes)
+    md = markdown(rows, report["memory"], notes, trt, shape_memory)
     (out / "report.md").write_text(md)
     print(md)
     log(f"wrote {out / 'report.json'} and {out / 'report.md'} in {report['seconds']} s")

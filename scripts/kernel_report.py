@@ -8,16 +8,24 @@ with ``-cubin -Xptxas -v`` into a temporary folder (nothing is cached), then dis
 (the ``nvidia-cuda-cuobjdump`` wheel, which needs ``nvidia-cuda-nvdisasm``). Per kernel it prints registers,
 stack frame and spills; per loop (a backward branch) the static SASS count, CALLs (the 64-bit division slow
 path: a CALL whose callee is integer division) and 64-bit int<->float conversions (I2F/F2I .S64/.U64) inside loops; and for the kernels with a known
-trip count the estimated SASS per element (a static cost model of the dynamic instruction path of one thread):
+trip count the estimated SASS per element (a static cost model):
 
     per element = (loop body, inner loops times their trip count / unroll) / elements per loop iteration
-                  + (instructions outside that loop, before and after it, once; other loops times
-                     their trip count) / elements per thread
-(the element loop: the loop issuing the per-element marker with the most global loads). The code outside the
-element loop runs once per thread: the prologue (index decode, sampling point) and the epilogue (the fused
-backward's slice reduction and its once-written offset/mask gradients) alike; cold paths there are counted too
-(an over-count), the alignment NOPs after the last instruction are not. Loops outside the element loop that
-neither hold it nor sit in it (a reduction tree, a remainder loop) count `other_trip` times each.
+                  + (every other instruction of the kernel) / elements per thread
+(the element loop: of the innermost loops issuing the per-element marker -- those with no nested loop that issues
+it too -- the one with the most global loads). Each iteration of the element loop is executed once per
+`elements per loop iteration` elements (the markers it issues); everything else is charged once per thread's
+work item: the setup before the loop, tails and the grid-stride step after it, cold paths too, so the estimate
+is an upper bound of the dynamic path. Other loops (outside the element loop, neither holding it nor in it)
+count `other_trip` times (once unless a kernel's Spec says otherwise: the fused backward's shuffle reduction over
+its slices, up to log2(32) = 5 steps). Checked by hand on the DCN gather (float, int32 indices, 3x3, mask, sm_90,
+2026-11-25): a 16-channel work item executes ~191 instructions up to the channel loop, 4 x 69 in it and ~8 after
+it, ~30 per element; the model gives 31.9 (it also charges the 1-channel tail loop and the cold paths). Until then
+the element loop could be an outer loop whose own body issued a few markers -- the old gather's grid-stride loop,
+with the 1-3 channel remainder of its 4-channel loop -- which charged the whole per-thread setup to those 3
+elements and the 4-channel loop once per 3 elements: 130 SASS per element where the executed path was about 37
+(~200 setup, ~24 preheader, 4 x 90 loop, ~8 after, / 16); and the prologue was only the instructions before the
+element loop.
 
 Gates (issue 25 item 6): 0 spill and 0 stack frame in every kernel; for the hot kernels (GATED below, float,
 half and bfloat16 instantiations) <= 48 registers, no CALL and no 64-bit int<->float conversion inside loops,
@@ -52,7 +60,7 @@ class Spec:
     count of the loops nested in the element loop (samples per bin), ``inner_loads``: global loads per inner
     iteration (the 4 taps), used to find the unroll factor. ``elements_per_thread``: the amortisation of the
     rest of the kernel (prologue, plan, epilogue). ``other_trip``: trip count of the loops outside the element
-    loop (the fused backward's warp-shuffle reduction over slices: at most log2(32) = 5 steps)."""
+    loop (counted once by default; the fused backward's warp-shuffle reduction over slices: at most log2(32) = 5)."""
     max_sass_per_element: float
     marker: str = "STG"
     per_element: int = 1
@@ -65,6 +73,11 @@ class Spec:
 
 # Hot kernels, keyed by their (unqualified) name.
 GATED = {
+    # The DCN gather (2026-11-25, sm_90, nvcc 13.0): 31-37 SASS per column element for float (the 4-channel loop
+    # 67-83 static SASS, the rest 222-261 once per 16-channel slice), 40-48 registers, no 64-bit conversion in
+    # loops, for every float/half/bfloat16 instantiation (32- and 64-bit indices; half/bfloat16 34-48). The kernel
+    # before: 42-57 for float by this model (130-173 by the earlier one), its 64-bit-index variants with 6
+    # I2F/F2I.S64 in the grid-stride loop.
     "deform_conv2d_gather_kernel": Spec(40, note="per column element, 16 channels per thread slice"),
     "deform_conv2d_sampling_backward_kernel": Spec(60, marker="RED", per_element=4, other_trip=5,
                                                    note="per column element, 16 channels per thread slice"),
@@ -79,22 +92,18 @@ GATED = {
 }
 
 # Kernels known to break a gate, with the reason.
-_PLAN_SASS = ("about 410-425 SASS per output at sampling ratio 2 (gate 250; 370 before the model counted the epilogue): "
-              "~41 per sample (4 LDG, 2 LDS.128, int64 tap addresses, selects) and ~100 per (channel, bin) item, against "
-              "the design's ~22 and ~100")
+_PLAN_SASS = ("about 410-425 SASS per output at sampling ratio 2 (gate 250; 370 before the model charged the code "
+              "after the element loop too): ~41 per sample (4 LDG, 2 LDS.128, int64 tap addresses, selects) and ~100 "
+              "per (channel, bin) item, against the design's ~22 and ~100")
 PENDING: dict[str, str] = {
     "roi_align_plan_forward_kernel": _PLAN_SASS,
     "multi_level_roi_align_plan_forward_kernel": _PLAN_SASS,
-    "deform_conv2d_gather_kernel": (
-        "about 130 SASS per column element for float with 32-bit indices (gate 40): the element loop's body is about "
-        "390 static SASS (its 4-channel inner loop 90) for a 16-channel slice; the 64-bit-index instantiations (sizes "
-        "past 2^31) also convert 64-bit integers to float in the loop (6 I2F/F2I.S64)"),
     "deform_conv2d_sampling_backward_kernel": (
-        "60-62 SASS per column element for float with 32-bit indices, 60-66 with 64-bit ones (gate 60; half and "
-        "bfloat16 65-70): the channel loop is 34-38 SASS per channel (5 LDG, 4 RED, 9 FP, the rest 64-bit pointer "
-        "steps and register moves) and the code outside it, once per thread (index decode, sampling point, window, "
-        "slice reduction, offset/mask store), 310-400 for a 16-channel slice; registers (48), spills, CALLs and "
-        "64-bit conversions pass"),
+        "59.6-65.3 SASS per column element for float over its 12 instantiations (gate 60; half and bfloat16 "
+        "65-70): the channel loop is 34-38 SASS per channel (5 LDG, 4 RED, 9 FP, the rest 64-bit pointer steps and "
+        "register moves) and the code outside it, once per 16-channel slice (index decode, sampling point, window, "
+        "slice reduction, offset/mask store), 310-400; registers (48), stack, spills, CALLs and 64-bit conversions "
+        "pass (the kernel before: 107-139 by this model, 59-78 registers and 4 I2F/F2I.S64 with 64-bit indices)"),
     "roi_align_visit_forward_kernel": (
         "the double instantiation of the bounded-visit fallback has a 24 B stack frame and spills since the border "
         "rule reads only in-map neighbours (a per-neighbour mask); float, half and bfloat16 have none"),
@@ -225,14 +234,21 @@ def sass_per_element(instrs, loops, spec: Spec):
     def marker(op):
         return op.startswith(spec.marker)
 
-    # The element loop: of the loops whose own body (without nested loops) issues the marker, the one with the
-    # most global loads (the hot path; a loop that only stores, such as writing zeros, is not it).
-    best = None
-    for lp in loops:
+    # The element loop: of the innermost loops whose own body (without nested loops) issues the marker, the one
+    # with the most global loads (the hot path; a loop that only stores, such as writing zeros, is not it). An
+    # outer loop that holds a marker loop (a grid-stride loop around a channel loop) is per-thread work.
+    def own_markers(lp):
         inner = [q for q in loops if _inside(q, lp) and not any(_inside(q, r) and _inside(r, lp) for r in loops)]
-        own = count(lp[0], lp[1], marker) - sum(count(q[0], q[1], marker) for q in inner)
+        return inner, count(lp[0], lp[1], marker) - sum(count(q[0], q[1], marker) for q in inner)
+
+    issuing = [lp for lp in loops if own_markers(lp)[1] > 0]
+    best = None
+    for lp in issuing:
+        if any(_inside(q, lp) for q in issuing):
+            continue
+        inner, own = own_markers(lp)
         loads = count(lp[0], lp[1], lambda op: op.startswith("LDG"))
-        if own > 0 and (best is None or (loads, lp[1] - lp[0]) > best[3]):
+        if best is None or (loads, lp[1] - lp[0]) > best[3]:
             best = (lp, inner, own, (loads, lp[1] - lp[0]))
     if best is None:
         return None, None
@@ -245,16 +261,23 @@ def sass_per_element(instrs, loops, spec: Spec):
         trips = -(-spec.inner_trip // unroll)
         body += (q[1] - q[0] + 1) * trips
     elements = own / spec.per_element
-    # Everything outside the element loop once per thread (cold paths included; not the trailing alignment NOPs),
-    # the other loops (outermost ones, with what they hold) other_trip times.
+    # Everything else once per thread: before and after the element loop (cold paths and tails included), up
+    # to the kernel's last instruction (not the alignment padding after it: NOPs and the branch to itself).
     end = len(instrs)
-    while end > 0 and instrs[end - 1][1] == "NOP":
+    while end > 0 and (instrs[end - 1][1].startswith("NOP") or _self_branch(instrs[end - 1])):
         end -= 1
+    # Loops outside the element loop that neither hold it nor sit in it (outermost ones, with what they hold):
+    # other_trip times.
     others = [q for q in loops if q != lp and not _inside(q, lp) and not _inside(lp, q) and q[1] < end]
     others = [q for q in others if not any(_inside(q, r) for r in others)]
-    other = sum(q[1] - q[0] + 1 for q in others)
-    once = end - size - other + other * spec.other_trip
-    return body / elements + once / spec.elements_per_thread, lp
+    rest = end - size + (spec.other_trip - 1) * sum(q[1] - q[0] + 1 for q in others)
+    return body / elements + rest / spec.elements_per_thread, lp
+
+
+def _self_branch(instr) -> bool:
+    addr, op, args = instr
+    t = re.search(r"0x([0-9a-f]+)", args)
+    return op.split(".")[0] == "BRA" and t is not None and int(t.group(1), 16) == addr
 
 
 def analyse(kernel: Kernel, instrs) -> None:

@@ -60,19 +60,14 @@ fi
 
 say "fetching libonnxruntime-dev (headers only) with: $line"
 work="$deps/apt"
-rm -rf "$work/deb" "$work/x"
-mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/deb" "$work/x"
-printf '%s\n' "$line" > "$work/sources.list"
-apt_opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-          -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "APT::Get::List-Cleanup=0")
-apt-get "${apt_opts[@]}" -qq update >&2
-(cd "$work/deb" && apt-get "${apt_opts[@]}" -qq download libonnxruntime-dev >&2)
+# shellcheck source=scripts/apt_fetch.sh
+. "$here/apt_fetch.sh"
+apt_fetch_unpack "$work" "$line" libonnxruntime-dev
 debs=("$work"/deb/libonnxruntime-dev_*.deb)
 if [ ! -f "${debs[0]}" ]; then
   say "error: apt-get download libonnxruntime-dev left no .deb in $work/deb: $need"
   exit 1
 fi
-dpkg-deb -x "${debs[0]}" "$work/x"
 if [ ! -f "$work/x/usr/include/onnxruntime/$header" ]; then
   say "error: ${debs[0]} has no usr/include/onnxruntime/$header: $need"
   exit 1

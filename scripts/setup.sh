@@ -5,6 +5,8 @@
 #   - ONNX Runtime C/C++ headers: DCNKIT_ORT_INCLUDE_DIR when set (nothing fetched), else Debian trixie's
 #     libonnxruntime-dev (headers only, into .deps/) from the Debian archive this machine's apt already uses
 #     (scripts/ort_headers.sh; without apt-get it says in one line what to provide and fails),
+#   - oneDNN for the quantized DeformConv2d (Debian bookworm's libdnnl2 unpacked into .deps/onednn by
+#     scripts/onednn_fetch.sh; optional: without it QDeformConv2d asks for oneDNN and its tests skip),
 #   - dcnkit itself, built by scikit-build-core (CPU + CUDA when nvcc is present).
 # Idempotent: a second run reuses what is there and only rebuilds dcnkit.
 set -euo pipefail
@@ -16,6 +18,8 @@ log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
 # ---- ONNX Runtime headers first (the pip wheel ships none): fail fast when they cannot be had ----
 ort_inc="$(bash "$root/scripts/ort_headers.sh" "$root/.deps" python3)"
+bash "$root/scripts/onednn_fetch.sh" "$root/.deps" python3 >/dev/null ||
+  log "oneDNN not fetched: dcnkit::QDeformConv2d will need apt install libdnnl2 or DCNKIT_ONEDNN_LIB"
 
 if [ ! -x "$py" ]; then
   log "creating $venv"

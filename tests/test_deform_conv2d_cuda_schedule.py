@@ -8,7 +8,8 @@ adapter's aten_gemm, the function the CUDA path uses too), in one child process,
   NaN and Inf where torchvision has them;
 * the torch adapter's GEMM writes straight into C (issue 25 item 4): torch.profiler's memory
   events show no allocation inside any "dcnkit::aten_gemm" scope over a bias-free forward (beta 0) and a backward
-  (column-gradient GEMM with beta 0, grad_weight GEMM with beta 1)."""
+  (column-gradient GEMM with beta 0, grad_weight GEMM with beta 1);
+* sizes past the gather's 32-bit coordinates (H + 2*pad_h >= 2^31 here) are refused with a clear error."""
 
 import json
 import os
@@ -79,6 +80,14 @@ _CHILD = textwrap.dedent("""
         walk(r, False)
     ref = grads(lambda *t: tv(*t).square().sum(), (x, off, w, m))
     out["gemm_err"] = max((p - q).abs().max().item() for p, q in zip([x.grad, off.grad, w.grad, m.grad], ref[1:]))
+
+    # The gather's 32-bit coordinates: a padded extent of 2^31 or more is refused, naming the sizes.
+    try:
+        deform_conv2d(torch.zeros(1, 1, 4, 4), torch.zeros(1, 18, 3, 4), torch.zeros(1, 1, 3, 3), None,
+                      (2**30, 1), (2**30, 1), 1)
+        out["bounds_error"] = ""
+    except ValueError as e:
+        out["bounds_error"] = str(e)
     print(json.dumps(out))
 """)
 
@@ -103,3 +112,9 @@ def test_aten_gemm_allocates_nothing(child):
     assert child["scopes"] >= 3, child
     assert child["allocs"] == [], f"allocations inside dcnkit::aten_gemm: {child['allocs']}"
     assert child["gemm_err"] < 1e-9, child
+
+
+def test_sizes_past_32_bit_coordinates_are_refused(child):
+    assert child["bounds_error"].startswith("deform_conv2d_cuda: input: expected an input plane H*W, H + 2*pad_h, "
+                                            "W + 2*pad_w and a column row below 2^31 elements, got H*W 16, "
+                                            "H + 2*pad_h 2147483652"), child["bounds_error"]

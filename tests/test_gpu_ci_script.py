@@ -55,6 +55,49 @@ def test_gpu_report_dry_run_writes_one_json_and_one_table_with_the_model(tmp_pat
     f32 = {x["case"]: x for x in dcn if x["dtype"] == "float32"}
     assert f32["(8, 32, 128, 128) forward+backward"]["model_ms"] > f32["(8, 32, 128, 128) forward"]["model_ms"]
     assert f32["(8, 32, 128, 128) forward"]["target"] == 0.5 and f32["(1, 64, 64, 64) forward"]["target"] == 0.8
+    assert report["tensorrt_enqueue"] is None and "skip: TensorRT plugins' enqueue on device buffers" in md
+    # peak memory at every benchmark shape and dtype, against the target fwd+bwd <= torchvision's
+    shapes = ((1, 64, 64, 64), (4, 256, 32, 32), (8, 32, 128, 128))
+    assert [(tuple(m["shape"]), m["dtype"]) for m in report["dcn_memory"]] == [
+        (s, d) for d in ("float32", "float16", "bfloat16") for s in shapes]
+    assert all(m["ratio"] is None and m["target"] == 1.0 for m in report["dcn_memory"])
+
+
+def test_gpu_report_memory_rows_compare_fwd_bwd_peak_with_torchvision():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_report
+
+    def measure(shape, dtype):  # stand-in for bench_deform_conv2d.measure_memory's row
+        if dtype == "bfloat16":
+            return None  # the child failed: no figures
+        mib = 2**20
+        return {"batch": shape[0], "dcnkit_fwd_bytes": 10 * mib, "torchvision_fwd_bytes": 20 * mib,
+                "dcnkit_fwdbwd_bytes": (30 if shape[1] == 64 else 50) * mib, "torchvision_fwdbwd_bytes": 40 * mib}
+
+    rows = gpu_report.dcn_memory_rows(measure)
+    assert len(rows) == 9
+    by = {(tuple(r["shape"]), r["dtype"]): r for r in rows}
+    assert by[((1, 64, 64, 64), "float32")]["ratio"] == 0.75 and by[((1, 64, 64, 64), "float32")]["meets"]
+    assert by[((4, 256, 32, 32), "float16")]["ratio"] == 1.25 and by[((4, 256, 32, 32), "float16")]["meets"] is False
+    assert by[((8, 32, 128, 128), "bfloat16")]["meets"] is None
+    md = gpu_report.markdown([], None, [], None, rows)
+    assert "| (1, 64, 64, 64) | float32 | 10.0 | 20.0 | 30.0 | 40.0 | 0.75 | yes |" in md
+    assert "| (4, 256, 32, 32) | float16 | 10.0 | 20.0 | 50.0 | 40.0 | 1.25 | no |" in md
+    assert "| (8, 32, 128, 128) | bfloat16 | - | - | - | - | - | - |" in md
+
+
+def test_gpu_report_table_has_a_pass_fail_row_per_tensorrt_plugin():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_report
+
+    rows = [{"plugin": "RoIAlign-avg", "dtype": "float16", "max_err": 1e-3, "allowed": 1e-2, "passed": True,
+             "note": ""},
+            {"plugin": "DCNv3", "dtype": "float32", "max_err": None, "allowed": 1e-4, "passed": False,
+             "note": "FAILED DCNv3-float32: enqueue returned -1"}]
+    md = gpu_report.markdown([], None, [], rows)
+    assert "| RoIAlign-avg | float16 | 0.001 | 0.01 | pass |" in md
+    assert "| DCNv3 | float32 | - | 0.0001 | FAIL: FAILED DCNv3-float32: enqueue returned -1 |" in md
+    assert "TensorRT plugins' enqueue on device buffers" not in gpu_report.markdown([], None, [], None)
 
 
 def test_gpu_model_reproduces_the_calibration_points():
@@ -67,3 +110,15 @@ def test_gpu_model_reproduces_the_calibration_points():
     assert abs(M.kernel_ms(e, 114, 0) - 0.17) < 0.01
     assert abs(M.kernel_ms(e, 507, 0) - 0.76) < 0.01
     assert M.kernel_ms(e, 1, 3.0e9) == 1.0  # 3 GB at 3 TB/s: the DRAM bound
+
+
+def test_dcn_memory_child_measures_dcnkit_where_torchvision_lacks_the_dtype():
+    # torchvision's deform_conv2d has no bfloat16 kernel on the CPU: the memory row keeps dcnkit's figures and
+    # says why torchvision's are absent, instead of the whole child failing.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_deform_conv2d as bench
+
+    rows = bench.measure_memory((1, 8, 12, 12), "bfloat16", "cpu", [1], False, 1)
+    assert rows is not None and len(rows) == 1, rows
+    assert "not implemented for 'BFloat16'" in rows[0]["torchvision_unsupported"]
+    assert "torchvision_fwdbwd_bytes" not in rows[0] and isinstance(rows[0]["dcnkit_fwdbwd_bytes"], int)

@@ -65,14 +65,16 @@ def test_loops_conversions_and_the_per_element_model():
     assert kr.find_loops(instrs) == [(2, 11), (4, 9)]
     assert kr.is_conv64("I2F.S64") and kr.is_conv64("F2I.S64.TRUNC") and kr.is_conv64("I2F.F64.U64")
     assert not kr.is_conv64("I2F.U32.RP") and not kr.is_conv64("F2I.FTZ.U32.TRUNC.NTZ") and not kr.is_conv64("F2F.F64.F32")
-    # element loop: 10 - 6 own + 6 * 4 trips = 28 per element, plus the 3 instructions outside it (2 before, the
-    # EXIT after) / elements_per_thread
+    # element loop: 10 - 6 own + 6 * 4 trips = 28 per element, plus the 3 instructions outside it (2 before, EXIT
+    # after) / elements_per_thread
     spec = kr.GATED["roi_align_plan_forward_kernel"]
     value, loop = kr.sass_per_element(instrs, kr.find_loops(instrs), spec)
     assert loop == (2, 11)
     assert value == pytest.approx(4 + 6 * 4 + 3 / spec.elements_per_thread)
-    # the epilogue counts too: a 2-instruction loop after the element loop other_trip times, the EXIT once, the
-    # alignment NOPs not at all
+    # alignment padding after the last instruction is not counted
+    padded = kr.parse_sass(_sass(PLAN, ELEMENT_NEST + ["BRA 0xd0", "NOP", "NOP"]))[PLAN]
+    assert kr.sass_per_element(padded, kr.find_loops(padded), spec)[0] == pytest.approx(value)
+    # a loop after the element loop (a shuffle reduction) counts other_trip times; the EXIT once
     tail = ELEMENT_NEST[:12] + ["SHFL.DOWN PT, R1, R2, R3, R4", "@P2 BRA 0xc0", "EXIT", "NOP", "NOP"]
     instrs = kr.parse_sass(_sass(PLAN, tail))[PLAN]
     five = kr.Spec(250, inner_trip=4, elements_per_thread=16, other_trip=5)
@@ -84,6 +86,23 @@ def test_loops_conversions_and_the_per_element_model():
     instrs = kr.parse_sass(_sass(PLAN, zeros + ELEMENT_NEST[:9] + ["@P0 BRA 0x60", "STG.E [R10], R4",
                                                                    "@P1 BRA 0x40", "EXIT"]))[PLAN]
     assert kr.sass_per_element(instrs, kr.find_loops(instrs), spec)[1] == (4, 13)
+
+
+def test_the_element_loop_is_the_innermost_marker_loop():
+    # A grid-stride loop [1, 12] whose own body stores 2 elements (a channel remainder) around a channel loop
+    # [4, 10] (4 loads, 1 store): the channel loop is the element loop (7 SASS per element), and the other 7
+    # instructions of the kernel (setup, remainder, grid step, EXIT) are charged once per thread.
+    body = ["S2R R0, SR_TID.X",
+            "MOV R1, R2", "STG.E [R10], R4", "STG.E [R10+0x4], R4",
+            "LDG.E R5, [R6]", "LDG.E R7, [R6+0x4]", "LDG.E R8, [R6+0x8]", "LDG.E R9, [R6+0xc]",
+            "FFMA R4, R5, R7, R4", "STG.E [R10], R4", "@P0 BRA 0x40",
+            "IADD3 R0, R0, 0x100, RZ", "@P1 BRA 0x10", "EXIT"]
+    spec = kr.GATED["deform_conv2d_gather_kernel"]
+    instrs = kr.parse_sass(_sass(PLAN, body))[PLAN]
+    assert kr.find_loops(instrs) == [(1, 12), (4, 10)]
+    value, loop = kr.sass_per_element(instrs, kr.find_loops(instrs), spec)
+    assert loop == (4, 10)
+    assert value == pytest.approx(7 + 7 / spec.elements_per_thread)
 
 
 def _gated(ptxas_regs=40, body=ELEMENT_NEST, name=PLAN, stack=0):

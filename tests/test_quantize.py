@@ -34,9 +34,8 @@ def _digits(n, seed):
     return rng.uniform(-1, 1, (n, 1, 8, 8)).astype(np.float32)
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    d = tmp_path_factory.mktemp("quant")
+def export_kit_and_standard(d):
+    """The model above exported into folder d with the kit's DeformConv2d and with standard DeformConv."""
     m = _model()
     x = torch.from_numpy(_digits(2, 0))
     paths = {}
@@ -44,6 +43,13 @@ def exported(tmp_path_factory):
         p = d / f"{kind}.onnx"
         dk_export.to_onnx(m, (x,), str(p), standard_ops=std, dynamic_batch=True, verbose=False)
         paths[kind] = p
+    return paths
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    d = tmp_path_factory.mktemp("quant")
+    paths = export_kit_and_standard(d)
     # mmdeploy's name for the same node (input order input, offset, mask, weight, bias)
     proto = onnx.load(str(paths["kit"]))
     for n in proto.graph.node:
@@ -97,7 +103,7 @@ def test_quantized_model_runs_and_follows_the_float_model(exported, tmp_path, ki
     src = exported[kind]
     name = _name(src)
     calib = [{name: _digits(16, s)} for s in range(4)]
-    out = quantize(src, tmp_path / "q.onnx", calib)
+    out = quantize(src, tmp_path / "q.onnx", calib, qdeform=False)  # QDeformConv2d: tests/test_quantize_qdeform.py
     proto = onnx.load(str(out))
     ops = [(n.domain, n.op_type) for n in proto.graph.node]
     deform = [n for n in proto.graph.node if "DeformConv" in n.op_type]
@@ -173,6 +179,10 @@ def test_demo_model_accuracy_in_int8_within_one_point():
         name = _name(p)
         calib = [{name: x_tr[i:i + 64]} for i in range(0, len(x_tr) - 63, 64)]
         q = quantize(p, Path(d) / "digits.int8.onnx", calib)
+        from dcnkit.runtime.quantize_qdeform import qdeform_available
+
+        ops = {n.op_type for n in onnx.load(str(q)).graph.node}
+        assert ("QDeformConv2d" in ops) == qdeform_available()  # the int8 kernel where oneDNN is found
         acc32 = float((_run(p, x_te).argmax(1) == y_te).mean())
         acc8 = float((_run(q, x_te).argmax(1) == y_te).mean())
     assert acc32 > 0.9
@@ -232,7 +242,7 @@ def test_cli_quantize_then_run(exported, tmp_path):
     npz = tmp_path / "calib.npz"
     np.savez(npz, **{_name(src): _digits(16, 5)})
     out = tmp_path / "q.onnx"
-    p = _cli("quantize", src, "-o", out, "--calibration", npz, "--calibration", npz)
+    p = _cli("quantize", src, "-o", out, "--calibration", npz, "--calibration", npz, "--no-qdeformconv")
     assert p.returncode == 0, p.stderr
     assert "QuantizeLinear nodes, calibrated on 2 feeds (minmax" in p.stdout
     assert "float between DequantizeLinear/QuantizeLinear: dcnkit::DeformConv2d" in p.stdout

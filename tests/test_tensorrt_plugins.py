@@ -3,6 +3,7 @@ links nothing from TensorRT, and every creator passes the host-side lifecycle te
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,14 +16,12 @@ LIFECYCLE_SRC = ROOT / "tests" / "cpp" / "tensorrt_lifecycle_test.cpp"
 
 def _trt_include():
     """TensorRT headers as the build finds them (TensorRT_INCLUDE_DIR / TensorRT_ROOT, then usual places)."""
-    cands = [os.environ.get("TensorRT_INCLUDE_DIR", "")]
-    if os.environ.get("TensorRT_ROOT"):
-        cands.append(os.path.join(os.environ["TensorRT_ROOT"], "include"))
-    cands += ["/usr/include/x86_64-linux-gnu", "/usr/local/TensorRT/include", "/opt/tensorrt/include", "/usr/include"]
-    for c in cands:
-        if c and (Path(c) / "NvInferRuntime.h").is_file():
-            return Path(c)
-    return None
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from check_trt_enqueue import trt_include
+    finally:
+        sys.path.pop(0)
+    return trt_include()
 
 
 def _cuda_include():

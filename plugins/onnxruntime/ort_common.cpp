@@ -102,6 +102,23 @@ RawAttr read_raw(const OrtKernelInfo* info, const char* name) {
 
 }  // namespace
 
+std::string node_name(const OrtKernelInfo* info) {
+  size_t n = 0;
+  OrtStatus* st = api().KernelInfo_GetNodeName(info, nullptr, &n);
+  if (st != nullptr) {
+    api().ReleaseStatus(st);
+    return "";
+  }
+  std::string s(n + 1, '\0');
+  st = api().KernelInfo_GetNodeName(info, s.data(), &n);
+  if (st != nullptr) {
+    api().ReleaseStatus(st);
+    return "";
+  }
+  s.resize(std::strlen(s.c_str()));
+  return s;
+}
+
 Status read_attrs(const OrtKernelInfo* info, const OpVariant& variant, std::vector<AttrValue>* out) {
   return ::dcnkit::read_attrs(variant, [info](const char* name) { return read_raw(info, name); }, out);
 }
@@ -117,6 +134,8 @@ const char* onnx_type_name(ONNXTensorElementDataType t) {
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return "bfloat16";
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return "int64";
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return "int32";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8: return "int8";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8: return "uint8";
     default: return "another element type";
   }
 }

@@ -33,6 +33,9 @@ Status from_ort(OrtStatus* s, const std::string& what);
 // Errors name the attribute as written in the model.
 Status read_attrs(const OrtKernelInfo* info, const OpVariant& variant, std::vector<AttrValue>* out);
 
+// The node's name ("" when ONNX Runtime gives none).
+std::string node_name(const OrtKernelInfo* info);
+
 // ---------------------------------------------------------------------------------------------
 // Tensors
 

@@ -6,29 +6,9 @@
 #include <type_traits>
 
 #include "ort_kernels.h"
+#include "ort_qdeform_conv.h"
 
 namespace dcnkit::ort {
-
-namespace {
-
-std::string node_name(const OrtKernelInfo* info) {
-  size_t n = 0;
-  OrtStatus* st = api().KernelInfo_GetNodeName(info, nullptr, &n);
-  if (st != nullptr) {
-    api().ReleaseStatus(st);
-    return "";
-  }
-  std::string s(n + 1, '\0');
-  st = api().KernelInfo_GetNodeName(info, s.data(), &n);
-  if (st != nullptr) {
-    api().ReleaseStatus(st);
-    return "";
-  }
-  s.resize(std::strlen(s.c_str()));
-  return s;
-}
-
-}  // namespace
 
 Status gather_inputs(const Kernel& k, const OrtKernelContext* ctx, TensorView* inputs, size_t max_inputs) {
   for (size_t i = 0; i < max_inputs; ++i) inputs[i] = TensorView();
@@ -427,6 +407,10 @@ OrtStatus* register_all(OrtSessionOptions* options) {
     for (const auto& op : registry().ops) {
       if (d != op->variant->domain) continue;
       if (OrtStatus* st = a.CustomOpDomain_Add(domain, op.get())) return st;
+    }
+    if (d == "dcnkit") {
+      for (OrtCustomOp* op : qdeform_conv_ops())
+        if (OrtStatus* st = a.CustomOpDomain_Add(domain, op)) return st;
     }
     // The domain must outlive every session that uses it: it is never released.
     if (OrtStatus* st = a.AddCustomOpDomain(options, domain)) return st;

@@ -272,14 +272,15 @@ void memory(int64_t N, int64_t C, int64_t H, DType dt) {
 
 // The issue 25 model (H100 SXM, fp32, TF32 off): a kernel takes max(issue time, DRAM time), the issue time at
 // R = 7.9e11 warp-instructions/s (fitted on torchvision's im2col, 0.17 ms at (8,32,128,128) measured on an H100 on
-// 2026-11-24), the instructions per column element estimated for the taps-shared gather from a prototype's SASS
-// (73 per 4 channels + 293 setup per slice); DRAM at 3.0 TB/s; GEMM at 50 TFLOP/s. Not a measurement.
+// 2026-11-24), the instructions per column element of the gather kernel's sm_90 SASS (scripts/kernel_report.py,
+// float, int32 indices, 3x3, mask, 2026-11-25: 69 per 4 channels + 235 once per slice, an upper bound of the
+// executed path); DRAM at 3.0 TB/s; GEMM at 50 TFLOP/s. Not a measurement.
 void model(int64_t N, int64_t C, int64_t H) {
   const DeformConv2dParams p = make_params(N, C, H, H, 3, 1, 1);
   const DcnTiling tl = deform_conv2d_cuda_tiling(p, DType::kFloat32);
   const double K = 9, P = double(p.out_spatial()), E = N * C * K * P;
   const double slice = double((C + tl.fwd_slices - 1) / tl.fwd_slices);
-  const double instr = 73.0 / 4 + 293.0 / slice;
+  const double instr = 69.0 / 4 + 235.0 / slice;
   const double t_issue = E / 32 * instr / 7.9e11;
   const double bytes = 4.0 * (N * C * H * H + 3 * N * K * P + N * C * P);  // input, offset+mask, Y (tiles in L2)
   const double t_dram = bytes / 3.0e12;

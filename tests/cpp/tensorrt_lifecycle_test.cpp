@@ -40,18 +40,6 @@ void check(bool ok, const std::string& what) {
 
 // ---------------------------------------------------------------------------------------------
 
-template <typename T>
-T* cap(IPluginV3* p, PluginCapabilityType t) {
-  return static_cast<T*>(p->getCapabilityInterface(t));
-}
-
-Dims dims_of(const std::vector<int64_t>& v) {
-  Dims d{};
-  d.nbDims = static_cast<int32_t>(v.size());
-  for (size_t i = 0; i < v.size(); ++i) d.d[i] = v[i];
-  return d;
-}
-
 std::string shape_text(const std::vector<int64_t>& v) {
   std::string s = "(";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);

@@ -10,13 +10,6 @@
 
 std::vector<const void*> g_blas_created, g_blas_destroyed;
 
-// A resource context as TensorRT hands one per execution context to attachToContext.
-class TestResourceContext final : public IPluginResourceContext {
- public:
-  IGpuAllocator* getGpuAllocator() const noexcept override { return nullptr; }
-  IErrorRecorder* getErrorRecorder() const noexcept override { return nullptr; }
-};
-
 const Case* find_case(const std::vector<Case>& cs, const char* name) {
   for (const Case& c : cs)
     if (std::strcmp(c.name, name) == 0) return &c;

@@ -1,6 +1,6 @@
-// Host stand-ins for what TensorRT hands a plugin, for tensorrt_lifecycle_test.cpp: the logger and its finder,
-// an IExprBuilder that folds constants, and PluginField collections as the ONNX parser fills them. Included
-// once, inside that file's namespace (after its check()).
+// Host stand-ins for what TensorRT hands a plugin, for tensorrt_lifecycle_test.cpp and tensorrt_enqueue_cuda.cpp:
+// the logger and its finder, an IExprBuilder that folds constants, a resource context, and PluginField collections
+// as the ONNX parser fills them. Included once, inside each program's namespace.
 #pragma once
 
 // ---------------------------------------------------------------------------------------------
@@ -130,3 +130,25 @@ std::string fields_text(const PluginFieldCollection* fc) {
   }
   return s;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Plugin access
+
+template <typename T>
+T* cap(IPluginV3* p, PluginCapabilityType t) {
+  return static_cast<T*>(p->getCapabilityInterface(t));
+}
+
+Dims dims_of(const std::vector<int64_t>& v) {
+  Dims d{};
+  d.nbDims = static_cast<int32_t>(v.size());
+  for (size_t i = 0; i < v.size(); ++i) d.d[i] = v[i];
+  return d;
+}
+
+// A resource context as TensorRT hands one per execution context to attachToContext.
+class TestResourceContext final : public IPluginResourceContext {
+ public:
+  IGpuAllocator* getGpuAllocator() const noexcept override { return nullptr; }
+  IErrorRecorder* getErrorRecorder() const noexcept override { return nullptr; }
+};

@@ -62,11 +62,11 @@ __device__ __forceinline__ void gather_grid(const DeformConv2dParams& p, const D
     deform_conv2d_gather<Acc, T, IndexT, KH, KW, kMask>(p, t, input, offset, mask, i, columns);
 }
 
-// ptxas, sm_90: 40-48 registers, no spill, except double with int64 indices, whose runtime-kernel-size variant it
-// kept at 48 registers with an 8-byte spill; that one (deform_conv2d_gather_kernel_wide) asks for 4 blocks per SM
-// instead (<= 64 registers: 62-64, no spill). An explicit 1 block per SM let the float kernels grow to 55-71.
+// float accumulation: at least 5 blocks of 256 per SM, so <= 48 registers (without it the 64-bit-index 1x1
+// variants took 59-64). double: the plain 256-thread bound; with int64 indices deform_conv2d_gather_kernel_wide
+// asks for 4 blocks per SM (<= 64 registers, no spill).
 template <typename T, typename IndexT, int KH, int KW, bool kMask>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, sizeof(typename AccType<T>::type) == 4 ? 5 : 1)
     deform_conv2d_gather_kernel(DeformConv2dParams p, DcnTile t, const T* __restrict__ input,
                                 const T* __restrict__ offset, const T* __restrict__ mask, T* __restrict__ columns) {
   gather_grid<T, IndexT, KH, KW, kMask>(p, t, input, offset, mask, columns);

@@ -171,11 +171,12 @@ void to_channels_first(const T* __restrict src, T* __restrict dst, int64_t C, in
   }
 }
 
-// Everything the CPU loops need about one image.
-template <typename T>
+// Everything the CPU loops need about one image. X: the element of the channels-last map (T, or uint8_t for
+// the quantized forward, deform_conv2d_cpu_quant.cpp), T: of the offsets and mask.
+template <typename T, typename X = T>
 struct CpuImage {
   const DeformConv2dParams* p;
-  const T* x_hwc;   // (H*W, Cin)
+  const X* x_hwc;   // (H*W, Cin)
   const T* offset;  // (2*Gd*K, P)
   const T* mask;    // (Gd*K, P) or null
 };
@@ -218,16 +219,19 @@ __attribute__((always_inline)) inline void blend_taps(T* __restrict dst, const T
   }
 }
 
-// Columns of positions [p0, p0 + tn) into col (tn x Cin*K, position-major, see the file comment).
-template <typename T>
-__attribute__((always_inline)) inline void build_columns_impl(const CpuImage<T>& im, int64_t p0, int64_t tn, T* __restrict col) {
+// Columns of positions [p0, p0 + tn) into col (tn x Cin*K, position-major, see the file comment): the sampling
+// plan of every column builder (float and quantized), one copy. `blend(dst, rows, taps, n)` writes one sampling
+// point's n channels from the rows of its four neighbours (rows of X, columns of C).
+template <typename T, typename X, typename C, typename Blend>
+__attribute__((always_inline)) inline void build_columns_with(const CpuImage<T, X>& im, int64_t p0, int64_t tn,
+                                                              C* __restrict col, const Blend& blend) {
   const DeformConv2dParams& p = *im.p;
   const int64_t K = p.kernel_size(), Cin = p.in_channels, CK = Cin * K;
   const int64_t Gd = p.attrs.deformable_groups, cpg = p.in_per_deformable_group(), cin_g = p.in_per_group();
   int64_t ho = p0 / p.out_w, wo = p0 - ho * p.out_w;
   for (int64_t t = 0; t < tn; ++t) {
     const int64_t pos = p0 + t;
-    T* crow = col + t * CK;
+    C* crow = col + t * CK;
     for (int64_t i = 0, k = 0; i < p.kernel_h; ++i) {
       for (int64_t j = 0; j < p.kernel_w; ++j, ++k) {
         for (int64_t g = 0; g < Gd; ++g) {
@@ -238,9 +242,9 @@ __attribute__((always_inline)) inline void build_columns_impl(const CpuImage<T>&
           for (int64_t cb = g * cpg, cend = (g + 1) * cpg; cb < cend;) {
             const int64_t gc = cb / cin_g;
             const int64_t ce = std::min(cend, (gc + 1) * cin_g);
-            const T* rows[4];
+            const X* rows[4];
             tap_rows(im.x_hwc + cb, Cin, s, rows);
-            blend_taps<T>(crow + gc * K * cin_g + k * cin_g + (cb - gc * cin_g), rows, s.w, s.ok, ce - cb);
+            blend(crow + gc * K * cin_g + k * cin_g + (cb - gc * cin_g), rows, s, ce - cb);
             cb = ce;
           }
         }
@@ -251,6 +255,14 @@ __attribute__((always_inline)) inline void build_columns_impl(const CpuImage<T>&
       ++ho;
     }
   }
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void build_columns_impl(const CpuImage<T>& im, int64_t p0, int64_t tn, T* __restrict col) {
+  build_columns_with(im, p0, tn, col, [](T* __restrict dst, const T* const rows[4], const SampleTaps<T>& s,
+                                         int64_t n) __attribute__((always_inline)) {
+    blend_taps<T>(dst, rows, s.w, s.ok, n);
+  });
 }
 
 DCNKIT_CPU_CLONES void build_columns_f32(const CpuImage<float>& im, int64_t p0, int64_t tn, float* col) {

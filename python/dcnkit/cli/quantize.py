@@ -34,7 +34,8 @@ def cmd_quantize(args) -> int:
     try:
         dq.quantize(args.model, out, feeds, method=args.method, per_channel=not args.per_tensor,
                     exclude_op_types=args.exclude_op_type, exclude_nodes=args.exclude_node, threads=args.threads,
-                    reduce_range=not args.full_range, quantize_offsets=args.quantize_offsets)
+                    reduce_range=not args.full_range, quantize_offsets=args.quantize_offsets,
+                    qdeform=False if args.no_qdeformconv else None)
     except ValueError as e:
         arg, _, msg = str(e).partition(": ")
         raise CliError({"exclude_nodes": "--exclude-node"}.get(arg, arg), msg) from None
@@ -42,11 +43,15 @@ def cmd_quantize(args) -> int:
 
     proto = onnx.load(str(out), load_external_data=False)
     nq = sum(n.op_type == "QuantizeLinear" for n in proto.graph.node)
+    nqd = sum((n.domain, n.op_type) == ("dcnkit", "QDeformConv2d") for n in proto.graph.node)
+    deform = ("DeformConv", "DeformConv2d", "MMCVModulatedDeformConv2d", "MMCVDeformConv2d")
     float_kit = sorted({f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in proto.graph.node
-                        if n.op_type in ("DeformConv", "DeformConv2d", "MMCVModulatedDeformConv2d",
-                                         "MMCVDeformConv2d") or n.domain in ("dcnkit", "mmdeploy", "mmcv")})
+                        if n.op_type != "QDeformConv2d"
+                        and (n.op_type in deform or n.domain in ("dcnkit", "mmdeploy", "mmcv"))})
     print(f"wrote {out}: {nq} QuantizeLinear nodes, calibrated on {len(feeds)} feeds ({args.method}, "
           f"{'per-tensor' if args.per_tensor else 'per-channel'} int8 weights) in {time.perf_counter() - t0:.1f} s")
+    if nqd:
+        print(f"quantized deformable convolutions (dcnkit::QDeformConv2d): {nqd}")
     if float_kit:
         print(f"float between DequantizeLinear/QuantizeLinear: {', '.join(float_kit)}")
     return 0
@@ -60,7 +65,9 @@ def register(sub) -> None:
                        description="Static INT8 quantization (QDQ: int8 weights, uint8 activations) with ONNX "
                                    "Runtime's quantization tool; calibration runs with the kit's library, so models "
                                    "with dcnkit / mmdeploy / mmcv nodes and standard DeformConv quantize. The kit's "
-                                   "nodes stay float between DequantizeLinear and QuantizeLinear.")
+                                   "deformable convolutions become dcnkit::QDeformConv2d (int8), its other nodes "
+                                   "stay float between "
+                                   "DequantizeLinear and QuantizeLinear.")
     p.add_argument("model", help="ONNX file (float32)")
     p.add_argument("-o", "--output", required=True, help="the quantized ONNX file to write")
     p.add_argument("--calibration", action="append", required=True, metavar="NPZ",
@@ -73,6 +80,9 @@ def register(sub) -> None:
                    "VNNI need to avoid saturation; use this only where the deployment CPU has VNNI or AMX)")
     p.add_argument("--quantize-offsets", action="store_true", help="quantize the layers that predict the "
                    "deformable convolutions' offsets and masks too (default: they stay float)")
+    p.add_argument("--no-qdeformconv", action="store_true", help="leave deformable convolutions float between "
+                   "DequantizeLinear/QuantizeLinear (default: one dcnkit::QDeformConv2d each where the kit's library "
+                   "runs it, i.e. finds oneDNN)")
     p.add_argument("--exclude-op-type", action="append", default=[], metavar="OP",
                    help="leave every node of this operator type in float (repeatable)")
     p.add_argument("--exclude-node", action="append", default=[], metavar="NAME",

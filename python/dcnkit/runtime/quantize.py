@@ -10,8 +10,9 @@ by :func:`dcnkit.runtime.ort_session` (the kit's library registered, standard ``
 where that is the faster one), so the models the kit runs are the models it quantizes.
 
 What is quantized is ONNX Runtime's choice of operators (Conv, MatMul, Gemm, Add, ...): weights int8 (per output
-channel by default), activations uint8, QDQ format. The kit's nodes (and standard ``DeformConv``) are not
-quantized: they stay float, between a DequantizeLinear and a QuantizeLinear where their neighbours are quantized.
+channel by default), activations uint8, QDQ format. The kit's nodes (and standard ``DeformConv``) are left float by
+the tool, between a DequantizeLinear and a QuantizeLinear where their neighbours are quantized; a deformable
+convolution there then becomes one ``dcnkit::QDeformConv2d`` (:mod:`dcnkit.runtime.quantize_qdeform`; ``qdeform``).
 """
 from __future__ import annotations
 
@@ -173,7 +174,7 @@ def calibration_feeds(model: str, arrays: dict, arg: str = "calibration") -> lis
 def quantize(model, output, calibration, *, method: str = "minmax", per_channel: bool = True,
              exclude_op_types=(), exclude_nodes=(), providers=None, threads: int | None = None,
              reduce_range: bool = True, symmetric_activations: bool = False,
-             quantize_offsets: bool = False) -> Path:
+             quantize_offsets: bool = False, qdeform: bool | None = None) -> Path:
     """Quantize ``model`` (an ONNX path) statically to INT8 QDQ, write ``output`` and return its path.
 
     ``calibration``: feed dicts (input name -> array), or one dict whose arrays :func:`calibration_feeds` cuts
@@ -183,7 +184,10 @@ def quantize(model, output, calibration, *, method: str = "minmax", per_channel:
     VNNI, whose uint8 x int8 products saturate in 16 bits otherwise (on this project's AVX2 machine the demo model
     loses 1.1 points of accuracy with 8-bit weights and none with 7-bit ones); False where the deployment CPU
     has AVX-512 VNNI, AVX-VNNI or AMX. ``quantize_offsets`` (default False): also quantize the nodes that predict the deformable
-    convolutions' offsets and masks (:func:`offset_branch_nodes`), which otherwise stay float. ``providers``: of the calibration sessions (default: the CPU EP).
+    convolutions' offsets and masks (:func:`offset_branch_nodes`), which otherwise stay float. ``qdeform``: write
+    each deformable convolution left between DequantizeLinear and QuantizeLinear as one ``dcnkit::QDeformConv2d``
+    (True), leave it float (False), or (None, the default) do so where the kit's library here runs that op (it
+    needs oneDNN). ``providers``: of the calibration sessions (default: the CPU EP).
     Raises ValueError for bad arguments (naming the argument) and :class:`QuantizationError` when ONNX Runtime's
     tool cannot quantize the model.
     """
@@ -253,4 +257,14 @@ def quantize(model, output, calibration, *, method: str = "minmax", per_channel:
                 f"ONNX Runtime cannot quantize {str(src)!r}: {type(e).__name__}: {first}") from e
         finally:
             logging.getLogger().removeFilter(hint)
+    if qdeform is None:
+        from dcnkit.runtime.quantize_qdeform import qdeform_available
+
+        qdeform = qdeform_available()
+    if qdeform:
+        from dcnkit.runtime.quantize_qdeform import fuse_qdeform_conv
+
+        out = onnx.load(str(dst))
+        if fuse_qdeform_conv(out, reduce_range=reduce_range):
+            onnx.save(out, str(dst))
     return dst

@@ -4,7 +4,8 @@ Every standard node runs in ONNX's own reference evaluator (``onnx.reference.Ref
 deformable / RoI nodes run in :mod:`dcnkit.reference`, the slow NumPy loops written straight from docs/operators.md that
 the test-suite also uses:
 
-- ``dcnkit`` domain: ``DeformConv2d``, ``RoIAlign``, ``DeformRoIPool``, ``DeformPSRoIPool``,
+- ``dcnkit`` domain: ``DeformConv2d``, ``QDeformConv2d`` (dequantize -> DeformConv2d -> quantize), ``RoIAlign``,
+  ``DeformRoIPool``, ``DeformPSRoIPool``,
   ``MultiLevelRoIAlign``, ``MultiScaleDeformableAttention``, ``DCNv3``, ``DCNv4``; ``mmdeploy::TRTDCNv3``; TensorRT's
   ``MultiscaleDeformableAttnPlugin_TRT`` in the domains ``nvidia``, ``trt`` and ``TRT``;
 - standard domain: ``DeformConv`` (opset 19) and ``RoiAlign`` (opset 10/16) are replaced too, so a model
@@ -98,6 +99,38 @@ class DeformConv2d(OpRun):
         _check_groups(name, x, weight, offset, int(_attr(self, "groups", 1)),
                       int(_attr(self, "deformable_groups", 1)))
         return (_deform_conv(x, offset, weight, bias, mask, stride, padding, dilation),)
+
+
+class QDeformConv2d(OpRun):
+    """The quantized DeformConv2d (docs/operators.md): X and the int8 weight dequantized (float64), the float
+    DeformConv2d reference, the result quantized to y_scale / y_zero_point (round half to even, saturated)."""
+
+    op_domain = DCNKIT_DOMAIN
+
+    def _run(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, offset, mask=None, bias=None,
+             y_scale=None, y_zero_point=None, **_):
+        name = "QDeformConv2d"
+        if y_scale is None or y_zero_point is None:
+            raise ValueError(f"{name}: y_scale, y_zero_point: expected tensors, got none")
+        cout = w.shape[0]
+        for arg, v in (("x_scale", x_scale), ("w_scale", w_scale), ("y_scale", y_scale)):
+            if not (np.all(np.asarray(v) > 0) and np.all(np.isfinite(v))):
+                raise ValueError(f"{name}: {arg}: expected positive finite scales, got {np.asarray(v).ravel()[:4]}")
+        ws = np.broadcast_to(np.asarray(w_scale, np.float64).reshape(-1), (cout,))
+        xf = (x.astype(np.float64) - np.float64(x_zero_point)) * np.float64(x_scale)
+        wz = np.asarray(w_zero_point, np.float64).reshape(-1, 1, 1, 1)
+        wf = (w.astype(np.float64) - wz) * ws.reshape(-1, 1, 1, 1)
+        if bias is not None:
+            bias = bias.astype(np.float64) * (np.float64(x_scale) * ws if bias.dtype == np.int32 else 1.0)
+        stride = _pair(_attr(self, "stride", [1, 1]), "stride", name)
+        padding = _pair(_attr(self, "padding", [0, 0]), "padding", name)
+        dilation = _pair(_attr(self, "dilation", [1, 1]), "dilation", name)
+        _check_groups(name, xf, wf, offset, int(_attr(self, "groups", 1)), int(_attr(self, "deformable_groups", 1)))
+        mask = None if mask is None else mask.astype(np.float64)
+        y = _deform_conv(xf, offset.astype(np.float64), wf, bias, mask, stride, padding, dilation)
+        info = np.iinfo(x.dtype)
+        q = np.rint(y / np.float64(y_scale)) + np.float64(y_zero_point)
+        return (np.clip(q, info.min, info.max).astype(x.dtype),)
 
 
 class RoIAlign(OpRun):
@@ -307,7 +340,7 @@ class RoiAlign(OpRun):
         return (np.asarray(out).astype(X.dtype, copy=False),)
 
 
-CUSTOM_OPS = (DeformConv2d, RoIAlign, DeformRoIPool, DeformPSRoIPool, MultiLevelRoIAlign, DeformConv, RoiAlign)
+CUSTOM_OPS = (DeformConv2d, QDeformConv2d, RoIAlign, DeformRoIPool, DeformPSRoIPool, MultiLevelRoIAlign, DeformConv, RoiAlign)
 CUSTOM_OPS += (MultiScaleDeformableAttention, DCNv3, TRTDCNv3, DCNv4) + TRT_MSDA_OPS
 
 

@@ -145,10 +145,16 @@ inline Status make_dcn_tile(const DeformConv2dParams& p, int64_t n0, int64_t nb,
                      "a column tile of fewer than 2^31 threads and 2^31 output positions",
                      std::to_string(threads) + " threads, " + std::to_string(p.out_spatial()) + " positions");
   }
-  // The kernels' sampling coordinates are 32-bit: ho * stride - pad + i * dilation lies in [-pad, H + pad).
-  if (p.height + 2 * p.attrs.pad_h >= lim || p.width + 2 * p.attrs.pad_w >= lim) {
-    return arg_error("deform_conv2d_cuda", "input", "a padded height and width (H + 2 pad, W + 2 pad) below 2^31",
-                     std::to_string(p.height + 2 * p.attrs.pad_h) + " x " + std::to_string(p.width + 2 * p.attrs.pad_w));
+  // The kernels' 32-bit in-plane offsets and coordinates (dcn_gather_point, dcn_backward_point): one
+  // channel plane, the padded extents (a coordinate lies in [-pad, H + pad)) and a column row step (K *
+  // positions of the tile) below 2^31.
+  const int64_t HW = p.height * p.width;
+  if (HW >= lim || p.height + 2 * p.attrs.pad_h >= lim || p.width + 2 * p.attrs.pad_w >= lim || K * pt >= lim) {
+    return arg_error("deform_conv2d_cuda", "input",
+                     "an input plane H*W, H + 2*pad_h, W + 2*pad_w and a column row below 2^31 elements",
+                     "H*W " + std::to_string(HW) + ", H + 2*pad_h " + std::to_string(p.height + 2 * p.attrs.pad_h) +
+                         ", W + 2*pad_w " + std::to_string(p.width + 2 * p.attrs.pad_w) + ", row " +
+                         std::to_string(K * pt));
   }
   t->n0 = n0;
   t->nb = nb;

@@ -1,0 +1,21 @@
+# Sourced by scripts/ort_headers.sh and scripts/onednn_fetch.sh (not run alone).
+#
+# apt_fetch_unpack WORK LINE PKG...: downloads the packages with apt-get as the current user, from the one
+# sources.list LINE, into WORK/deb (apt's lists and cache in WORK too; nothing installed) and unpacks every
+# .deb into WORK/x. apt-get's messages go to stderr.
+apt_fetch_unpack() {
+  local work="$1" line="$2"
+  shift 2
+  mkdir -p "$work" && work="$(cd "$work" && pwd)"  # apt-get runs from WORK/deb: absolute paths
+  rm -rf "$work/deb" "$work/x"
+  mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/deb" "$work/x"
+  printf '%s\n' "$line" > "$work/sources.list"
+  local apt_opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
+                  -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "APT::Get::List-Cleanup=0")
+  apt-get "${apt_opts[@]}" -qq update >&2
+  (cd "$work/deb" && apt-get "${apt_opts[@]}" -qq download "$@" >&2)
+  local d
+  for d in "$work"/deb/*.deb; do
+    if [ -f "$d" ]; then dpkg-deb -x "$d" "$work/x"; fi
+  done
+}
