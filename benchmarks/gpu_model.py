@@ -19,9 +19,9 @@ ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # SASS per element when the kernel report is not at hand: its figures for the current kernels (2026-11-25, nvcc 13.0,
 # sm_90), taken as benchmarks/gpu_report.py takes them from a live report -- the slowest float instantiation, here the
 # 64-bit-index ones (the 32-bit ones, which the benchmark shapes run, count 129-136 and 357-380): the DCN gather
-# (158-173 per column element), the fused sampling backward (394-422), RoIAlign's plan forward (368 per output at
-# sampling ratio 2); RoIAlign's backward: an estimate, not a count (the report has no per-element figure for it).
-DEFAULT_SASS = {"dcn_gather": 173.0, "dcn_backward": 422.0, "roi_align_forward": 368.0, "roi_align_backward": 400.0}
+# (158-173 per column element), the fused sampling backward (65.3 since the window rewrite, 394-422 before),
+# RoIAlign's plan forward (368 per output at sampling ratio 2); RoIAlign's backward: an estimate, not a count (the report has no per-element figure for it).
+DEFAULT_SASS = {"dcn_gather": 173.0, "dcn_backward": 65.3, "roi_align_forward": 368.0, "roi_align_backward": 400.0}
 
 
 def kernel_ms(elements: float, sass_per_element: float, bytes_moved: float) -> float:

@@ -16,8 +16,11 @@ trip count the estimated SASS per element (a static cost model):
 it too -- the one with the most global loads). Each iteration of the element loop is executed once per
 `elements per loop iteration` elements (the markers it issues); everything else is charged once per thread's
 work item: the setup before the loop, tails and the grid-stride step after it, cold paths too, so the estimate
-is an upper bound of the dynamic path. The one exception: a block head that only thread 0 runs (`if (threadIdx.x == 0)` at the
-kernel's start: the RoI kernels' plan head) is issued by one warp per block and charged as such. Checked by hand on the DCN gather (float, int32 indices, 3x3, mask, sm_90,
+is an upper bound of the dynamic path, with one exception: a block head that only thread 0 runs
+(`if (threadIdx.x == 0)` at the kernel's start: the RoI kernels' plan head) is issued by one warp per block and
+charged as such. Other loops (outside the element loop, neither holding it nor in it)
+count `other_trip` times (once unless a kernel's Spec says otherwise: the fused backward's shuffle reduction over
+its slices, up to log2(32) = 5 steps). Checked by hand on the DCN gather (float, int32 indices, 3x3, mask, sm_90,
 2026-11-25): a 16-channel work item executes ~191 instructions up to the channel loop, 4 x 69 in it and ~8 after
 it, ~30 per element; the model gives 31.9 (it also charges the 1-channel tail loop and the cold paths). Until then
 the element loop could be an outer loop whose own body issued a few markers -- the old gather's grid-stride loop,
@@ -58,7 +61,8 @@ class Spec:
     or output is stored once: STG; the fused backward's 4 atomics: RED, per_element 4). ``inner_trip``: trip
     count of the loops nested in the element loop (samples per bin), ``inner_loads``: global loads per inner
     iteration (the 4 taps), used to find the unroll factor. ``elements_per_thread``: the amortisation of the
-    rest of the kernel (prologue, plan)."""
+    rest of the kernel (prologue, plan, epilogue). ``other_trip``: trip count of the loops outside the element
+    loop (counted once by default; the fused backward's warp-shuffle reduction over slices: at most log2(32) = 5)."""
     max_sass_per_element: float
     marker: str = "STG"
     per_element: int = 1
@@ -66,6 +70,7 @@ class Spec:
     inner_loads: int = 4
     elements_per_thread: float = 16.0
     threads_per_block: int = 256
+    other_trip: float = 1.0
     note: str = ""
 
 
@@ -77,7 +82,7 @@ GATED = {
     # before: 42-57 for float by this model (130-173 by the earlier one), its 64-bit-index variants with 6
     # I2F/F2I.S64 in the grid-stride loop.
     "deform_conv2d_gather_kernel": Spec(40, note="per column element, 16 channels per thread slice"),
-    "deform_conv2d_sampling_backward_kernel": Spec(60, marker="RED", per_element=4,
+    "deform_conv2d_sampling_backward_kernel": Spec(60, marker="RED", per_element=4, other_trip=5,
                                                    note="per column element, 16 channels per thread slice"),
     "roi_align_plan_forward_kernel": Spec(250, inner_trip=4, elements_per_thread=32 * 49 / 256,
                                           note="per output, sampling ratio 2, 7x7 bins, 32 channels per block"),
@@ -104,9 +109,11 @@ GATED = {
 # Kernels known to break a gate, with the reason.
 PENDING: dict[str, str] = {
     "deform_conv2d_sampling_backward_kernel": (
-        "about 107-139 SASS per column element (gate 60; 360-420 when the model took the grid-stride loop for the "
-        "element loop); the 64-bit-index instantiations take 59-78 registers (gate 48) and 4 64-bit int<->float "
-        "conversions in the loop"),
+        "59.6-65.3 SASS per column element for float over its 12 instantiations (gate 60; half and bfloat16 "
+        "65-70): the channel loop is 34-38 SASS per channel (5 LDG, 4 RED, 9 FP, the rest 64-bit pointer steps and "
+        "register moves) and the code outside it, once per 16-channel slice (index decode, sampling point, window, "
+        "slice reduction, offset/mask store), 310-400; registers (48), stack, spills, CALLs and 64-bit conversions "
+        "pass (the kernel before: 107-139 by this model, 59-78 registers and 4 I2F/F2I.S64 with 64-bit indices)"),
 }
 
 _DTYPES = {"f": "float", "d": "double", "6__half": "half", "13__nv_bfloat16": "bfloat16"}
@@ -266,13 +273,17 @@ def sass_per_element(instrs, loops, spec: Spec):
     end = len(instrs)
     while end > 0 and (instrs[end - 1][1].startswith("NOP") or _self_branch(instrs[end - 1])):
         end -= 1
+    # Loops outside the element loop that neither hold it nor sit in it (outermost ones, with what they hold):
+    # other_trip times.
+    others = [q for q in loops if q != lp and not _inside(q, lp) and not _inside(lp, q) and q[1] < end]
+    others = [q for q in others if not any(_inside(q, r) for r in others)]
     # A block head that one thread computes (`if (threadIdx.x == 0) {...}`: the RoI kernels' plan head) is issued
     # by one warp of the block, not by every thread: charged once per block's elements, i.e. divided by its warps.
     lo, hi = one_thread_region(instrs)
     if lp[0] <= hi and lo <= lp[1]:
         lo, hi = 0, -1
     head = hi - lo + 1
-    rest = end - size - head
+    rest = end - size - head + (spec.other_trip - 1) * sum(q[1] - q[0] + 1 for q in others)
     warps = spec.threads_per_block / 32
     return body / elements + rest / spec.elements_per_thread + head / (spec.elements_per_thread * warps), lp
 

@@ -69,6 +69,8 @@ CONFIGS = [
     (2, 4, 5, 5, 2, 1, 1, (1, 1), (0, 0), (1, 1), 1, 2, True, True),
     (1, 12, 6, 8, 6, 3, 3, (1, 1), (1, 1), (1, 1), 3, 2, True, True),  # dgroups span conv groups
     (2, 3, 4, 4, 3, 2, 2, (3, 1), (0, 2), (1, 2), 3, 1, False, False),
+    (2, 4, 1, 6, 4, 3, 3, (1, 1), (1, 1), (1, 1), 1, 1, True, True),  # one row (the CUDA scatter's 2 x 2 window
+    (1, 2, 5, 1, 2, 3, 3, (1, 1), (1, 1), (1, 1), 1, 1, False, True),  # does not fit: the sorted path) / column
 ]
 
 

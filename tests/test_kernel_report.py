@@ -74,6 +74,13 @@ def test_loops_conversions_and_the_per_element_model():
     # alignment padding after the last instruction is not counted
     padded = kr.parse_sass(_sass(PLAN, ELEMENT_NEST + ["BRA 0xd0", "NOP", "NOP"]))[PLAN]
     assert kr.sass_per_element(padded, kr.find_loops(padded), spec)[0] == pytest.approx(value)
+    # a loop after the element loop (a shuffle reduction) counts other_trip times; the EXIT once
+    tail = ELEMENT_NEST[:12] + ["SHFL.DOWN PT, R1, R2, R3, R4", "@P2 BRA 0xc0", "EXIT", "NOP", "NOP"]
+    instrs = kr.parse_sass(_sass(PLAN, tail))[PLAN]
+    five = kr.Spec(250, inner_trip=4, elements_per_thread=16, other_trip=5)
+    value, loop = kr.sass_per_element(instrs, kr.find_loops(instrs), five)
+    assert loop == (2, 11)
+    assert value == pytest.approx(4 + 6 * 4 + (2 + 2 * 5 + 1) / 16)
     # a loop that only stores (zeros for a bad RoI) beside the hot one is not the element loop
     zeros = ["STG.E [R10], RZ", "@P2 BRA 0x0"]
     instrs = kr.parse_sass(_sass(PLAN, zeros + ELEMENT_NEST[:9] + ["@P0 BRA 0x60", "STG.E [R10], R4",

@@ -171,7 +171,7 @@ void count_shape(int64_t N, int64_t C, int64_t H, int64_t W, int64_t k, int64_t 
           part[s] = deform_conv2d_sampling_backward<CA, CT, CI, KH, KW, true>(
               p, t, input.data(), offset.data(), mask.data(), cols.data(), i0 + s, true, grad_input.data(),
               [](CT* dst, CA v) { ++counts::c.atomics; dst->v += v.v; });
-        deform_conv2d_point_grad_store<CA, CT, KH, KW>(
+        deform_conv2d_point_grad_store<CA, CT, CI, KH, KW>(
             p, t, i0, dcn_slice_tree(part.data(), static_cast<int>(t.slices)), grad_offset.data(), grad_mask.data());
       }
       return Status::Ok();

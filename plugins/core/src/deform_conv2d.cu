@@ -10,7 +10,8 @@
 // Kernels: deform_conv2d_gather_kernel (one thread per (image, deformable group, channel slice, kernel point,
 // position), pos fastest), deform_conv2d_bias_kernel (2-D: channel x position), and
 // deform_conv2d_sampling_backward_kernel (the same points, slice fastest: input-gradient scatter plus the
-// offset/mask gradients, the slices of a point reduced by a fixed warp-shuffle tree and written once).
+// offset/mask gradients, the slices of a point reduced by a fixed warp-shuffle tree and written once;
+// deform_conv2d_point_grad_kernel: the same without the scatter).
 // Each is instantiated for int32/int64 indices, 3x3/1x1/runtime kernel size, with/without mask.
 #include <algorithm>
 
@@ -90,23 +91,23 @@ __global__ void deform_conv2d_bias_kernel(DeformConv2dParams p, DcnTile t, const
 
 // The slices of a point are t.slices adjacent lanes (a power of two <= 32 dividing the block); every lane of
 // a block runs the same iterations (inactive ones contribute zeros), so the shuffles see whole warps.
-// float accumulation with int32 indices: at least 5 blocks of 256 per SM, so <= 48 registers (62.5 % occupancy);
-// ptxas, sm_90: 46 registers and no spill (the int64 and double variants would spill under that bound).
+// grad_input null: the offset/mask gradients only (deform_conv2d_point_grad_kernel).
 template <typename T, typename IndexT, int KH, int KW, bool kMask, typename G>
-__global__ void __launch_bounds__(kCudaThreads, sizeof(typename AccType<T>::type) == 4 && sizeof(IndexT) == 4 ? 5 : 1)
-    deform_conv2d_sampling_backward_kernel(DeformConv2dParams p, DcnTile t, const T* __restrict__ input,
-                                           const T* __restrict__ offset, const T* __restrict__ mask,
-                                           const T* __restrict__ grad_columns, G* __restrict__ grad_input,
-                                           T* __restrict__ grad_offset, T* __restrict__ grad_mask) {
+__device__ __forceinline__ void sampling_backward_grid(const DeformConv2dParams& p, const DcnTile& t,
+                                                       const T* __restrict__ input, const T* __restrict__ offset,
+                                                       const T* __restrict__ mask,
+                                                       const T* __restrict__ grad_columns, G* __restrict__ grad_input,
+                                                       T* __restrict__ grad_offset, T* __restrict__ grad_mask) {
   using Acc = typename AccType<T>::type;
   const bool want = grad_offset != nullptr || grad_mask != nullptr;
   const int S = static_cast<int>(t.slices);
   for (uint32_t base = blockIdx.x * blockDim.x; base < t.threads; base += blockDim.x * gridDim.x) {
     const uint32_t i = base + threadIdx.x;
+    const DcnThread w = dcn_backward_thread(t, i);  // decoded once: the body and the store share it
     DcnPointGrad<Acc> g{Acc(0), Acc(0), Acc(0), Acc(0)};
     if (i < t.threads)
-      g = deform_conv2d_sampling_backward<Acc, T, IndexT, KH, KW, kMask>(p, t, input, offset, mask, grad_columns,
-                                                                         i, want, grad_input, AtomicAdd());
+      g = deform_conv2d_sampling_backward<Acc, T, IndexT, KH, KW, kMask>(p, t, input, offset, mask, grad_columns, w,
+                                                                         grad_input, AtomicAdd());
     if (!want) continue;
     for (int o = S / 2; o > 0; o >>= 1) {  // the order of dcn_slice_tree
       g.gy += __shfl_down_sync(0xffffffffu, g.gy, o, S);
@@ -114,8 +115,32 @@ __global__ void __launch_bounds__(kCudaThreads, sizeof(typename AccType<T>::type
       g.gm += __shfl_down_sync(0xffffffffu, g.gm, o, S);
     }
     if (i < t.threads && (threadIdx.x & (S - 1)) == 0)
-      deform_conv2d_point_grad_store<Acc, T, KH, KW>(p, t, i, g, grad_offset, grad_mask);
+      deform_conv2d_point_grad_store<Acc, T, IndexT, KH, KW>(p, t, w, g, grad_offset, grad_mask);
   }
+}
+
+// float accumulation: at least 5 blocks of 256 per SM, so <= 48 registers (62.5 % occupancy); double: 1.
+// grad_input is never null here.
+template <typename T, typename IndexT, int KH, int KW, bool kMask, typename G>
+__global__ void __launch_bounds__(kCudaThreads, sizeof(typename AccType<T>::type) == 4 ? 5 : 1)
+    deform_conv2d_sampling_backward_kernel(DeformConv2dParams p, DcnTile t, const T* __restrict__ input,
+                                           const T* __restrict__ offset, const T* __restrict__ mask,
+                                           const T* __restrict__ grad_columns, G* __restrict__ grad_input,
+                                           T* __restrict__ grad_offset, T* __restrict__ grad_mask) {
+  __builtin_assume(grad_input != nullptr);
+  sampling_backward_grid<T, IndexT, KH, KW, kMask, G>(p, t, input, offset, mask, grad_columns, grad_input,
+                                                      grad_offset, grad_mask);
+}
+
+// The same without the scatter (deterministic mode, maps of one row or column, or no grad_input wanted).
+template <typename T, typename IndexT, int KH, int KW, bool kMask, typename G>
+__global__ void __launch_bounds__(kCudaThreads, sizeof(typename AccType<T>::type) == 4 ? 5 : 1)
+    deform_conv2d_point_grad_kernel(DeformConv2dParams p, DcnTile t, const T* __restrict__ input,
+                                    const T* __restrict__ offset, const T* __restrict__ mask,
+                                    const T* __restrict__ grad_columns, T* __restrict__ grad_offset,
+                                    T* __restrict__ grad_mask) {
+  sampling_backward_grid<T, IndexT, KH, KW, kMask, G>(p, t, input, offset, mask, grad_columns, static_cast<G*>(nullptr),
+                                                      grad_offset, grad_mask);
 }
 
 // Deterministic mode (deform_conv2d_sorted.h): the plan over the points of a one-slice tile, then (after the sort)
@@ -221,9 +246,14 @@ struct CudaExec {
     Acc* gi = scatter ? grad_input.acc : nullptr;
     return dispatch_dcn_variant(p, index32, mask != nullptr, [&](auto it, auto kt, auto mt) {
       using I = typename decltype(it)::type;
-      deform_conv2d_sampling_backward_kernel<T, I, decltype(kt)::KH, decltype(kt)::KW, decltype(mt)::value, Acc>
-          <<<cuda_blocks(t.threads), kCudaThreads, 0, stream>>>(p, t, input, offset, mask, grad_columns, gi,
-                                                                grad_offset, grad_mask);
+      constexpr int KH = decltype(kt)::KH, KW = decltype(kt)::KW;
+      constexpr bool M = decltype(mt)::value;
+      if (gi != nullptr)
+        deform_conv2d_sampling_backward_kernel<T, I, KH, KW, M, Acc><<<cuda_blocks(t.threads), kCudaThreads, 0, stream>>>(
+            p, t, input, offset, mask, grad_columns, gi, grad_offset, grad_mask);
+      else
+        deform_conv2d_point_grad_kernel<T, I, KH, KW, M, Acc><<<cuda_blocks(t.threads), kCudaThreads, 0, stream>>>(
+            p, t, input, offset, mask, grad_columns, grad_offset, grad_mask);
       return cuda_launch_status("deform_conv2d_cuda: sampling backward");
     });
   }

@@ -94,7 +94,7 @@ struct CpuScheduleExec {
           part[s] = deform_conv2d_sampling_backward<T, T, I, KH, KW, decltype(mt)::value>(
               p, t, input, offset, mask, grad_columns, i0 + s, want, gi, [](T* dst, T v) { *dst += v; });
         if (want)
-          deform_conv2d_point_grad_store<T, T, KH, KW>(p, t, i0, dcn_slice_tree(part.data(), static_cast<int>(S)),
+          deform_conv2d_point_grad_store<T, T, I, KH, KW>(p, t, i0, dcn_slice_tree(part.data(), static_cast<int>(S)),
                                                        grad_offset, grad_mask);
       }
       return Status::Ok();

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 
+#include "dcnkit/deform_conv2d_sampling_backward.h"
 #include "dcnkit/deform_conv2d_sorted.h"
 
 namespace dcnkit {
@@ -144,7 +145,7 @@ inline Status make_dcn_tile(const DeformConv2dParams& p, int64_t n0, int64_t nb,
                      "a column tile of fewer than 2^31 threads and 2^31 output positions",
                      std::to_string(threads) + " threads, " + std::to_string(p.out_spatial()) + " positions");
   }
-  // The gather's 32-bit in-plane offsets and coordinates (deform_conv2d_gather.h, dcn_gather_point): one
+  // The kernels' 32-bit in-plane offsets and coordinates (dcn_gather_point, dcn_backward_point): one
   // channel plane, the padded extents (a coordinate lies in [-pad, H + pad)) and a column row step (K *
   // positions of the tile) below 2^31.
   const int64_t HW = p.height * p.width;
@@ -326,7 +327,9 @@ Status deform_conv2d_backward_schedule(const DeformConv2dParams& p, DType dt, co
       ga.batch = t.nb;
       DCNKIT_RETURN_IF_ERROR(ex.gemm(ga));
     }
-    const bool sorted = grad_input != nullptr && ex.deterministic;
+    // grad_input without atomics in deterministic mode, and on maps of one row or column (the fused kernel's
+    // scatter addresses a 2 x 2 window of pixels).
+    const bool sorted = grad_input != nullptr && (ex.deterministic || p.height < 2 || p.width < 2);
     if (grad_offset || grad_mask || (grad_input && !sorted))
       DCNKIT_RETURN_IF_ERROR(ex.sampling_backward(t, columns, grad_input != nullptr && !sorted));
     if (!sorted) return Status::Ok();
