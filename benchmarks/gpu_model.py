@@ -17,11 +17,12 @@ GEMM_FLOPS = {"float32": 50e12, "float16": 300e12, "bfloat16": 300e12}
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 # SASS per element when the kernel report is not at hand: its figures for the current kernels (2026-11-25, nvcc 13.0,
-# sm_90), taken as benchmarks/gpu_report.py takes them from a live report -- the slowest float instantiation, here the
-# 64-bit-index ones (the 32-bit ones, which the benchmark shapes run, count 129-136 and 357-380): the DCN gather
-# (158-173 per column element), the fused sampling backward (65.3 since the window rewrite, 394-422 before),
-# RoIAlign's plan forward (368 per output at sampling ratio 2); RoIAlign's backward: an estimate, not a count (the report has no per-element figure for it).
-DEFAULT_SASS = {"dcn_gather": 173.0, "dcn_backward": 65.3, "roi_align_forward": 368.0, "roi_align_backward": 400.0}
+# sm_90), taken as benchmarks/gpu_report.py takes them from a live report -- the slowest float instantiation: the DCN
+# gather (31-37 per column element at the shortest 16-channel slice; 130-173 before the sampling point was computed
+# once per slice in 32-bit arithmetic), the fused sampling backward (47-51 at the shortest 32-channel slice; 394-422
+# before the window rewrite), RoIAlign's plan forward (219-220 per output at sampling ratio 2; 368 before);
+# RoIAlign's backward: an estimate, not a count (the report has no per-element figure for it).
+DEFAULT_SASS = {"dcn_gather": 37.0, "dcn_backward": 51.0, "roi_align_forward": 220.0, "roi_align_backward": 400.0}
 
 
 def kernel_ms(elements: float, sass_per_element: float, bytes_moved: float) -> float:

@@ -83,7 +83,9 @@ GATED = {
     # I2F/F2I.S64 in the grid-stride loop.
     "deform_conv2d_gather_kernel": Spec(40, note="per column element, 16 channels per thread slice"),
     "deform_conv2d_sampling_backward_kernel": Spec(60, marker="RED", per_element=4, other_trip=5,
-                                                   note="per column element, 16 channels per thread slice"),
+                                                   elements_per_thread=32.0,
+                                                   note="per column element, at least 32 channels per thread slice "
+                                                        "(kDcnMinBackwardSliceChannels)"),
     "roi_align_plan_forward_kernel": Spec(250, inner_trip=4, elements_per_thread=32 * 49 / 256,
                                           note="per output, sampling ratio 2, 7x7 bins, 32 channels per block"),
     "roi_align_plan_backward_kernel": Spec(float("inf"), marker="RED", per_element=16, inner_trip=4,
@@ -107,14 +109,7 @@ GATED = {
 }
 
 # Kernels known to break a gate, with the reason.
-PENDING: dict[str, str] = {
-    "deform_conv2d_sampling_backward_kernel": (
-        "59.6-65.3 SASS per column element for float over its 12 instantiations (gate 60; half and bfloat16 "
-        "65-70): the channel loop is 34-38 SASS per channel (5 LDG, 4 RED, 9 FP, the rest 64-bit pointer steps and "
-        "register moves) and the code outside it, once per 16-channel slice (index decode, sampling point, window, "
-        "slice reduction, offset/mask store), 310-400; registers (48), stack, spills, CALLs and 64-bit conversions "
-        "pass (the kernel before: 107-139 by this model, 59-78 registers and 4 I2F/F2I.S64 with 64-bit indices)"),
-}
+PENDING: dict[str, str] = {}
 
 _DTYPES = {"f": "float", "d": "double", "6__half": "half", "13__nv_bfloat16": "bfloat16"}
 

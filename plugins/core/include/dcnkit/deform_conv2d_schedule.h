@@ -27,8 +27,10 @@ constexpr int64_t kDcnTileBytes = int64_t(16) << 20;
 // channel slices are cut only up to this count.
 constexpr int64_t kDcnTargetThreads = int64_t(1) << 17;
 // The fewest channels per slice (each slice pays the point setup once) and the most slices (the backward
-// reduces a point's slices within a warp).
+// reduces a point's slices within a warp). The backward's setup (index decode, point, 2x2 window, the slices'
+// shuffle reduction, the offset/mask store) is about twice the gather's, so its slices are twice as long.
 constexpr int64_t kDcnMinSliceChannels = 16;
+constexpr int64_t kDcnMinBackwardSliceChannels = 32;
 constexpr int64_t kDcnMaxSlices = 32;
 // Threads of the grad_bias block (one block per output channel; a power of two).
 constexpr int kDcnBiasGradThreads = 256;
@@ -41,10 +43,11 @@ struct DcnTiling {
 };
 
 // Slices for a tile of `points` sampling points (nb * Gd * K * pt): the smallest power of two that gives
-// kDcnTargetThreads threads, at most kDcnMaxSlices and at most (channels per group) / kDcnMinSliceChannels.
-inline int64_t deform_conv2d_slices(const DeformConv2dParams& p, int64_t points) {
+// kDcnTargetThreads threads, at most kDcnMaxSlices and at most (channels per group) / min_channels.
+inline int64_t deform_conv2d_slices(const DeformConv2dParams& p, int64_t points,
+                                    int64_t min_channels = kDcnMinSliceChannels) {
   const int64_t cpg = p.in_channels / std::max<int64_t>(1, p.attrs.deformable_groups);
-  const int64_t most = std::min<int64_t>(kDcnMaxSlices, std::max<int64_t>(1, cpg / kDcnMinSliceChannels));
+  const int64_t most = std::min<int64_t>(kDcnMaxSlices, std::max<int64_t>(1, cpg / min_channels));
   int64_t s = 1;
   while (2 * s <= most && points * s < kDcnTargetThreads) s *= 2;
   return s;
@@ -65,7 +68,8 @@ inline DcnTiling deform_conv2d_tiling(const DeformConv2dParams& p, size_t elem, 
     t.positions = std::max<int64_t>(1, std::min(pt, P));
   }
   const int64_t points = t.images * p.attrs.deformable_groups * p.kernel_size() * t.positions;
-  t.fwd_slices = t.bwd_slices = deform_conv2d_slices(p, points);
+  t.fwd_slices = deform_conv2d_slices(p, points);
+  t.bwd_slices = deform_conv2d_slices(p, points, kDcnMinBackwardSliceChannels);
   return t;
 }
 
