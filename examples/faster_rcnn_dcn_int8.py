@@ -20,8 +20,9 @@ anchor/proposal matching and box coding) on the frozen random backbone's feature
 convolutions stay as the seed made them.
 
 **What is quantized.** ``dcnkit quantize`` (calibrated on 16 other scenes) quantizes the backbone, the FPN, the
-RPN's convolutions and the box head's matrix products; the kit's DeformConv and MultiLevelRoIAlign and the offset
-predictors stay float between Q/DQ, and so do the pre/post-processing and the box arithmetic (``--exclude-node``
+RPN's convolutions and the box head's matrix products, and writes each DeformConv as one QDeformConv2d (where oneDNN
+is at hand); MultiLevelRoIAlign and the offset predictors stay float between Q/DQ, and so do the pre/post-processing
+and the box arithmetic (``--exclude-node``
 for every other node: normalisation, box decoding, clipping, top-k, NMS, the RoIs' batch-index column). Quantized, the
 box coordinates would step by 0.75 px on a 192-pixel image, and ONNX Runtime 1.31.1 crashed (segmentation fault
 inside onnxruntime_pybind11_state.so, found with gdb) running the detector with that arithmetic quantized.
