@@ -99,9 +99,21 @@ def qdq(tmp_path_factory):
     onnx.save(_float_model(), str(src))
     rng = np.random.default_rng(1)
     calib = [{"x": rng.uniform(-1, 1, (1, 4, 10, 10)).astype(np.float32)} for _ in range(8)]
-    out = quantize(src, tmp / "int8.onnx", calib)
+    out = quantize(src, tmp / "int8.onnx", calib, qdeform=False)  # TensorRT's plugins: float between Q/DQ
     held_out = [rng.uniform(-1, 1, (1, 4, 10, 10)).astype(np.float32) for _ in range(4)]
     return src, out, held_out
+
+
+def test_a_quantized_deformconv_node_is_refused_naming_the_flag(qdq):
+    from dcnkit.runtime.quantize_qdeform import fuse_qdeform_conv, qdeform_available
+
+    if not qdeform_available():
+        pytest.skip("oneDNN not found: dcnkit quantize writes no QDeformConv2d here")
+    _, path, _ = qdq
+    fused = onnx.load(str(path))
+    assert fuse_qdeform_conv(fused) == 1
+    with pytest.raises(ValueError, match=r"QDeformConv2d.*--no-qdeformconv"):
+        tensorrt_qdq(fused)
 
 
 def test_dcnkit_quantize_output_becomes_tensorrt_qdq(qdq):

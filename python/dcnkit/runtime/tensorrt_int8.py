@@ -98,6 +98,11 @@ def tensorrt_qdq(proto, name: str = "the model"):
     model.CopyFrom(proto)
     g = model.graph
     nq, ndq = require_qdq(model, name)
+    fused = [n.name or "(unnamed)" for n in g.node if n.op_type == "QDeformConv2d"]
+    if fused:
+        raise ValueError(f"model: expected the deformable convolutions float between Q/DQ (TensorRT's plugins take "
+                         f"float), got {len(fused)} dcnkit::QDeformConv2d node(s), {fused[0]!r} first, an ONNX Runtime "
+                         f"node: quantize for TensorRT with `dcnkit quantize {name} ... --no-qdeformconv`")
     report = Int8Report(quantize=nq, dequantize=ndq)
     inits = {t.name: t for t in g.initializer}
 
