@@ -3,9 +3,10 @@ roi_align_sorted.h), checked on the CPU: DCNKIT_ROI_CPU_PATH=cuda-schedule-deter
 (the plan of fixed slots keyed by (image, pixel), the stable sort, the arg-max of max mode, the pixel gather). Its
 grad_input must equal the atomic schedule's (DCNKIT_ROI_CPU_PATH=cuda-schedule), the CPU driver's and, in avg mode,
 the sample-by-sample reference (tests/sequential_roi_reference.py), in float64, for avg and max, aligned or not,
-sampling_ratio 0 (adaptive) and 2, several RoIs incl. overlapping ones and two images. The adaptive grids here stay within
-a plan (at most 16 samples per bin); one too large for a plan (a large box) has no deterministic path: the CPU schedule raises (CUDA: a device-side assert). On a GPU,
-the backward is bit-identical over two runs (tests/test_cuda_deterministic.py covers the op cases too)."""
+sampling_ratio 0 (adaptive) and 2, several RoIs incl. overlapping ones and two images, max-mode ties. The adaptive
+grids here stay within a plan (at most 16 samples per bin); one too large for a plan (a large box) has no deterministic
+path: the CPU schedule raises (CUDA: a device-side assert). On a GPU, the backward is bit-identical over two runs
+(tests/test_cuda_deterministic.py covers the op cases too)."""
 from __future__ import annotations
 
 import os
@@ -54,14 +55,21 @@ def _cases():
         y = roi_align(x, rois, pooled, 0.5, ratio, aligned, mode)
         cases.append({"x": x, "rois": rois, "pooled": pooled, "ratio": ratio, "aligned": aligned, "mode": mode,
                       "gy": torch.randn(y.shape, generator=g, dtype=torch.float64)})
+    # max mode with ties: a map of 0s and 1s, whose samples tie often (the first largest wins, as in the forward)
+    xt = torch.randint(0, 2, (2, 5, 9, 10), generator=g).to(torch.float64)
+    for ratio in (0, 2):
+        y = roi_align(xt, rois, (3, 3), 0.5, ratio, True, "max")
+        cases.append({"x": xt, "rois": rois, "pooled": (3, 3), "ratio": ratio, "aligned": True, "mode": "max",
+                      "gy": torch.randn(y.shape, generator=g, dtype=torch.float64)})
     return cases
 
 
 def _run_child(tmp_path, path, cases, tag):
-    torch.save(cases, tmp_path / f"in_{tag}.pt")
+    src, dst = tmp_path / f"in_{tag}.pt", tmp_path / f"out_{tag}.pt"
+    torch.save(cases, src)
     env = dict(os.environ, DCNKIT_ROI_CPU_PATH=path)
-    return subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / f"in_{tag}.pt"), str(tmp_path / f"out_{tag}.pt")],
-                          env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-c", _CHILD, str(src), str(dst)], env=env, capture_output=True, text=True,
+                          timeout=300)
 
 
 def test_deterministic_schedule_matches_the_atomic_schedule_and_the_reference(tmp_path):

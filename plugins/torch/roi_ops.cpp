@@ -103,7 +103,8 @@ at::Tensor roi_align_backward(const at::Tensor& grad_output_, const at::Tensor& 
                                             sampling_ratio, aligned, pool_mode);
   // Under torch.use_deterministic_algorithms the CUDA backward takes its atomic-free path (roi_align_sorted.h)
   // where it has one; the sizes it has none for (an explicit grid too large for a plan, 32-bit key overflow)
-  // raise torch's error. An adaptive grid too large for a plan (a huge box) raises a device-side assert.
+  // raise torch's error. An adaptive grid too large for a plan (over 16 samples per bin: a large box) raises a
+  // device-side assert.
   if (!roi_align_deterministic_supported(p, dtype_of(input_))) alert_atomic_cuda_backward(op, input_);
   check_grad_output(op, grad_output_, p.output_shape());
   c10::DeviceGuard guard(input_.device());

@@ -43,8 +43,8 @@ bool roi_align_deterministic_supported(const RoIAlignParams& p, DType dtype) {
 
 static Status roi_align_unplanned_error(const char* op) {
   return Status::Invalid(std::string(op) +
-                         ": deterministic backward: a RoI's adaptive sampling grid is too large for a plan (more than " +
-                         std::to_string(kRoIPlanSamples) +
+                         ": deterministic backward: a RoI's adaptive sampling grid is too large for a plan (more "
+                         "than " + std::to_string(kRoIPlanSamples) +
                          " samples per bin, or too many per RoI); it has no deterministic path (use an explicit "
                          "sampling_ratio, or leave torch.use_deterministic_algorithms off)");
 }
