@@ -215,11 +215,8 @@ Status roi_align_backward_cuda(const RoIAlignParams& p, DType dtype, const void*
     char* ws = static_cast<char*>(workspace);
     const GradAcc<T> gin = grad_acc(static_cast<T*>(grad_input), input_elements(p), &ws);
     DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gin, s, "roi_align_backward_cuda: memset"));
-    if (ctx.deterministic && n > 0) {
-      if (!roi_align_deterministic_supported(p, dtype)) {
-        return Status::Invalid("roi_align_backward_cuda: deterministic mode has no path for these sizes (an explicit "
-                               "grid too large for a plan, or more than 2^31 slots)");
-      }
+    // Sizes without a deterministic path take the atomic one (the torch op has raised torch's error, or warned).
+    if (ctx.deterministic && n > 0 && roi_align_deterministic_supported(p, dtype)) {
       RoISortedBuffers b;
       roi_sorted_buffers(p, dtype, ws, &b);
       const T *go = static_cast<const T*>(grad_output), *x = static_cast<const T*>(input);
