@@ -142,10 +142,6 @@ DCNKIT_HD RoIPlanHead<Acc> deform_roi_plan_head(const DeformRoIPoolParams& p, co
   return h;
 }
 
-// The plan of a planned head: entry e = bin * stride + iy * gw + ix is sample (iy, ix) of bin `bin`, every
-// sample of the grid in the full loop's order (a sample outside the map is an entry with idx[0] = -1). The bin
-// functions then see what roi_bin_visit gives them: the samples inside, in order (avg), and a 0 candidate where
-// samples outside begin (max: the same maximum and arg-max, the first on ties).
 // Entry (bin, s) of a planned head's plan (sample (s / gw, s % gw) of bin `bin`, ow bins per row): the plan's one
 // source of the sampling geometry (roi_plan_fill; the deterministic backward, roi_align_sorted.h).
 template <typename Acc, typename Origin>
@@ -161,6 +157,10 @@ DCNKIT_HD void roi_plan_entry(const RoIPlanHead<Acc>& h, uint32_t ow, uint32_t g
   }
 }
 
+// The plan of a planned head: entry e = bin * stride + iy * gw + ix is sample (iy, ix) of bin `bin`, every
+// sample of the grid in the full loop's order (a sample outside the map is an entry with idx[0] = -1). The bin
+// functions then see what roi_bin_visit gives them: the samples inside, in order (avg), and a 0 candidate where
+// samples outside begin (max: the same maximum and arg-max, the first on ties).
 template <typename Acc, typename P, typename Origin = RoIBoxOrigin>
 DCNKIT_HD void roi_plan_fill(const P& p, const RoIPlanHead<Acc>& h, int tid, int step, RoIPlanEntry<Acc>* plan,
                              const Origin& origin = Origin()) {
@@ -200,8 +200,6 @@ struct RoIPlanSamples {
   }
 };
 
-// Max-mode backward of a planned bin: roi_bin_scatter's choice (the first largest sample, outside samples 0)
-// keeping the arg-max's entry index rather than its taps (fewer registers).
 // The arg-max of a planned bin's n entries (entry_of(i) gives entry i): the first largest sample, a sample outside
 // the map a candidate 0; -1 when there is none or it is outside (no gradient).
 template <typename Acc, typename T, typename EntryOf>
@@ -221,6 +219,8 @@ DCNKIT_HD int32_t roi_plan_argmax(const T* img, int32_t n, const EntryOf& entry_
   return best_inside ? best_i : -1;
 }
 
+// Max-mode backward of a planned bin: roi_bin_scatter's choice (the first largest sample, outside samples 0)
+// keeping the arg-max's entry index rather than its taps (fewer registers).
 template <typename Acc, typename T, typename Add>
 DCNKIT_HD void roi_plan_max_scatter(const T* img, const RoIPlanEntry<Acc>* e, int32_t n, Acc g, Add& add) {
   const int32_t best_i = roi_plan_argmax<Acc>(img, n, [e](int32_t i) -> const RoIPlanEntry<Acc>& { return e[i]; });
