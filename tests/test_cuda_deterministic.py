@@ -1,8 +1,8 @@
-"""torch.use_deterministic_algorithms on CUDA: DeformConv2d's CUDA backward then takes its atomic-free path (a sorted
-plan and a pixel gather, deform_conv2d_sorted.h) and is bit-identical from run to run; every other CUDA backward of
-the kit scatters with atomic adds, so under deterministic mode it raises torch's standard error (never silently
-differs), warns with warn_only=True, and the forward (no atomics) still runs. On the CPU the kit's backward is
-deterministic and runs in that mode."""
+"""torch.use_deterministic_algorithms on CUDA: DeformConv2d's and RoIAlign's CUDA backwards then take their atomic-free
+paths (a sorted plan and a pixel gather, deform_conv2d_sorted.h and roi_align_sorted.h) and are bit-identical from
+run to run; every other CUDA backward of the kit scatters with atomic adds, so under deterministic mode it raises
+torch's standard error (never silently differs), warns with warn_only=True, and the forward (no atomics) still runs.
+On the CPU the kit's backward is deterministic and runs in that mode."""
 import pytest
 import torch
 
@@ -27,12 +27,12 @@ def test_cpu_backward_runs_in_deterministic_mode(deterministic, name):
             assert torch.equal(ga, gb)  # bit for bit
 
 
-_DETERMINISTIC_ON_CUDA = [n for n in CASE_NAMES if n.startswith("deform_conv2d")]
+_DETERMINISTIC_ON_CUDA = [n for n in CASE_NAMES if n.startswith(("deform_conv2d", "roi_align"))]
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", _DETERMINISTIC_ON_CUDA)
-def test_cuda_deform_conv2d_backward_is_bit_identical_in_deterministic_mode(deterministic, name):
+def test_cuda_backward_with_a_deterministic_path_is_bit_identical_in_deterministic_mode(deterministic, name):
     _, fn, data, diff = case(name, n=2)
     cuda = [t.cuda() for t in data]
     a = forward_backward(fn, cuda, diff)

@@ -93,7 +93,6 @@ at::Tensor roi_align_backward(const at::Tensor& grad_output_, const at::Tensor& 
                               double spatial_scale, int64_t sampling_ratio, bool aligned,
                               c10::string_view pool_mode) {
   const char* op = "_roi_align_backward";
-  alert_atomic_cuda_backward(op, input_);
   check_inputs(op, input_, true, {{"rois", &rois_}, {"grad_output", &grad_output_}});
   if (computes_in_float32(input_)) {
     return roi_align_backward(to_float32(grad_output_), to_float32(input_), to_float32(rois_),
@@ -102,6 +101,11 @@ at::Tensor roi_align_backward(const at::Tensor& grad_output_, const at::Tensor& 
   }
   const RoIAlignParams p = roi_align_params(op, input_, rois_, pooled_h, pooled_w, spatial_scale,
                                             sampling_ratio, aligned, pool_mode);
+  // Under torch.use_deterministic_algorithms the CUDA backward takes its atomic-free path (roi_align_sorted.h)
+  // where it has one; the sizes it has none for (an explicit grid too large for a plan, 32-bit key overflow)
+  // raise torch's error. An adaptive grid too large for a plan (over 16 samples per bin: a large box) raises a
+  // device-side assert.
+  if (!roi_align_deterministic_supported(p, dtype_of(input_))) alert_atomic_cuda_backward(op, input_);
   check_grad_output(op, grad_output_, p.output_shape());
   c10::DeviceGuard guard(input_.device());
   const at::Tensor input = input_.contiguous(), rois = rois_.contiguous();
@@ -118,7 +122,7 @@ at::Tensor roi_align_backward(const at::Tensor& grad_output_, const at::Tensor& 
                                          grad_input.mutable_data_ptr<T>(), cpu_context());
       },
       [&](const CudaContext& cuda) {
-        at::Tensor ws = workspace_for(input, roi_align_backward_workspace_cuda(p, dtype_of(input)));
+        at::Tensor ws = workspace_for(input, roi_align_backward_workspace_cuda(p, dtype_of(input), cuda.deterministic));
         return roi_align_backward_cuda(with_batch_assert(p), dtype_of(input), grad_output.const_data_ptr(),
                                        input.const_data_ptr(), rois.const_data_ptr(),
                                        grad_input.mutable_data_ptr(), ws.mutable_data_ptr(), cuda);

@@ -1,10 +1,11 @@
 // RoIAlign: params, checks and CPU launchers. The math is in roi_kernels.h.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "dcnkit/roi_align.h"
+#include "dcnkit/roi_align_sorted.h"
 #include "dcnkit/roi_cpu_drivers.h"
-#include "dcnkit/roi_plan.h"
 
 namespace dcnkit {
 
@@ -34,6 +35,18 @@ Status make_roi_align_params(const char* op, const Shape& input, const Shape& ro
   p->width = input[3];
   p->num_rois = rois[0];
   return Status::Ok();
+}
+
+bool roi_align_deterministic_supported(const RoIAlignParams& p, DType dtype) {
+  return dtype == DType::kFloat64 ? roi_align_sorted_supported<double>(p) : roi_align_sorted_supported<float>(p);
+}
+
+static Status roi_align_unplanned_error(const char* op) {
+  return Status::Invalid(std::string(op) +
+                         ": deterministic backward: a RoI's adaptive sampling grid is too large for a plan (more "
+                         "than " + std::to_string(kRoIPlanSamples) +
+                         " samples per bin, or too many per RoI); it has no deterministic path (use an explicit "
+                         "sampling_ratio, or leave torch.use_deterministic_algorithms off)");
 }
 
 namespace {
@@ -96,13 +109,56 @@ void roi_align_backward_cuda_schedule(const RoIAlignParams& p, const T* grad_out
   });
 }
 
+// DCNKIT_ROI_CPU_PATH=cuda-schedule-deterministic: the deterministic mode's grids of roi_align_sorted.h run serially
+// in grid order (the plan, a stable sort of the (key, slot) pairs, the arg-max in max mode, the pixel gather).
+template <typename T>
+Status roi_align_backward_sorted(const RoIAlignParams& p, const T* grad_output, const T* input, const T* rois,
+                                 T* grad_input) {
+  if (!roi_align_sorted_supported<T>(p)) {
+    return Status::Invalid("roi_align: deterministic backward: no deterministic path for these sizes (an explicit "
+                           "grid too large for a plan, or more than 2^31 slots)");
+  }
+  const uint32_t E = static_cast<uint32_t>(roi_align_sorted_entries<T>(p));
+  const size_t n = static_cast<size_t>(4 * E * p.num_rois);
+  std::vector<uint32_t> keys(n), slots(n), items(n), sorted_keys(n), sorted_slots(n);
+  std::vector<T> weights(n);
+  for (uint32_t k = 0; k < static_cast<uint32_t>(p.num_rois); ++k) {
+    for (uint32_t e = 0; e < E; ++e) {
+      if (!roi_align_sorted_plan<T>(p, rois, E, k, e, keys.data(), slots.data(), weights.data(), items.data())) {
+        return roi_align_unplanned_error("roi_align");
+      }
+    }
+  }
+  std::vector<uint32_t> order(slots);
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return keys[a] < keys[b]; });
+  for (size_t j = 0; j < n; ++j) {
+    sorted_keys[j] = keys[order[j]];
+    sorted_slots[j] = slots[order[j]];
+  }
+  std::vector<int32_t> argmax;
+  if (p.attrs.mode == PoolMode::kMax) {
+    argmax.resize(static_cast<size_t>(p.num_rois * p.channels * p.attrs.pooled_h * p.attrs.pooled_w));
+    for (size_t i = 0; i < argmax.size(); ++i) {
+      roi_align_sorted_argmax<T>(p, input, rois, static_cast<uint32_t>(i), argmax.data());
+    }
+  }
+  const int64_t total = p.batch * p.channels * p.height * p.width;
+  for (int64_t i = 0; i < total; ++i) {
+    grad_input[i] = roi_align_sorted_gather<T>(p, E, static_cast<uint32_t>(n), sorted_keys.data(),
+                                               sorted_slots.data(), weights.data(), items.data(),
+                                               argmax.empty() ? nullptr : argmax.data(), grad_output,
+                                               static_cast<uint32_t>(i));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 template <typename T>
 Status roi_align_forward_cpu(const RoIAlignParams& p, const T* input, const T* rois, T* output,
                              const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("roi_align", rois, p.num_rois, p.batch));
-  if (roi_cuda_schedule_path()) {
+  if (roi_cuda_schedule_path() || roi_cuda_schedule_deterministic_path()) {
     roi_align_forward_cuda_schedule(p, input, rois, output);
     return Status::Ok();
   }
@@ -118,6 +174,7 @@ template <typename T>
 Status roi_align_backward_cpu(const RoIAlignParams& p, const T* grad_output, const T* input,
                               const T* rois, T* grad_input, const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("roi_align", rois, p.num_rois, p.batch));
+  if (roi_cuda_schedule_deterministic_path()) return roi_align_backward_sorted(p, grad_output, input, rois, grad_input);
   if (roi_cuda_schedule_path()) {
     roi_align_backward_cuda_schedule(p, grad_output, input, rois, grad_input);
     return Status::Ok();

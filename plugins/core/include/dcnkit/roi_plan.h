@@ -142,6 +142,21 @@ DCNKIT_HD RoIPlanHead<Acc> deform_roi_plan_head(const DeformRoIPoolParams& p, co
   return h;
 }
 
+// Entry (bin, s) of a planned head's plan (sample (s / gw, s % gw) of bin `bin`, ow bins per row): the plan's one
+// source of the sampling geometry (roi_plan_fill; the deterministic backward, roi_align_sorted.h).
+template <typename Acc, typename Origin>
+DCNKIT_HD void roi_plan_entry(const RoIPlanHead<Acc>& h, uint32_t ow, uint32_t gw, uint32_t bin, uint32_t s,
+                              const Origin& origin, RoIPlanEntry<Acc>* entry) {
+  Acc y0, x0;
+  origin(h, bin / ow, bin % ow, &y0, &x0);
+  const Taps<Acc> t = roi_taps(RoIAxis<Acc>{y0, h.box.bin_h, h.box.gh}(s / gw),
+                               RoIAxis<Acc>{x0, h.box.bin_w, h.box.gw}(s % gw), h.H, h.W);
+  for (int i = 0; i < 4; ++i) {
+    entry->idx[i] = t.inside ? static_cast<int32_t>(t.idx[i]) : -1;
+    entry->w[i] = t.w[i];
+  }
+}
+
 // The plan of a planned head: entry e = bin * stride + iy * gw + ix is sample (iy, ix) of bin `bin`, every
 // sample of the grid in the full loop's order (a sample outside the map is an entry with idx[0] = -1). The bin
 // functions then see what roi_bin_visit gives them: the samples inside, in order (avg), and a 0 candidate where
@@ -154,15 +169,7 @@ DCNKIT_HD void roi_plan_fill(const P& p, const RoIPlanHead<Acc>& h, int tid, int
                  gw = static_cast<uint32_t>(h.box.gw);
   const uint32_t total = static_cast<uint32_t>(p.attrs.pooled_h) * ow * S;
   for (uint32_t e = static_cast<uint32_t>(tid); e < total; e += static_cast<uint32_t>(step)) {
-    const uint32_t bin = e / S, s = e % S;
-    Acc y0, x0;
-    origin(h, bin / ow, bin % ow, &y0, &x0);
-    const Taps<Acc> t = roi_taps(RoIAxis<Acc>{y0, h.box.bin_h, h.box.gh}(s / gw),
-                                 RoIAxis<Acc>{x0, h.box.bin_w, h.box.gw}(s % gw), h.H, h.W);
-    for (int i = 0; i < 4; ++i) {
-      plan[e].idx[i] = t.inside ? static_cast<int32_t>(t.idx[i]) : -1;
-      plan[e].w[i] = t.w[i];
-    }
+    roi_plan_entry<Acc>(h, ow, gw, e / S, e % S, origin, &plan[e]);
   }
 }
 
@@ -193,21 +200,31 @@ struct RoIPlanSamples {
   }
 };
 
-// Max-mode backward of a planned bin: roi_bin_scatter's choice (the first largest sample, outside samples 0)
-// keeping the arg-max's entry index rather than its taps (fewer registers).
-template <typename Acc, typename T, typename Add>
-DCNKIT_HD void roi_plan_max_scatter(const T* img, const RoIPlanEntry<Acc>* e, int32_t n, Acc g, Add& add) {
+// The arg-max of a planned bin's n entries (entry_of(i) gives entry i): the first largest sample, a sample outside
+// the map a candidate 0; -1 when there is none or it is outside (no gradient).
+template <typename Acc, typename T, typename EntryOf>
+DCNKIT_HD int32_t roi_plan_argmax(const T* img, int32_t n, const EntryOf& entry_of) {
   int32_t best_i = -1;
+  bool best_inside = false;
   Acc best = Acc(0);
   for (int32_t i = 0; i < n; ++i) {
-    const Taps<Acc> t = roi_plan_taps(e[i]);
+    const Taps<Acc> t = roi_plan_taps(entry_of(i));
     const Acc v = t.inside ? taps_value(img, t) : Acc(0);
     if (best_i < 0 || v > best) {
       best_i = i;
       best = v;
+      best_inside = t.inside;
     }
   }
-  if (best_i < 0 || e[best_i].idx[0] < 0) return;
+  return best_inside ? best_i : -1;
+}
+
+// Max-mode backward of a planned bin: roi_bin_scatter's choice (the first largest sample, outside samples 0)
+// keeping the arg-max's entry index rather than its taps (fewer registers).
+template <typename Acc, typename T, typename Add>
+DCNKIT_HD void roi_plan_max_scatter(const T* img, const RoIPlanEntry<Acc>* e, int32_t n, Acc g, Add& add) {
+  const int32_t best_i = roi_plan_argmax<Acc>(img, n, [e](int32_t i) -> const RoIPlanEntry<Acc>& { return e[i]; });
+  if (best_i < 0) return;
   for (int j = 0; j < 4; ++j) add(e[best_i].idx[j], g * e[best_i].w[j]);
 }
 
@@ -441,6 +458,15 @@ inline bool roi_cuda_schedule_path() {
   static const bool on = [] {
     const char* e = std::getenv("DCNKIT_ROI_CPU_PATH");
     return e != nullptr && std::strcmp(e, "cuda-schedule") == 0;
+  }();
+  return on;
+}
+// DCNKIT_ROI_CPU_PATH=cuda-schedule-deterministic: RoIAlign's backward runs the deterministic mode's grid
+// (roi_align_sorted.h) serially (its forward runs the cuda-schedule blocks).
+inline bool roi_cuda_schedule_deterministic_path() {
+  static const bool on = [] {
+    const char* e = std::getenv("DCNKIT_ROI_CPU_PATH");
+    return e != nullptr && std::strcmp(e, "cuda-schedule-deterministic") == 0;
   }();
   return on;
 }
