@@ -83,19 +83,22 @@ __global__ void __launch_bounds__(kCudaThreads)
 }
 
 // Deterministic mode (roi_align_sorted.h): the plan (thread i: entry i % E of RoI i / E), the arg-max (max mode),
-// then (after the sort) the pixel gather, writing each grad_input element once. A RoI whose adaptive grid is too
-// large for a plan sets *unplanned (its slots have no key); the launcher reads it back and returns an error.
+// then (after the sort) the pixel gather, writing each grad_input element once.
+__device__ __noinline__ void roi_align_unplanned_assert_fail() {
+  __assert_fail("roi_align deterministic backward: an adaptive sampling grid too large for a plan has no "
+                "deterministic path (use an explicit sampling_ratio)", __FILE__, __LINE__, "roi_align_sorted_plan");
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kCudaThreads)
     roi_align_sorted_plan_kernel(RoIAlignParams p, const T* __restrict__ rois, uint32_t E, uint32_t entries,
                                  uint32_t* __restrict__ keys, uint32_t* __restrict__ slots,
-                                 typename AccType<T>::type* __restrict__ weights, uint32_t* __restrict__ items,
-                                 int32_t* __restrict__ unplanned) {
+                                 typename AccType<T>::type* __restrict__ weights, uint32_t* __restrict__ items) {
   using Acc = typename AccType<T>::type;
   for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < entries; i += blockDim.x * gridDim.x) {
     const uint32_t k = i / E, e = i - k * E;
-    if (!roi_align_sorted_plan<Acc, T>(p, rois, E, k, e, keys, slots, weights, items) && e == 0) *unplanned = 1;
+    if (!roi_align_sorted_plan<Acc, T>(p, rois, E, k, e, keys, slots, weights, items) && e == 0)
+      roi_align_unplanned_assert_fail();
   }
 }
 
@@ -128,7 +131,6 @@ struct RoISortedBuffers {
   uint32_t *keys0, *keys1, *slots0, *slots1, *items;
   void* weights;
   int32_t* argmax;
-  int32_t* unplanned;  // set by the plan when an adaptive grid is too large for it
   void* scratch;
   size_t scratch_bytes;
   uint32_t entries_per_roi, slots_count;
@@ -155,7 +157,6 @@ size_t roi_sorted_buffers(const RoIAlignParams& p, DType dtype, char* base, RoIS
   b->weights = take((wide ? 8 : 4) * static_cast<size_t>(n));
   const int64_t am = p.attrs.mode == PoolMode::kMax ? p.num_rois * p.channels * p.attrs.pooled_h * p.attrs.pooled_w : 0;
   b->argmax = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * static_cast<size_t>(am)));
-  b->unplanned = reinterpret_cast<int32_t*>(take(sizeof(int32_t)));
   b->scratch_bytes = 0;
   cub::DoubleBuffer<uint32_t> keys(nullptr, nullptr), slots(nullptr, nullptr);
   cub::DeviceRadixSort::SortPairs(nullptr, b->scratch_bytes, keys, slots, static_cast<int>(n), 0, 32);
@@ -222,24 +223,9 @@ Status roi_align_backward_cuda(const RoIAlignParams& p, DType dtype, const void*
       const T* r = static_cast<const T*>(rois);
       Acc* w = static_cast<Acc*>(b.weights);
       const uint32_t entries = b.entries_per_roi * static_cast<uint32_t>(p.num_rois);
-      DCNKIT_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(b.unplanned, 0, sizeof(int32_t), s),
-                                         "roi_align_backward_cuda: memset"));
       roi_align_sorted_plan_kernel<T><<<cuda_blocks(entries), kCudaThreads, 0, s>>>(
-          p, r, b.entries_per_roi, entries, b.keys0, b.slots0, w, b.items, b.unplanned);
+          p, r, b.entries_per_roi, entries, b.keys0, b.slots0, w, b.items);
       DCNKIT_RETURN_IF_ERROR(cuda_launch_status("roi_align_backward_cuda: deterministic plan"));
-      if (p.attrs.sampling_ratio <= 0) {  // only an adaptive grid can outgrow the plan: read the flag back
-        int32_t unplanned = 0;
-        DCNKIT_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(&unplanned, b.unplanned, sizeof(int32_t),
-                                                           cudaMemcpyDeviceToHost, s),
-                                           "roi_align_backward_cuda: deterministic plan check"));
-        DCNKIT_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(s), "roi_align_backward_cuda: deterministic plan check"));
-        if (unplanned != 0) {
-          return Status::Invalid("roi_align backward (deterministic): expected every RoI's adaptive sampling grid "
-                                 "to have at most " + std::to_string(kRoIPlanSamples) + " samples per bin, got a "
-                                 "larger one (a large box): no deterministic path for it; use an explicit "
-                                 "sampling_ratio or turn deterministic algorithms off");
-        }
-      }
       const bool max_mode = p.attrs.mode == PoolMode::kMax;
       if (max_mode) {
         roi_align_sorted_argmax_kernel<T><<<cuda_blocks(n), kCudaThreads, 0, s>>>(p, x, r, static_cast<uint32_t>(n),

@@ -10,8 +10,8 @@
 // slot order (max: only the slots of the arg-max sample), writing grad_input once. Bit-identical from run to run.
 // Only planned RoIs have slots: an explicit grid too large for a plan, maps or slot counts past 32-bit keys, are
 // refused on the host (roi_align_sorted_supported: the torch op then raises torch's non-determinism error), and an
-// adaptive grid that turns out too large for a plan (over 16 samples per bin: a large box) is refused at run time
-// (CUDA: the plan sets a flag the launcher reads back, returning an error; the CPU schedule: an error).
+// adaptive grid that turns out too large for a plan (over 16 samples per bin: a large box) raises on the device
+// (CUDA: a device-side assert; the CPU schedule: an error).
 #pragma once
 
 #include "dcnkit/roi_plan.h"
