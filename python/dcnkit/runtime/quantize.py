@@ -236,19 +236,42 @@ def _check_arguments(src: Path, dst: Path, method: str, threads, calibration) ->
     return feeds
 
 
-def _preprocessed(proto, src: Path):
-    """The pre-processed model and its report; one warning where the file could not be normalised."""
+def _warn_not_normalised(src: Path, report, summary) -> None:
+    """One warning where the pre-processing could not normalise the file: the steps that could not run, and the
+    nodes that stay float (not constant, or an unsupported pattern when a step failed) and why."""
     import warnings
 
-    from dcnkit.runtime.quantize_prep import preprocess
+    stay = list(summary.float.get("not constant", []))
+    if report.problems:
+        stay += summary.float.get("unsupported pattern", [])
+    if not report.problems and not stay:
+        return
+    names = "; ".join(f"{n}: {why}" for n, why in stay) or "none"
+    warnings.warn(f"dcnkit quantize: {str(src)!r} could not be fully normalised before calibration "
+                  f"({'; '.join(report.problems) or 'every step ran'}); nodes that stay float: {names}",
+                  QuantizationWarning, stacklevel=3)
 
-    proto, report = preprocess(proto)
-    if report.problems or report.float_nodes:
-        stay = "; ".join(f"{n}: {why}" for n, why in report.float_nodes.items()) or "none"
-        warnings.warn(f"dcnkit quantize: {str(src)!r} could not be fully normalised before calibration "
-                      f"({'; '.join(report.problems) or 'every step ran'}); nodes that stay float: {stay}",
-                      QuantizationWarning, stacklevel=4)
-    return proto, report
+
+def _warn_fused_exclusions(original, proto, exclude_nodes) -> None:
+    """A warning for the excluded nodes the pre-processing fused into the convolution or matrix product before them
+    (a BatchNormalization, a Mul or Add into a Conv): that node is quantized now. Excluded nodes folded into
+    constants are gone with nothing to quantize."""
+    from dcnkit.runtime.quantize_prep import weight_inputs
+
+    names = {n.name for n in proto.graph.node}
+    producer = {o: n for n in original.graph.node for o in n.output}
+    by_name = {n.name: n for n in original.graph.node}
+    fused = []
+    for name in exclude_nodes:
+        node = by_name[name]
+        before = producer.get(node.input[0]) if name not in names and node.input else None
+        if before is not None and (weight_inputs(before) or before.op_type == "MatMul") and before.name in names:
+            fused.append(f"{name} (into {before.name})")
+    if fused:
+        import warnings
+
+        warnings.warn(f"exclude_nodes: the pre-processing fused {', '.join(fused)}: exclude the node it went "
+                      "into, or use preprocess=False (--no-preprocess)", QuantizationWarning, stacklevel=3)
 
 
 def quantize_with_summary(model, output, calibration, *, method: str = "minmax", per_channel: bool = True,
@@ -276,10 +299,13 @@ def quantize_with_summary(model, output, calibration, *, method: str = "minmax",
 
     import dcnkit.export.schemas  # noqa: F401  (the kit's ONNX schemas: shape inference through its nodes)
 
-    not_constant = {}
+    report = None
     if preprocess:
-        proto, report = _preprocessed(proto, src)
-        not_constant = report.float_nodes
+        from dcnkit.runtime.quantize_prep import preprocess as normalise
+
+        original = proto
+        proto, report = normalise(proto)
+        _warn_fused_exclusions(original, proto, exclude_nodes)
     excluded_user = set(exclude_nodes) | {n.name for n in proto.graph.node if n.op_type in set(exclude_op_types)}
     offsets = set() if quantize_offsets else offset_branch_nodes(proto) - excluded_user
     excluded = excluded_user | offsets
@@ -318,7 +344,10 @@ def quantize_with_summary(model, output, calibration, *, method: str = "minmax",
     if qdeform_on and fuse_qdeform_conv(out, reduce_range=reduce_range):
         onnx.save(out, str(dst))
     summary = summarize(proto, out, excluded_user=excluded_user, offset_nodes=offsets,
-                        qdeform_on=qdeform is not False, qdeform_kernel=kernel, not_constant=not_constant)
+                        qdeform_on=qdeform is not False, qdeform_kernel=kernel,
+                        not_constant=report.not_constant if report else None)
+    if report is not None:
+        _warn_not_normalised(src, report, summary)
     if not summary.int8_total:
         dst.unlink(missing_ok=True)
         what = (f"float: {summary.float_text()}" if summary.total

@@ -17,8 +17,8 @@ QuantizeLinear, slower than not quantizing. :func:`preprocess` normalises the gr
    own Conv);
 4. weights and biases still computed from constants evaluated and written as initializers.
 
-What cannot be normalised is reported in :attr:`PrepReport.float_nodes` (node -> why it stays float) and
-:attr:`PrepReport.problems` (steps that could not run, and why).
+What cannot be normalised is reported in :attr:`PrepReport.not_constant` (node -> which weight or bias is not a
+constant, and from what it is computed) and :attr:`PrepReport.problems` (steps that could not run, and why).
 """
 from __future__ import annotations
 
@@ -38,10 +38,11 @@ _STANDARD = ("", "ai.onnx")
 @dataclasses.dataclass
 class PrepReport:
     """What :func:`preprocess` did (``steps``), what it could not do (``problems``) and the nodes whose weight or
-    bias is still not a constant (``float_nodes``: name -> reason); ``nodes_before`` / ``nodes_after``: counts."""
+    bias is still not a constant (``not_constant``: name -> reason); ``nodes_before`` / ``nodes_after``: counts.
+    (ONNX Runtime's tool quantizes such a weight per tensor, as an activation, and leaves such a bias float.)"""
     steps: list = dataclasses.field(default_factory=list)
     problems: list = dataclasses.field(default_factory=list)
-    float_nodes: dict = dataclasses.field(default_factory=dict)
+    not_constant: dict = dataclasses.field(default_factory=dict)
     nodes_before: int = 0
     nodes_after: int = 0
 
@@ -71,19 +72,30 @@ def _set_nodes(graph, nodes) -> None:
     graph.node.extend(keep)
 
 
+def _reads(node) -> set:
+    """The names a node reads: its inputs and, for If / Loop / Scan, what its subgraphs read from outside."""
+    names = set(node.input)
+    for a in node.attribute:
+        for g in ([a.g] if a.type == 5 else list(a.graphs) if a.type == 10 else []):  # GRAPH, GRAPHS
+            for n in g.node:
+                names |= _reads(n)
+    return names
+
+
 def _sweep(graph) -> None:
-    """Removes nodes whose outputs nobody reads, then initializers nobody reads."""
+    """Removes nodes whose outputs nobody reads, then initializers nobody reads (subgraphs' reads included)."""
     outputs = {o.name for o in graph.output}
     nodes = list(graph.node)
+    reads = {id(n): _reads(n) for n in nodes}
     while True:
-        used = {i for n in nodes for i in n.input} | outputs
+        used = {i for n in nodes for i in reads[id(n)]} | outputs
         alive = [n for n in nodes if any(o in used for o in n.output if o)]
         if len(alive) == len(nodes):
             break
         nodes = alive
     if len(nodes) != len(graph.node):
         _set_nodes(graph, nodes)
-    used = {i for n in graph.node for i in n.input} | outputs
+    used = {i for n in nodes for i in reads[id(n)]} | outputs
     removed = {t.name for t in graph.initializer if t.name not in used}
     if removed:
         _keep(graph.initializer, lambda t: t.name not in removed)
@@ -102,35 +114,33 @@ def _keep(field, pred) -> None:
 
 
 def _fold_shapes(proto, report: PrepReport):
-    """Step 1: the kit-aware symbolic shape inference, and the shape values it knows as initializers."""
-    import onnx
-    from onnx import numpy_helper
+    """Step 1: shape inference with the kit's rules, and the shape arithmetic whose values it knows as initializers
+    (the model, changed in place, is returned)."""
+    from onnx import helper, numpy_helper
 
-    from dcnkit.runtime.quantize_shapes import infer_shapes, shape_values
+    from dcnkit.runtime.quantize_shapes import SHAPE_OPS, infer, value_info
 
     try:
-        inferred, inference = infer_shapes(proto)
-    except Exception as e:  # noqa: BLE001 - no sympy, or the inference stopped: ONNX's own inference instead
-        try:
-            import dcnkit.export.schemas as schemas
-
-            schemas.register_onnx_schemas()
-            inferred = onnx.shape_inference.infer_shapes(proto)
-            report.steps.append("ONNX shape inference")
-        except Exception:  # noqa: BLE001
-            inferred = proto
-        report.problems.append(f"symbolic shape inference: {_first_line(e)}")
-        return inferred
-    values = shape_values(inferred, inference)
-    g = inferred.graph
+        walk = infer(proto)
+    except Exception as e:  # noqa: BLE001 - left to ONNX Runtime's optimiser as it is
+        report.problems.append(f"shape inference: {_first_line(e)}")
+        return proto
+    g = proto.graph
     nodes = list(g.node)  # one list: removal by identity
-    folded = [n for n in nodes if n.output and all(o in values for o in n.output)]
-    g.initializer.extend(numpy_helper.from_array(values[o], o) for n in folded for o in n.output)
+    folded = [n for n in nodes if n.domain in _STANDARD and n.op_type in SHAPE_OPS and len(n.output) == 1
+              and n.output[0] in walk.values and None not in walk.values[n.output[0]]
+              and walk.types.get(n.output[0]) in (6, 7)]
+    for n in folded:
+        o = n.output[0]
+        dtype = helper.tensor_dtype_to_np_dtype(walk.types[o])
+        g.initializer.append(numpy_helper.from_array(np.asarray(walk.values[o], dtype).reshape(walk.dims[o]), o))
     drop = {id(n) for n in folded}
     _set_nodes(g, [n for n in nodes if id(n) not in drop])
+    del g.value_info[:]
+    g.value_info.extend(v for v in value_info(walk, proto) if v.name not in {o for n in folded for o in n.output})
     _sweep(g)
-    report.steps.append(f"symbolic shape inference with the kit's rules ({len(folded)} shape values folded)")
-    return inferred
+    report.steps.append(f"shape inference with the kit's rules ({len(folded)} shape values folded)")
+    return proto
 
 
 def _constant_only_nodes(graph) -> int:
@@ -246,7 +256,7 @@ def _subgraph(name, producer, init):
 
 def _constant_inputs(proto, report: PrepReport) -> None:
     """Step 4: weights and biases computed from constants only, evaluated (ONNX's reference evaluator) and written
-    as initializers; those computed from anything else go to ``report.float_nodes``."""
+    as initializers; those computed from anything else go to ``report.not_constant``."""
     import onnx
     from onnx import helper, numpy_helper
     from onnx.reference import ReferenceEvaluator
@@ -266,7 +276,7 @@ def _constant_inputs(proto, report: PrepReport) -> None:
                 continue
             nodes, leaf = _subgraph(name, producer, init)
             if nodes is None:
-                report.float_nodes[node.name] = f"its {role} '{name}' is computed from {leaf}"
+                report.not_constant[node.name] = f"its {role} '{name}' is computed from {leaf}"
                 continue
             nodes.sort(key=lambda n: order[id(n)])
             needed = {i for n in nodes for i in n.input if i in init}
@@ -276,7 +286,7 @@ def _constant_inputs(proto, report: PrepReport) -> None:
             try:
                 value = np.asarray(ReferenceEvaluator(model).run(None, {})[0])
             except Exception as e:  # noqa: BLE001
-                report.float_nodes[node.name] = f"its {role} '{name}' could not be evaluated ({_first_line(e)})"
+                report.not_constant[node.name] = f"its {role} '{name}' could not be evaluated ({_first_line(e)})"
                 continue
             new = f"{name}.const"
             g.initializer.append(numpy_helper.from_array(value, new))
