@@ -79,7 +79,8 @@ def main(argv=None):
     held_out = rng.standard_normal((8, 3, size, size)).astype(np.float32)
     x = held_out[:1]
     tmp = tempfile.mkdtemp(prefix="dcnkit-int8-")
-    opts = dict(providers=["CPUExecutionProvider"], intra_op_num_threads=args.threads, inter_op_num_threads=1)
+    opts = dict(providers=["CPUExecutionProvider"], intra_op_num_threads=args.threads, inter_op_num_threads=1,
+                log_severity_level=3)  # ONNX Runtime's notes on the TorchScript files' CastLike nodes
     factory = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_resnet50_dcn.py:resnet50_dcn_model")
     files = {f"ResNet-50-DCN {w}": p for w, p in onnx_writers.write_all(
         factory, (1, 3, size, size), tmp, writers, quick=args.quick).items()}

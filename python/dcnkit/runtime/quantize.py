@@ -264,7 +264,9 @@ def _warn_fused_exclusions(original, proto, exclude_nodes) -> None:
     fused = []
     for name in exclude_nodes:
         node = by_name[name]
-        before = producer.get(node.input[0]) if name not in names and node.input else None
+        if name in names or node.op_type not in ("BatchNormalization", "Mul", "Add") or not node.input:
+            continue
+        before = producer.get(node.input[0])
         if before is not None and (weight_inputs(before) or before.op_type == "MatMul") and before.name in names:
             fused.append(f"{name} (into {before.name})")
     if fused:
