@@ -137,7 +137,7 @@ def _fold_shapes(proto, report: PrepReport):
     drop = {id(n) for n in folded}
     _set_nodes(g, [n for n in nodes if id(n) not in drop])
     del g.value_info[:]
-    g.value_info.extend(v for v in value_info(walk, proto) if v.name not in {o for n in folded for o in n.output})
+    g.value_info.extend(value_info(walk, proto))  # initializers (the folded values among them) have none
     _sweep(g)
     report.steps.append(f"shape inference with the kit's rules ({len(folded)} shape values folded)")
     return proto
