@@ -287,7 +287,8 @@ OrtStatusPtr ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*, co
   k->dtype = o.dtype;
   k->cuda = o.cuda;
   const std::string name = node_name(info);
-  k->prefix = std::string(o.variant->domain) + "::" + o.variant->op_type + " node '" + name + "': ";
+  const std::string domain = o.variant->domain;  // "" for ONNX's own DeformConv
+  k->prefix = (domain.empty() ? "" : domain + "::") + o.variant->op_type + " node '" + name + "': ";
   std::vector<AttrValue> values;
   Status s = read_attrs(info, *o.variant, &values);
   if (s.ok()) s = make_op_attrs(*o.variant, values, &k->attrs);
