@@ -184,3 +184,34 @@ def test_cpp_runner_builds_and_runs_against_the_release(matrix, version, tmp_pat
             got = [np.load(f) for f in outs if not f.name.startswith("in_")]
             assert len(got) == len(want.files) == 1
             np.testing.assert_allclose(got[0], want["output_0"], rtol=1e-4, atol=1e-5, err_msg=f"{name} {version}")
+
+
+# ---- Triton: the repository triton-repo writes for a standard-DeformConv file, as Triton's onnxruntime backend of an
+# ---- old container (ONNX Runtime 1.16) would load it
+
+_BACKEND_LIKE = """
+import sys, numpy as np, onnxruntime as ort
+so = ort.SessionOptions()
+so.register_custom_ops_library(sys.argv[1])  # model_operations.op_library_filename, mapped to this machine
+sess = ort.InferenceSession(sys.argv[2], so, providers=["CPUExecutionProvider"])
+z = np.load(sys.argv[3])
+np.save(sys.argv[4], sess.run(None, {k: z[k] for k in z.files})[0])
+"""
+
+
+def test_triton_repository_of_a_standard_file_runs_in_the_oldest_release(matrix, tmp_path):
+    from dcnkit.runtime import triton
+
+    case = next(c for c in matrix["cases"] if c["name"] == "std_deform_conv")
+    d = triton.write_repository(matrix["dir"] / case["file"], tmp_path / "repo", name="dcn", max_batch_size=0,
+                                container_repository="/models")
+    (lib,) = triton.parse_config((d / "config.pbtxt").read_text()).model_operations.op_library_filename
+    assert lib == "/models/dcn/libdcnkit_ort.so"
+    local = tmp_path / "repo" / Path(lib).relative_to("/models")
+    out = tmp_path / "out.npy"
+    p = subprocess.run([str(matrix["venvs"][OLDEST]), "-c", _BACKEND_LIKE, str(local), str(d / "1" / "model.onnx"),
+                        str(matrix["dir"] / case["inputs"]), str(out)], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    with np.load(matrix["dir"] / case["want"]) as want:
+        np.testing.assert_allclose(np.load(out), want["output_0"], rtol=1e-4, atol=1e-5)

@@ -262,6 +262,7 @@ def to_onnx(
         _relabel_outputs(path)
     if out_axes:
         _name_output_dims(path, out_axes)
+    _empty_safe_reshapes(path)
     lower_ir_version(path)
     if check:
         check_model(path)
@@ -303,6 +304,18 @@ def _name_output_dims(path: Path, out_axes: dict[str, dict[int, str]]) -> None:
             shape.dim[d].Clear()
             shape.dim[d].dim_param = name
     onnx.save(model, str(path))
+
+
+def _empty_safe_reshapes(path: Path) -> None:
+    """Reshapes whose ``-1`` cannot be inferred on empty tensors (no proposals, no detections) made explicit
+    (:mod:`dcnkit.export._empty_reshape`)."""
+    import onnx
+
+    from dcnkit.export._empty_reshape import rewrite_empty_reshapes
+
+    model = onnx.load(str(path), load_external_data=False)
+    if rewrite_empty_reshapes(model):
+        onnx.save(model, str(path))
 
 
 # The newest tensor element type of each IR version (TensorProto.DataType): IR 10 added INT4 / UINT4, IR 11 FLOAT4E2M1.
