@@ -8,9 +8,14 @@ reshapes wherever PyTorch code guards them with Python control flow that tracing
 (``if box_sum > 0: rel_codes = rel_codes.reshape(box_sum, -1)``), traced on an image with proposals, runs the reshape
 on an image without any. So a detector exported on an example image failed on an image that yields no proposals.
 
-The rewrite, for every such node (one ``-1`` at a position known when exporting, another entry that can be 0: a ``0``
-or a value computed in the graph, and an input whose shape is not known to be non-empty; with ``allowzero=1`` too,
-which torch's dynamo exporter writes next to a ``-1`` although ONNX leaves that combination undefined):
+Entries computed in the graph fail too without a ``-1``: ONNX Runtime's own graph optimizer (its Reshape fusion) turns
+a target made of the input's dimensions (``x.view(x.shape[0], x.shape[1], -1)`` as torchvision's heads write it, traced
+into ``Shape``/``Gather``/``Concat``) back into ``[0, 0, -1]``, which then meets the same 0 / 0.
+
+The rewrite, for every ``Reshape`` with an entry that can be 0 (a ``0``, or a value computed in the graph), at most one
+``-1`` at a position known when exporting, and an input whose shape is not known to be non-empty (with
+``allowzero=1`` only when there is a ``-1``, which torch's dynamo exporter writes next to computed sizes although ONNX
+leaves that combination undefined):
 
 - ``[0, -1]`` (a constant, allowzero 0): ``Flatten(axis=1)``, which is exactly that reshape for every input;
 - otherwise explicit shape arithmetic: the ``0`` entries (allowzero 0) replaced by the input's dimensions, the ``-1`` by
@@ -19,7 +24,7 @@ which torch's dynamo exporter writes next to a ``-1`` although ONNX leaves that 
   divided by the product of the entries after it (``(0, 16)`` to ``[0, -1]`` gives ``(0, 16)``; ``(0, 20)`` to
   ``[0, -1, 4]`` gives ``(0, 5, 4)``): the size the dimension has for non-empty inputs whenever the entries before the
   ``-1`` copy the input's leading dimensions, which is how such code reshapes. Then ``Reshape(allowzero=1)`` on those
-  explicit sizes.
+  explicit sizes, which no optimizer turns back into copies.
 """
 from __future__ import annotations
 
@@ -127,7 +132,7 @@ class _Builder:
         return out
 
 
-def _explicit_shape(b: _Builder, x: str, s: str, length: int, p: int, copy_zeros: bool) -> str:
+def _explicit_shape(b: _Builder, x: str, s: str, length: int, p: int | None, copy_zeros: bool) -> str:
     shape_x = b.op("Shape", x)
     one, zero, minus_one = b.const([1]), b.const([0]), b.const([-1])
     s_eff = s
@@ -135,6 +140,8 @@ def _explicit_shape(b: _Builder, x: str, s: str, length: int, p: int, copy_zeros
         padded = b.op("Slice", b.op("Concat", shape_x, b.const([1] * length), axis=0), b.const([0]),
                       b.const([length]))
         s_eff = b.op("Where", b.op("Equal", s, zero), padded, s)
+    if p is None:  # no -1: the copies made explicit are all
+        return s_eff
     is_fill = b.op("Equal", s, minus_one)
     numel = b.op("ReduceProd", shape_x, keepdims=1)
     known = b.op("ReduceProd", b.op("Where", is_fill, one, s_eff), keepdims=1)
@@ -167,14 +174,15 @@ def _rewrite_graph(graph: Any, shapes: dict, opset: int) -> int:
         fills = [i for i, e in enumerate(entries or []) if e == -1]
         # allowzero 1 with a -1 and a 0 is not valid ONNX, yet torch's dynamo exporter writes it for computed sizes
         others_may_be_zero = entries is not None and any(e is None or e == 0 for e in entries if e != -1)
-        if len(fills) != 1 or not others_may_be_zero or not _can_be_empty(shapes.get(x)):
+        if (entries is None or len(fills) > 1 or not others_may_be_zero or (allowzero and not fills)
+                or not _can_be_empty(shapes.get(x))):
             new_nodes.append(node)
             continue
         b = _Builder(graph, node.name or node.output[0])
         if entries == [0, -1] and not allowzero:
             b.nodes.append(helper.make_node("Flatten", [x], list(node.output), name=b.name(), axis=1))
         else:
-            target = _explicit_shape(b, x, s, len(entries), fills[0], copy_zeros=not allowzero)
+            target = _explicit_shape(b, x, s, len(entries), fills[0] if fills else None, copy_zeros=not allowzero)
             b.nodes.append(helper.make_node("Reshape", [x, target], list(node.output), name=b.name(),
                                             allowzero=1 if opset >= 14 else 0))
         new_nodes += b.nodes
