@@ -5,8 +5,8 @@ The model goes into a temporary Python-backend repository (:mod:`dcnkit.runtime.
 Runtime runner in Triton's Python backend), which :class:`~dcnkit.runtime.triton_server.TritonServer` serves until
 SIGINT or SIGTERM; then Triton finishes what is in flight (``graceful_timeout_s``) and the server's whole process
 group, backend stubs included, is gone before this returns. Meanwhile
-:class:`~dcnkit.server.triton_supervisor.TritonSupervisor` brings back a backend stub or server that dies. Model name, inputs and outputs (names, shapes with
--1, datatypes) are those of the kit's own server (``--engine light``).
+:class:`~dcnkit.server.triton_supervisor.TritonSupervisor` brings back a backend stub or server that dies. Model
+name, inputs and outputs (names, shapes with -1, datatypes) are those of the kit's own server (``--engine light``).
 """
 from __future__ import annotations
 
