@@ -212,3 +212,5 @@ def test_workers_refuse_what_cannot_work(model, tmp_path, capsys):
     assert "model: no such file" in capsys.readouterr().err
     assert cli_main(["serve", str(model), "--engine", "triton", "--workers", "2"]) == 2
     assert "--workers: expected only with --engine light" in capsys.readouterr().err
+    assert cli_main(["serve", str(model), "--max-restarts", "2"]) == 2
+    assert "--max-restarts: expected only with --engine triton" in capsys.readouterr().err

@@ -5,7 +5,7 @@ import argparse
 import functools
 import sys
 
-from dcnkit.server.defaults import DEFAULTS
+from dcnkit.server.defaults import DEFAULTS, MAX_RESTARTS
 
 
 def _bounded(convert, low: float, what: str):
@@ -59,7 +59,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="light: server processes on the port, each with its own copy of the model and queue; one "
                         "that dies (a crash in a model run, an out-of-memory kill) is replaced while the others "
                         "serve (default %(default)s: one process, whose exit code tells a supervisor how it ended)")
-    p.add_argument("--max-restarts", type=_nonneg_int, default=5,
+    p.add_argument("--max-restarts", type=_nonneg_int, default=MAX_RESTARTS,
                    help="--engine triton: restarts in a row of a backend stub or server that died before the model is "
                         "reported failed and the command exits 3 (default %(default)s; the count starts again after "
                         "60 s of service)")
@@ -126,6 +126,10 @@ def run_serve(args) -> int:
             return 2
     if args.engine == "triton":
         return _run_serve_triton(args)
+    if args.max_restarts != MAX_RESTARTS:
+        print("dcnkit serve: --max-restarts: expected only with --engine triton (the light server's process is "
+              "restarted by its supervisor, or --workers), got --engine light", file=sys.stderr)
+        return 2
     try:
         if args.workers > 1:  # several processes under uvicorn's manager, or this one
             from dcnkit.server.workers import serve_workers

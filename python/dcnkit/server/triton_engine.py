@@ -16,7 +16,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from dcnkit.server.defaults import DEFAULTS
+from dcnkit.server.defaults import DEFAULTS, MAX_RESTARTS
 
 TRITON_DEFAULT_GRACE_S = 5.0  # Triton's --exit-timeout-secs: a stop takes at most this + 2 s
 
@@ -54,7 +54,7 @@ def triton_repository(model, repo_dir, name=None, backend: str = "ort-cpu", *,
 def serve_triton(model, host: str = "127.0.0.1", port: int = 8000, name: str | None = None,
                  backend: str = "ort-cpu", *, grpc_port: int = 8001, metrics_port: int = 8002,
                  graceful_timeout_s: float | None = None, ready_timeout_s: float = 300.0, log=print,
-                 max_restarts: int = 5, policy=None, **repository_options) -> int:
+                 max_restarts: int = MAX_RESTARTS, policy=None, **repository_options) -> int:
     """Serves ``model`` on tritonserver until SIGINT/SIGTERM; returns the exit code: 0, or
     :data:`~dcnkit.server.triton_supervisor.EXIT_MODEL_FAILED` when the model kept crashing and was given up on.
 

@@ -32,6 +32,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from dcnkit.runtime.triton_server import TritonServer, describe_exit, process_status
+from dcnkit.server.defaults import MAX_RESTARTS
 
 EXIT_MODEL_FAILED = 3  # the exit code of `dcnkit serve --engine triton` when the model is given up on
 
@@ -41,7 +42,7 @@ class RestartPolicy:
     """When to restart, and when to stop trying: ``max_restarts`` in a row (0: none), each after
     :meth:`delay`; the count starts again once the model has served ``stable_s`` seconds."""
 
-    max_restarts: int = 5
+    max_restarts: int = MAX_RESTARTS
     backoff_s: float = 1.0
     max_backoff_s: float = 30.0
     stable_s: float = 60.0
