@@ -80,7 +80,8 @@ def rss_mb(pids) -> float:
     return total / 1024
 
 
-def _status(url: str) -> int | None:
+def http_status(url: str) -> int | None:
+    """The HTTP status of GET ``url`` (None: no answer)."""
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
             return r.status
@@ -108,7 +109,7 @@ class Server:
         return processes(str(self.workdir), "bin/tritonserver") + self.stubs()
 
     def ready(self) -> bool:
-        return _status(f"http://{self.url}/v2/models/{NAME}/ready") == 200
+        return http_status(f"http://{self.url}/v2/models/{NAME}/ready") == 200
 
 
 def start_server(engine: str, model: Path, workdir: Path, extra=()) -> Server:
@@ -246,7 +247,7 @@ def run_soak(server: Server, requests: int, clients: int, kills: int, reloads: i
             probes[0] += 1
             if current is not None and current.ready_again_s is None:
                 probes[0] += 1
-                if _status(f"http://{server.url}/v2/health/ready") != 200:
+                if http_status(f"http://{server.url}/v2/health/ready") != 200:
                     current.saw_server_unready = True
                 if not ready:
                     current.saw_unready = True

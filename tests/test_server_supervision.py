@@ -10,8 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +21,9 @@ httpclient = pytest.importorskip("tritonclient.http")
 from onnx import TensorProto, helper  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from server_process import free_port  # noqa: E402
+from soak_triton import http_status  # noqa: E402  (GET -> status, None when nothing answers)
 
 # Serves model.onnx (argv[1]) on port argv[2] as model "m" through the kit's ORT runner, except that an input whose
 # first value is -1 crashes the process in native code (a null read: SIGSEGV) and -2 takes 2 s.
@@ -54,24 +54,14 @@ def model(tmp_path_factory) -> Path:
     """y = 2x + 1 on x (batch, 4)."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
-    g = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["x2"]), helper.make_node("Add", ["x2", "one"], ["y"])],
-                          "affine", [x], [y], [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
-                                               helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])])
+    nodes = [helper.make_node("Mul", ["x", "two"], ["x2"]), helper.make_node("Add", ["x2", "one"], ["y"])]
+    g = helper.make_graph(nodes, "affine", [x], [y], [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+                                                      helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     m.ir_version = 9
     path = tmp_path_factory.mktemp("supervision") / "m.onnx"
     onnx.save(m, str(path))
     return path
-
-
-def _status(url: str) -> int | str:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return "refused"
 
 
 def _infer(port: int, first: float):
@@ -90,7 +80,7 @@ def _start(cmd, port: int, log: Path):
         proc = subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT)
     seen = []
     deadline = time.monotonic() + 120
-    while (s := _status(f"http://127.0.0.1:{port}/v2/health/ready")) != 200:
+    while (s := http_status(f"http://127.0.0.1:{port}/v2/health/ready")) != 200:
         assert proc.poll() is None, log.read_text()
         assert time.monotonic() < deadline, "the server did not come up in 120 s"
         seen.append(s)
@@ -105,7 +95,7 @@ def test_readiness_through_start_up_and_shutdown(model, tmp_path):
     port = free_port()
     proc, seen = _start([sys.executable, "-c", FAULTY_SERVER, model, port], port, tmp_path / "serve.log")
     try:
-        assert set(seen) <= {"refused"}  # nothing but a refused connection until ready
+        assert set(seen) <= {None}  # nothing but a refused connection until ready
         _infer(port, 1.0)  # ready means it serves
         slow = threading.Thread(target=lambda: results.append(_infer(port, -2.0)))
         results: list = []
@@ -113,7 +103,7 @@ def test_readiness_through_start_up_and_shutdown(model, tmp_path):
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
-        assert _status(f"http://127.0.0.1:{port}/v2/health/ready") == "refused"  # out of rotation at once
+        assert http_status(f"http://127.0.0.1:{port}/v2/health/ready") is None  # out of rotation at once
         slow.join(30)
         assert len(results) == 1  # the request in flight was answered
         assert proc.wait(30) == 0
@@ -134,7 +124,7 @@ def test_a_crash_in_a_model_run_ends_the_process_with_its_signal(model, tmp_path
             _infer(port, -1.0)
         assert "ssertion" not in type(err.value).__name__  # an error of the connection, not a wrong answer
         assert proc.wait(30) == -signal.SIGSEGV  # a shell shows 139 (128 + 11), systemd "signal=SEGV"
-        assert _status(f"http://127.0.0.1:{port}/v2/health/ready") == "refused"
+        assert http_status(f"http://127.0.0.1:{port}/v2/health/ready") is None
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -30,21 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).parent))
 import soak_triton  # noqa: E402
+from soak_triton import http_status  # noqa: E402
 from test_triton_server import export_demo_model, server_processes  # noqa: E402
 
 _NO_TRITON = triton_server.unavailable_reason()
 needs_triton = pytest.mark.skipif(_NO_TRITON is not None, reason=f"tritonserver cannot run here: {_NO_TRITON}")
 WINDOW_S = 15.0
-
-
-def _status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return None
 
 
 def test_restart_policy_backs_off_and_checks_its_arguments():
@@ -217,7 +207,7 @@ def test_a_model_that_crashes_at_every_load_backs_off_and_is_given_up(tmp_path):
         "restarting tritonserver in 1 s (restart 3 in a row, at most 3)")
     assert "model failed: 3 restart(s) in a row did not keep it serving" in lines[3]
     assert time.monotonic() - t0 > 1.5  # the back-off waited 0.5 + 1 s: not a tight loop
-    assert _status(f"http://{url}/v2/health/ready") is None  # stopped: not ready, nothing left running
+    assert http_status(f"http://{url}/v2/health/ready") is None  # stopped: not ready, nothing left running
     assert server_processes(str(repo)) == []
 
 
@@ -248,7 +238,7 @@ def test_plain_tritonserver_keeps_a_dead_stub_ready_until_the_model_is_loaded_ag
             time.sleep(0.5)
             with pytest.raises(Exception, match="Stub process 'digits_0_0' is not healthy"):
                 c.infer("digits", [i])
-            assert _status(f"{url}/v2/models/digits/ready") == 200 and _status(f"{url}/v2/health/ready") == 200
+            assert http_status(f"{url}/v2/models/digits/ready") == http_status(f"{url}/v2/health/ready") == 200
             req = urllib.request.Request(f"{url}/v2/repository/models/digits/load", data=b"{}", method="POST")
             assert urllib.request.urlopen(req, timeout=180).status == 200
             assert np.array_equal(c.infer("digits", [i]).as_numpy("output"), want)
