@@ -96,10 +96,6 @@ class TritonSupervisor:
                                     metrics_port=server.metrics_port)  # a restarted server keeps the ports
         return server
 
-    @property
-    def http_url(self) -> str:
-        return self.server.http_url
-
     # -- start, serve, stop -----------------------------------------------------------------------------------------
     def start(self, stop: threading.Event | None = None) -> bool:
         """Starts the server and waits until the model is ready: True; False if ``stop`` was set meanwhile.
