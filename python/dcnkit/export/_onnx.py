@@ -318,15 +318,16 @@ def _empty_safe_reshapes(path: Path) -> None:
         onnx.save(model, str(path))
 
 
-# The newest tensor element type of each IR version (TensorProto.DataType): IR 10 added INT4 / UINT4, IR 11 FLOAT4E2M1.
-_LAST_TYPE_OF_IR = {9: 20, 10: 22, 11: 23}
+# The newest tensor element type of each IR version (TensorProto.DataType): IR 9 added the FLOAT8 types, IR 10 INT4 /
+# UINT4, IR 11 FLOAT4E2M1.
+_LAST_TYPE_OF_IR = {8: 16, 9: 20, 10: 22, 11: 23}
 
 
 def _newer_ir_needed(model: Any, ir: int) -> bool:
     """Whether ``model`` uses what IR version ``ir`` lacks: newer element types, or function overloads (IR 10)."""
     if ir >= max(_LAST_TYPE_OF_IR) + 1:
         return False
-    last_type = _LAST_TYPE_OF_IR.get(ir, 20)
+    last_type = _LAST_TYPE_OF_IR.get(ir, 16)
 
     def graph_needs(g) -> bool:
         values = list(g.input) + list(g.output) + list(g.value_info)
