@@ -45,13 +45,13 @@ def op_types(path):
 @pytest.mark.parametrize("standard_ops", [True, False], ids=["default", "kit-domain"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_family_equals_eager_at_two_batch_sizes(family, standard_ops, tmp_path):
-    from dcnkit.runtime import make_runner
+    from dcnkit.runtime.registry import make_runner
 
     path = tmp_path / f"{family}.onnx"
     module = export(family, path, standard_ops)
-    if family in ("deform_conv2d", "roi_align") and standard_ops:
+    if family in ("deform_conv2d", "roi_align", "roi_align_unaligned") and standard_ops:
         assert op_types(path) & {"ai.onnx::DeformConv", "ai.onnx::RoiAlign"}
-    elif family != "deform_conv2d" or not standard_ops:
+    else:
         assert any(t.startswith("dcnkit::") for t in op_types(path))
     with make_runner(path, backend="openvino") as runner:
         for n, seed in ((2, 0), (1, 3)):  # one compiled model, dynamic batch (and RoI count)
@@ -62,15 +62,16 @@ def test_every_family_equals_eager_at_two_batch_sizes(family, standard_ops, tmp_
 
 @pytest.mark.parametrize("deform_conv", ["openvino", "kit"])
 def test_standard_deform_conv_on_either_kernel(deform_conv, tmp_path):
-    from dcnkit.runtime import make_runner
+    from dcnkit.runtime.registry import make_runner
 
     path = tmp_path / "dcn.onnx"
     module = export("deform_conv2d", path, True)
     _, names, inputs = case("deform_conv2d", 2, 5)
     with make_runner(path, backend="openvino", deform_conv=deform_conv) as runner:
         assert runner.rewritten == (1 if deform_conv == "kit" else 0)
-        ops = {op.get_type_name() for op in runner.compiled.get_runtime_model().get_ops()}
-        assert ("DeformableConvolution" in str(ops)) == (deform_conv == "openvino") or deform_conv == "kit"
+        layers = {op.get_rt_info()["layerType"].astype(str) for op in runner.compiled.get_runtime_model().get_ops()}
+        assert ("DeformableConvolution" in layers) == (deform_conv == "openvino"), layers
+        assert ("Reference" in layers) == (deform_conv == "kit"), layers  # an extension operation runs as "Reference"
         assert_close(runner.run(dict(zip(names, inputs)))["output"], eager(module, inputs))
 
 
@@ -139,7 +140,8 @@ def _mm_cases():
 @pytest.mark.parametrize("domain, op_type, inputs, feeds, attrs", _mm_cases(),
                          ids=lambda v: v if isinstance(v, str) else "")
 def test_mmdeploy_and_mmcv_names_equal_the_ort_library(domain, op_type, inputs, feeds, attrs):
-    from dcnkit.runtime import make_runner, ort_session
+    from dcnkit.runtime import ort_session
+    from dcnkit.runtime.registry import make_runner
 
     model = _mm_model(domain, op_type, inputs, **attrs)
     want = ort_session(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
@@ -151,7 +153,7 @@ def test_mmdeploy_and_mmcv_names_equal_the_ort_library(domain, op_type, inputs, 
 
 def test_psroi_count_output_comes_from_the_kit(tmp_path):
     from dcnkit import reference as R
-    from dcnkit.runtime import make_runner
+    from dcnkit.runtime.registry import make_runner
 
     _, _, (x, rois, trans) = case("deform_psroi_pool", 2)
     model = _mm_model("dcnkit", "DeformPSRoIPool", [("x", x.shape), ("rois", rois.shape), ("t", trans.shape)],
@@ -165,7 +167,7 @@ def test_psroi_count_output_comes_from_the_kit(tmp_path):
 
 
 def test_bad_input_names_the_argument(tmp_path):
-    from dcnkit.runtime import make_runner
+    from dcnkit.runtime.registry import make_runner
 
     _, names, (x, rois) = case("roi_align_max", 2)
     path = tmp_path / "ra.onnx"
@@ -187,7 +189,7 @@ def test_reduced_precision_hints_within_their_tolerance(precision, rtol, tmp_pat
     import torch
 
     from dcnkit.export import to_onnx
-    from dcnkit.runtime import make_runner
+    from dcnkit.runtime.registry import make_runner
 
     sys_path = __import__("sys").path
     sys_path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "export"))
@@ -208,7 +210,7 @@ def test_reduced_precision_hints_within_their_tolerance(precision, rtol, tmp_pat
 
 def test_convert_writes_ir_that_loads_with_its_extension(tmp_path, capsys):
     from dcnkit.cli import main
-    from dcnkit.runtime import make_runner
+    from dcnkit.runtime.registry import make_runner
 
     path = tmp_path / "mlroi.onnx"
     module = export("multi_level_roi_align", path, False)

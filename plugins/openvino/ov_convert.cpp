@@ -4,7 +4,8 @@
 //   standard DeformConv (opset 19+)                     DeformableConvolution-8, bilinear_interpolation_pad = true
 //                                                       (+ Add for the bias): OpenVINO's own op, same semantics
 //   DeformPSRoIPool (any variant) with                  DeformablePSROIPooling-1 (bilinear_deformable): OpenVINO's
-//   output_size == group_size                           own op, same semantics (its output side is group_size);
+//   output_size == group_size and static shapes         own op, same semantics (its output side is group_size; the
+//                                                       CPU plugin runs it with static shapes only);
 //                                                       a `count` output still comes from the kit's operation
 //   every other op_variants() entry: dcnkit::* and the  the kit's operation of that kind (KitOp<kind>, ov_op.h),
 //   mmdeploy / mmcv names (op_attrs.h)                  computed by the core's CPU launchers
@@ -96,7 +97,9 @@ ov::Output<ov::Node> split_heads(const ov::Output<ov::Node>& y, const ov::Output
 
 // OpenVINO's own operation where it computes the same function as the kit's (see the table at the top), else null.
 std::shared_ptr<ov::Node> native_op(const OpAttrs& a, const ov::OutputVector& args, const std::vector<int64_t>& slots) {
-  if (a.kind == OpKind::kDeformPSRoIPool && a.psroi.output_size == a.psroi.group_size) {
+  bool static_shapes = true;  // OpenVINO 2026.4's CPU plugin runs DeformablePSROIPooling with static shapes only
+  for (const auto& in : args) static_shapes = static_shapes && in.get_partial_shape().is_static();
+  if (a.kind == OpKind::kDeformPSRoIPool && a.psroi.output_size == a.psroi.group_size && static_shapes) {
     const DeformPSRoIPoolAttrs& p = a.psroi;
     ov::Output<ov::Node> by_slot[kMaxInputs];
     bool has[kMaxInputs] = {};

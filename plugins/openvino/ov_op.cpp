@@ -50,7 +50,12 @@ bool KitOpBase::visit_attributes(ov::AttributeVisitor& visitor) {
         break;
       case AttrKind::kInts: visitor.on_attribute(def.attrs[i].name, v.ints); break;
       case AttrKind::kFloat: visitor.on_attribute(def.attrs[i].name, v.f); break;
-      case AttrKind::kFloats: visitor.on_attribute(def.attrs[i].name, v.floats); break;
+      case AttrKind::kFloats: {  // the IR writes float lists, not double ones (ONNX's are float32 anyway)
+        std::vector<float> f(v.floats.begin(), v.floats.end());
+        visitor.on_attribute(def.attrs[i].name, f);
+        v.floats.assign(f.begin(), f.end());
+        break;
+      }
       case AttrKind::kString: visitor.on_attribute(def.attrs[i].name, v.s); break;
     }
   }
@@ -107,6 +112,9 @@ void KitOpBase::validate_and_infer_types() {
   std::vector<const ov::PartialShape*> by_slot(def.num_inputs, nullptr);
   std::vector<ov::PartialShape> shapes(get_input_size());
   bool all_static = true;
+  // The floating inputs share one type: float32, or float16 / bfloat16 where OpenVINO's precision hints convert the
+  // graph around the node (the kernels compute in float32 then: ov_run.cpp).
+  ov::element::Type float_type = ov::element::dynamic;
   for (size_t i = 0; i < get_input_size(); ++i) {
     const int64_t slot = slots_[i];
     NODE_VALIDATION_CHECK(this, slot >= 0 && static_cast<size_t>(slot) < def.num_inputs, where(),
@@ -114,10 +122,19 @@ void KitOpBase::validate_and_infer_types() {
     shapes[i] = get_input_partial_shape(i);
     if (by_slot[slot] == nullptr) by_slot[slot] = &shapes[i];
     all_static = all_static && shapes[i].is_static();
-    const ov::element::Type want = def.inputs[slot].int64 ? ov::element::i64 : ov::element::f32;
     const ov::element::Type got = get_input_element_type(i);
-    NODE_VALIDATION_CHECK(this, got == want || got.is_dynamic(), where(), def.inputs[slot].name,
-                          ": expected element type ", want.get_type_name(), ", got ", got.get_type_name());
+    if (got.is_dynamic()) continue;
+    if (def.inputs[slot].int64) {  // the CPU plugin may hand int64 tables over as int32 (ov_run.cpp widens them)
+      NODE_VALIDATION_CHECK(this, got == ov::element::i64 || got == ov::element::i32, where(), def.inputs[slot].name,
+                            ": expected element type i64 (or i32), got ", got.get_type_name());
+      continue;
+    }
+    NODE_VALIDATION_CHECK(this, is_kernel_float_type(got), where(), def.inputs[slot].name,
+                          ": expected element type f32 (or f16 / bf16), got ", got.get_type_name());
+    NODE_VALIDATION_CHECK(this, float_type.is_dynamic() || got == float_type, where(), def.inputs[slot].name,
+                          ": expected element type ", float_type.get_type_name(), " (the type of the other inputs), got ",
+                          got.get_type_name());
+    float_type = got;
   }
   ov::PartialShape out = partial_output_shape(kind_, attrs_, by_slot);
   if (all_static) {  // the core checks every shape and gives the exact output shape
@@ -133,7 +150,8 @@ void KitOpBase::validate_and_infer_types() {
   }
   const int64_t n_out = std::max<int64_t>(1, std::min<int64_t>(num_outputs_, static_cast<int64_t>(def.num_outputs)));
   set_output_size(static_cast<size_t>(n_out));
-  for (int64_t o = 0; o < n_out; ++o) set_output_type(static_cast<size_t>(o), ov::element::f32, out);
+  const ov::element::Type out_type = float_type.is_dynamic() ? ov::element::f32 : float_type;
+  for (int64_t o = 0; o < n_out; ++o) set_output_type(static_cast<size_t>(o), out_type, out);
   pack_constant_weight();
 }
 

@@ -7,6 +7,8 @@
 #include <memory>
 
 #include "dcnkit/openblas_gemm.h"
+#include "openvino/core/type/bfloat16.hpp"
+#include "openvino/core/type/float16.hpp"
 #include "ov_op.h"
 
 namespace dcnkit::ov_ext {
@@ -187,16 +189,13 @@ Status output_shape(const KitOpBase& op, const std::vector<Shape>& inputs, Shape
   });
 }
 
-Status run_cpu(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorVector& inputs) {
-  const OpDef& def = op_def(op.kind());
-  for (size_t i = 0; i < inputs.size() && i < op.slots().size(); ++i) {
-    const TensorDef& td = def.inputs[op.slots()[i]];
-    const ov::element::Type want = td.int64 ? ov::element::i64 : ov::element::f32;
-    if (inputs[i].get_element_type() != want) {
-      return arg_error(op_type(op), td.name, std::string("element type ") + want.get_type_name(),
-                       inputs[i].get_element_type().get_type_name());
-    }
-  }
+bool is_kernel_float_type(const ov::element::Type& t) {
+  return t == ov::element::f32 || t == ov::element::f16 || t == ov::element::bf16;
+}
+
+namespace {
+
+Status run_f32(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorVector& inputs) {
   const std::vector<Shape> shapes = shapes_of(inputs);
   Gathered g;
   DCNKIT_RETURN_IF_ERROR(gather(op, shapes, &inputs, &g));
@@ -208,6 +207,74 @@ Status run_cpu(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorV
                   cpu_context()};
     return launch(p);
   });
+}
+
+// A float16 / bfloat16 tensor as float32, and back.
+template <typename T>
+void convert(const ov::Tensor& from, ov::Tensor& to) {
+  const T* s = from.data<const T>();
+  float* d = to.data<float>();
+  for (size_t i = 0, n = from.get_size(); i < n; ++i) d[i] = static_cast<float>(s[i]);
+}
+template <typename T>
+void convert_back(const ov::Tensor& from, ov::Tensor& to) {
+  const float* s = from.data<const float>();
+  T* d = to.data<T>();
+  for (size_t i = 0, n = from.get_size(); i < n; ++i) d[i] = T(s[i]);
+}
+
+}  // namespace
+
+Status run_cpu(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorVector& inputs) {
+  const OpDef& def = op_def(op.kind());
+  ov::element::Type float_type = ov::element::f32;
+  for (size_t i = 0; i < inputs.size() && i < op.slots().size(); ++i) {
+    const TensorDef& td = def.inputs[op.slots()[i]];
+    const ov::element::Type got = inputs[i].get_element_type();
+    const bool ok = td.int64 ? (got == ov::element::i64 || got == ov::element::i32) : is_kernel_float_type(got);
+    if (!ok) {
+      return arg_error(op_type(op), td.name,
+                       td.int64 ? "element type i64 (or i32)" : "element type f32 (or f16 / bf16)", got.get_type_name());
+    }
+    if (!td.int64) float_type = got;
+  }
+  // Index tables the CPU plugin handed over as int32: widened to the kernels' int64.
+  ov::TensorVector widened;
+  bool any_i32 = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].get_element_type() != ov::element::i32) {
+      widened.push_back(inputs[i]);
+      continue;
+    }
+    any_i32 = true;
+    ov::Tensor t(ov::element::i64, inputs[i].get_shape());
+    const int32_t* src = inputs[i].data<const int32_t>();
+    int64_t* dst = t.data<int64_t>();
+    for (size_t k = 0, n = t.get_size(); k < n; ++k) dst[k] = src[k];
+    widened.push_back(t);
+  }
+  if (any_i32) return run_cpu(op, outputs, widened);
+  if (float_type == ov::element::f32) return run_f32(op, outputs, inputs);
+  // Reduced precision around the node: the kernels compute in float32.
+  const bool half = float_type == ov::element::f16;
+  ov::TensorVector in32;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].get_element_type() != float_type) {
+      in32.push_back(inputs[i]);
+      continue;
+    }
+    ov::Tensor t(ov::element::f32, inputs[i].get_shape());
+    half ? convert<ov::float16>(inputs[i], t) : convert<ov::bfloat16>(inputs[i], t);
+    in32.push_back(t);
+  }
+  ov::TensorVector out32;
+  for (size_t i = 0; i < outputs.size(); ++i) out32.emplace_back(ov::element::f32, ov::Shape{0});
+  DCNKIT_RETURN_IF_ERROR(run_f32(op, out32, in32));
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    outputs[i].set_shape(out32[i].get_shape());
+    half ? convert_back<ov::float16>(out32[i], outputs[i]) : convert_back<ov::bfloat16>(out32[i], outputs[i]);
+  }
+  return Status::Ok();
 }
 
 }  // namespace dcnkit::ov_ext

@@ -15,6 +15,10 @@ class KitOpBase;
 // The output shape of `op` for its inputs' shapes (in the node's input order), checked by the core.
 Status output_shape(const KitOpBase& op, const std::vector<Shape>& inputs, Shape* out);
 
+// The floating types a kit operation accepts: float32, and float16 / bfloat16 (converted to float32 and back around
+// the kernel) where OpenVINO's inference precision hints have converted the graph around the node.
+bool is_kernel_float_type(const ov::element::Type& t);
+
 // Computes `op`'s outputs (shaped here) from `inputs`.
 Status run_cpu(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorVector& inputs);
 
