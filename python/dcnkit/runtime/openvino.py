@@ -106,11 +106,11 @@ def _np_dtype(ov_type) -> np.dtype:
         return np.dtype("float32")
 
 
-def _port_infos(ports) -> list[TensorInfo]:
+def _port_infos(ports, names=None) -> list[TensorInfo]:
     out = []
-    for p in ports:
+    for i, p in enumerate(ports):
         dims = tuple(d.get_length() if d.is_static else None for d in p.get_partial_shape())
-        out.append(TensorInfo(p.get_any_name(), _np_dtype(p.get_element_type()), dims))
+        out.append(TensorInfo(names[i] if names else p.get_any_name(), _np_dtype(p.get_element_type()), dims))
     return out
 
 
@@ -145,7 +145,10 @@ class OpenVINORunner(Runner):
         self.device = device
         self.compiled = self.core.compile_model(ov_model, device, properties)
         self.request = self.compiled.create_infer_request()
-        self._outputs = [p.get_any_name() for p in self.compiled.outputs]
+        # A port may carry several tensor names: the model's own output names where it has them.
+        wanted = [i.name for i in self._infos[1]] if self._infos is not None else []
+        self._outputs = [next((n for n in wanted if n in p.get_names()), p.get_any_name())
+                         for p in self.compiled.outputs]
 
     def inputs(self):
         if self._infos is not None:
@@ -153,9 +156,7 @@ class OpenVINORunner(Runner):
         return _port_infos(self.compiled.inputs)
 
     def outputs(self):
-        if self._infos is not None:
-            return self._infos[1]
-        return _port_infos(self.compiled.outputs)
+        return _port_infos(self.compiled.outputs, self._outputs)
 
     def run(self, feeds):
         feeds = self._check_feeds(feeds)
