@@ -61,17 +61,14 @@ def _layer(n, c, h, w, stride, out):
     import bench_ort_deform_conv as b
 
     data = b._inputs(n, c, h, w, stride)
-    model = b._model(False, data, stride)  # the standard DeformConv node, weight and bias as initializers
+    model = b._model(False, data, stride)  # the standard DeformConv node, weight and bias as initializers (bytes)
     path = out / f"dcn_{n}x{c}x{h}x{w}_s{stride}.onnx"
-    import onnx
-
-    onnx.save(model, str(path))
-    names = {i.name for i in model.graph.input}
-    return path, {k: v for k, v in data.items() if k in names}, None
+    path.write_bytes(model)
+    return path, {k: v for k, v in data.items() if k in ("x", "offset", "mask")}, None
 
 
 def _sides(path, threads, names):
-    from dcnkit.runtime import make_runner
+    from dcnkit.runtime.registry import make_runner
 
     ov = dict(num_threads=threads)
     runners = {
@@ -96,12 +93,13 @@ def measure(name, path, feeds, args, sides=("ov native", "ov kit", "ov auto", "o
                       f"(shape {o[key].shape} vs {base[key].shape})")
 
     # C.interleaved's rounds, with the pause after an ONNX Runtime call outside the timed region
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     best = {k: float("inf") for k in runners}
     for i in range(args.warmup + max(1, args.repeat)):
         for k, r in runners.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             r.run(feeds)
-            dt = (time.perf_counter() - t0) * 1e3
+            dt = (clock() - t0) * 1e3
             if i >= args.warmup:
                 best[k] = min(best[k], dt)
             if k.startswith("ort"):
@@ -139,7 +137,8 @@ def main(argv=None) -> list[dict]:
         path, feeds, _ = build(args.quick, out)
         rows.append(measure(title, path, feeds, args))
     sides = list(rows[0]["ms"]) if rows else []
-    print(f"threads {args.threads}, fastest of {args.repeat} interleaved rounds; ratio = time / ort kit's time")
+    print(f"threads {args.threads}, {args.clock} clock, fastest of {args.repeat} interleaved rounds; "
+          "ratio = time / ort kit's time")
     C.print_table(["case", *[f"{s} ms" for s in sides], *[f"{s} ratio" for s in sides if s != "ort kit"]],
                   [[r["case"], *[f"{r['ms'][s]:.2f}" for s in sides],
                     *[f"{r['ratio_vs_ort_kit'][s]:.2f}" for s in sides if s != "ort kit"]] for r in rows])

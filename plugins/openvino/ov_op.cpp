@@ -33,6 +33,7 @@ void KitOpBase::copy_config_from(const KitOpBase& other) {
   values_ = other.values_;
   slots_ = other.slots_;
   num_outputs_ = other.num_outputs_;
+  constant_weight_ = other.constant_weight_;
 }
 
 std::string KitOpBase::where() const {
@@ -152,25 +153,32 @@ void KitOpBase::validate_and_infer_types() {
   set_output_size(static_cast<size_t>(n_out));
   const ov::element::Type out_type = float_type.is_dynamic() ? ov::element::f32 : float_type;
   for (int64_t o = 0; o < n_out; ++o) set_output_type(static_cast<size_t>(o), out_type, out);
-  pack_constant_weight();
+  note_constant_weight();
 }
 
-void KitOpBase::pack_constant_weight() {
-  weight_kc_.reset();
+void KitOpBase::note_constant_weight() {
   if (kind_ != OpKind::kDeformConv2d) return;
   for (size_t i = 0; i < get_input_size(); ++i) {
-    if (slots_[i] != kDcWeight) continue;
-    auto c = std::dynamic_pointer_cast<ov::op::v0::Constant>(get_input_node_shared_ptr(i));
-    if (!c || c->get_element_type() != ov::element::f32 || c->get_shape().size() != 4) return;
-    const ov::Shape& w = c->get_shape();
-    const int64_t cout = w[0], cin_g = w[1], kk = w[2] * w[3];
-    if (cout <= 0 || cin_g <= 0 || kk <= 0) return;
-    auto packed = std::make_shared<std::vector<float>>(static_cast<size_t>(cout * cin_g * kk));
-    deform_conv2d_weight_kc_cpu<float>(cout, cin_g, kk, c->get_data_ptr<float>(), packed->data());
-    weight_kc_ = std::move(packed);
-    weight_kc_shape_ = w;
-    return;
+    if (slots_[i] == kDcWeight && std::dynamic_pointer_cast<ov::op::v0::Constant>(get_input_node_shared_ptr(i))) {
+      constant_weight_ = true;
+    }
   }
+}
+
+std::shared_ptr<const std::vector<float>> KitOpBase::weight_kc(const float* weight, const Shape& shape) const {
+  if (!constant_weight_ || weight == nullptr || shape.size() != 4) return nullptr;
+  const int64_t cout = shape[0], cin_g = shape[1], kk = shape[2] * shape[3];
+  if (cout <= 0 || cin_g <= 0 || kk <= 0) return nullptr;
+  std::lock_guard<std::mutex> lock(weight_mutex_);
+  if (!weight_kc_ || weight_kc_->source != weight || weight_kc_->shape != shape) {
+    auto packed = std::make_shared<PackedWeight>();
+    packed->source = weight;
+    packed->shape = shape;
+    packed->data.resize(static_cast<size_t>(cout * cin_g * kk));
+    deform_conv2d_weight_kc_cpu<float>(cout, cin_g, kk, weight, packed->data.data());
+    weight_kc_ = std::move(packed);
+  }
+  return std::shared_ptr<const std::vector<float>>(weight_kc_, &weight_kc_->data);
 }
 
 bool KitOpBase::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {

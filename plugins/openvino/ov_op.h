@@ -13,6 +13,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -37,11 +38,9 @@ class KitOpBase : public ov::op::Op {
   OpKind kind() const { return kind_; }
   const OpAttrs& attrs() const { return attrs_; }
   const std::vector<int64_t>& slots() const { return slots_; }
-  // DeformConv2d: the constant weight in the launcher's layout and the shape it had (null when not constant).
-  const std::vector<float>* weight_kc(const Shape& weight_shape) const {
-    return weight_kc_ && Shape(weight_kc_shape_.begin(), weight_kc_shape_.end()) == weight_shape ? weight_kc_.get()
-                                                                                                    : nullptr;
-  }
+  // DeformConv2d whose weight is a constant of the model: that weight in the launcher's layout, made on the first
+  // run from `weight` (the constant's memory, which the plugin keeps) and kept; null for a weight that is an input.
+  std::shared_ptr<const std::vector<float>> weight_kc(const float* weight, const Shape& weight_shape) const;
 
  protected:
   explicit KitOpBase(OpKind kind);
@@ -55,13 +54,20 @@ class KitOpBase : public ov::op::Op {
   std::vector<int64_t> slots_;     // canonical input index of each input
   int64_t num_outputs_ = 1;
   OpAttrs attrs_;                  // from values_, checked
-  // DeformConv2d with a constant weight: the weight in the launcher's layout, once (else null).
-  std::shared_ptr<const std::vector<float>> weight_kc_;
-  ov::Shape weight_kc_shape_;
+  // DeformConv2d: whether the weight input is a Constant of the model (seen when the node was made: the plugin's
+  // copies may see other nodes there), and the weight in the launcher's layout, made once.
+  bool constant_weight_ = false;
+  struct PackedWeight {
+    const float* source = nullptr;
+    Shape shape;
+    std::vector<float> data;
+  };
+  mutable std::mutex weight_mutex_;
+  mutable std::shared_ptr<const PackedWeight> weight_kc_;
 
  private:
   std::string where() const;  // "<op type> node '<name>': " for messages
-  void pack_constant_weight();
+  void note_constant_weight();
 };
 
 template <OpKind K>

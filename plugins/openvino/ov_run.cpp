@@ -130,10 +130,14 @@ struct Launch {
   CpuContext cpu;
 
   Status operator()(const DeformConv2dParams& p) const {
-    std::unique_ptr<char[]> ws(new char[std::max<size_t>(1, deform_conv2d_forward_workspace_cpu(p, DType::kFloat32, cpu))]);
-    const std::vector<float>* packed = op.weight_kc(*g.shapes[kDcWeight]);
+    // The workspace stays with the thread that runs the node (grown when needed): a fresh allocation per run
+    // costs its page faults every time.
+    thread_local std::vector<char> ws;
+    const size_t bytes = deform_conv2d_forward_workspace_cpu(p, DType::kFloat32, cpu);
+    if (ws.size() < bytes) ws.resize(bytes);
+    const auto packed = op.weight_kc(in<float>(g, kDcWeight), *g.shapes[kDcWeight]);
     return deform_conv2d_forward_cpu<float>(p, in<float>(g, kDcInput), in<float>(g, kDcOffset), in<float>(g, kDcWeight),
-                                            in<float>(g, kDcBias), in<float>(g, kDcMask), y, ws.get(), cpu,
+                                            in<float>(g, kDcBias), in<float>(g, kDcMask), y, ws.data(), cpu,
                                             packed ? packed->data() : nullptr);
   }
   Status operator()(const RoIAlignParams& p) const {
