@@ -10,9 +10,9 @@
 //   every other op_variants() entry: dcnkit::* and the  the kit's operation of that kind (KitOp<kind>, ov_op.h),
 //   mmdeploy / mmcv names (op_attrs.h)                  computed by the core's CPU launchers
 //
-// Standard RoiAlign is converted by OpenVINO itself (ROIAlign-9). Which standard DeformConv nodes run on the kit's
-// kernel instead (measured per node) is decided before conversion, by rewriting them to dcnkit::DeformConv2d
-// (python/dcnkit/runtime/openvino_rewrite.py).
+// Standard RoiAlign is converted by OpenVINO itself (ROIAlign-9). The Python backend decides before conversion which
+// standard DeformConv nodes run on the kit's kernel instead (measured per node), and moves every avg RoiAlign to the
+// kit's (OpenVINO's differs at the border), by rewriting them to dcnkit nodes (python/dcnkit/runtime/openvino_rewrite.py).
 #include <cstring>
 #include <string>
 #include <vector>

@@ -3,9 +3,10 @@
 
 OpenVINO's ONNX frontend reads no deformable node by itself. The extension converts them: standard ``DeformConv`` to
 OpenVINO's own DeformableConvolution-8 with ``bilinear_interpolation_pad`` on (the ONNX / torchvision semantics), and
-every ``dcnkit``, mmdeploy and mmcv node to an operation computed by the kit's CPU kernels. Standard ``RoiAlign`` is
-OpenVINO's own ROIAlign. Per node, a standard ``DeformConv`` whose layer the kit's kernel runs faster is rewritten to
-``dcnkit::DeformConv2d`` in memory first (:mod:`dcnkit.runtime.openvino_rewrite`; the file is not touched).
+every ``dcnkit``, mmdeploy and mmcv node to an operation computed by the kit's CPU kernels. Before OpenVINO reads the
+model, a standard ``DeformConv`` whose layer the kit's kernel runs faster (per node, measured) and every standard avg
+``RoiAlign`` (OpenVINO's differs at the border) are rewritten to the kit's nodes in memory
+(:mod:`dcnkit.runtime.openvino_rewrite`; the file is not touched).
 
 Options (``make_runner(path, backend="openvino", ...)``):
 
@@ -135,7 +136,13 @@ class OpenVINORunner(Runner):
         xml = ir_path(model)
         extension = xml.parent / EXTENSION_LIBRARY if xml is not None else None
         self.extension = extension if extension is not None and extension.is_file() else extension_library()
-        self.core.add_extension(str(self.extension))
+        try:
+            self.core.add_extension(str(self.extension))
+        except Exception as e:  # noqa: BLE001 - OpenVINO raises RuntimeError with the loader's message
+            raise BackendUnavailable(
+                f"openvino: the kit's extension library {self.extension} does not load into openvino "
+                f"{ov.get_version()} (it loads only into the release it was built against; rebuild dcnkit): "
+                f"{str(e).strip().splitlines()[-1] if str(e).strip() else e}") from e
         self.rewritten = 0
         if xml is not None:
             ov_model = self.core.read_model(str(xml))
