@@ -241,3 +241,28 @@ def test_cli_lists_runs_and_benches_the_backend(tmp_path, capsys):
     assert main(["bench", str(path), "--backends", "openvino,ort-cpu", "--iterations", "2", "--warmup", "0"]) == 0
     assert "openvino" in capsys.readouterr().out
     assert main(["compare", str(path), "--backends", "ort-cpu,openvino", "--iterations", "1"]) == 0
+
+
+def test_serve_answers_on_the_backend(tmp_path):
+    import os
+    import sys
+    import urllib.request
+
+    from server_process import free_port, serving
+
+    path = tmp_path / "dcnv3.onnx"
+    module = export("dcnv3", path, False)
+    _, names, inputs = case("dcnv3", 1, 2)
+    port = free_port()
+    cmd = [sys.executable, "-m", "dcnkit", "serve", str(path), "--backend", "openvino", "--device", "CPU",
+           "--port", str(port)]
+    with serving(cmd, port, env=dict(os.environ), cwd=tmp_path):
+        body = {"inputs": [{"name": n, "shape": list(a.shape), "datatype": "FP32", "data": a.ravel().tolist()}
+                           for n, a in zip(names, inputs)]}
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/dcnv3/infer", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        out = json.loads(urllib.request.urlopen(req, timeout=60).read())["outputs"][0]
+        meta = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/dcnv3", timeout=60).read())
+    assert meta["platform"] == "openvino"
+    want = eager(module, inputs)
+    assert_close(np.array(out["data"], np.float32).reshape(out["shape"]), want)
