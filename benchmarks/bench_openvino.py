@@ -5,7 +5,8 @@
 Sides (the same ONNX file, interleaved rounds, fastest of ``--repeat``; a pause after each ONNX Runtime call so that
 its spinning threads do not slow the next side):
 
-* ``ov native``  OpenVINO, every standard ``DeformConv`` on OpenVINO's DeformableConvolution-8 (``deform_conv="openvino"``);
+* ``ov native``  OpenVINO, every standard ``DeformConv`` on OpenVINO's DeformableConvolution-8
+                 (``deform_conv="openvino"``);
 * ``ov kit``     OpenVINO, every ``DeformConv`` on the kit's kernel through ``libdcnkit_ov.so`` (``deform_conv="kit"``);
 * ``ov auto``    OpenVINO with the per-node rule (``dcnkit.runtime.openvino_rewrite``, the backend's default);
 * ``ort kit``    ONNX Runtime with the kit's library, its default path (``make_runner(path, "ort-cpu")``).

@@ -123,9 +123,9 @@ def case(name: str, n: int = 2, seed: int = 0):
     if name in ("deform_psroi_pool", "deform_psroi_pool_parts"):
         # output_size == group_size: OpenVINO's DeformablePSROIPooling; 4 != 2: the kit's kernel
         mod = DeformPSRoIPool() if name == "deform_psroi_pool" else DeformPSRoIPool(4, 2, 4, 2)
-        gs = 3 if name == "deform_psroi_pool" else 2
+        gs = 3 if name == "deform_psroi_pool" else 2  # part_size = group_size; trans: 2 classes
         return mod, ["x", "rois", "roi_trans"], [poison_corners(r(n, 4 * gs * gs, 11, 13), 2, 3),
-                                                 rois(rng, 11, n, 11, 13, 0.5), r(11, 4, 3 if gs == 3 else 2, 3 if gs == 3 else 2)]
+                                                 rois(rng, 11, n, 11, 13, 0.5), r(11, 4, gs, gs)]
     if name == "multi_level_roi_align":
         feats = [poison_corners(r(n, 3, s, s + 1), 2, 3) for s in (16, 8, 4)]
         return MultiLevel(), ["rois", "f0", "f1", "f2"], [rois(rng, 19, n, 64, 68, 1.0, margin=8), *feats]

@@ -129,7 +129,8 @@ def test_the_build_uses_its_own_python_and_ships_the_onnx_runtime_library(wheels
         assert re.search(r"\| OpenVINO: libdcnkit_ov\.so \(OpenVINO 20\d\d\.", summary), summary
     elif how == "activated":
         assert "| OpenVINO: not built (DCNKIT_BUILD_OPENVINO=OFF)" in summary
-    assert _native_libraries(wheel) == ["dcnkit/lib/libdcnkit_ort.so"] + (["dcnkit/lib/libdcnkit_ov.so"] if with_ov else [])
+    ov_lib = ["dcnkit/lib/libdcnkit_ov.so"] if with_ov else []
+    assert _native_libraries(wheel) == ["dcnkit/lib/libdcnkit_ort.so"] + ov_lib
 
 
 def _requires(wheel: Path) -> dict[str, list[str]]:

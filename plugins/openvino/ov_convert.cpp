@@ -12,7 +12,8 @@
 //
 // Standard RoiAlign is converted by OpenVINO itself (ROIAlign-9). The Python backend decides before conversion which
 // standard DeformConv nodes run on the kit's kernel instead (measured per node), and moves every avg RoiAlign to the
-// kit's (OpenVINO's differs at the border), by rewriting them to dcnkit nodes (python/dcnkit/runtime/openvino_rewrite.py).
+// kit's (OpenVINO's differs at the border), by rewriting them to dcnkit nodes
+// (python/dcnkit/runtime/openvino_rewrite.py).
 #include <cstring>
 #include <string>
 #include <vector>
@@ -109,14 +110,15 @@ std::shared_ptr<ov::Node> native_op(const OpAttrs& a, const ov::OutputVector& ar
     }
     const int64_t part = p.part_size > 0 ? p.part_size : p.output_size;
     const float scale = static_cast<float>(p.spatial_scale), std = static_cast<float>(p.trans_std);
+    using ov::op::v1::DeformablePSROIPooling;
+    const char* mode = "bilinear_deformable";
+    const int64_t bins = p.sample_per_part;
     if (has[kPsTrans] && !p.no_trans) {
-      return std::make_shared<ov::op::v1::DeformablePSROIPooling>(by_slot[kPsInput], by_slot[kPsRois], by_slot[kPsTrans],
-                                                                 p.output_dim, scale, p.group_size, "bilinear_deformable",
-                                                                 p.sample_per_part, p.sample_per_part, std, part);
+      return std::make_shared<DeformablePSROIPooling>(by_slot[kPsInput], by_slot[kPsRois], by_slot[kPsTrans], p.output_dim,
+                                                      scale, p.group_size, mode, bins, bins, std, part);
     }
-    return std::make_shared<ov::op::v1::DeformablePSROIPooling>(by_slot[kPsInput], by_slot[kPsRois], p.output_dim, scale,
-                                                               p.group_size, "bilinear_deformable", p.sample_per_part,
-                                                               p.sample_per_part, 0.f, part);
+    return std::make_shared<DeformablePSROIPooling>(by_slot[kPsInput], by_slot[kPsRois], p.output_dim, scale,
+                                                    p.group_size, mode, bins, bins, 0.f, part);
   }
   return nullptr;
 }

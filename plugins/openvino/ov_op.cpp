@@ -133,8 +133,8 @@ void KitOpBase::validate_and_infer_types() {
     NODE_VALIDATION_CHECK(this, is_kernel_float_type(got), where(), def.inputs[slot].name,
                           ": expected element type f32 (or f16 / bf16), got ", got.get_type_name());
     NODE_VALIDATION_CHECK(this, float_type.is_dynamic() || got == float_type, where(), def.inputs[slot].name,
-                          ": expected element type ", float_type.get_type_name(), " (the type of the other inputs), got ",
-                          got.get_type_name());
+                          ": expected element type ", float_type.get_type_name(),
+                          " (the type of the other inputs), got ", got.get_type_name());
     float_type = got;
   }
   ov::PartialShape out = partial_output_shape(kind_, attrs_, by_slot);

@@ -156,8 +156,8 @@ struct Launch {
       own.resize(static_cast<size_t>(n));
       c = own.data();
     }
-    return deform_psroi_pool_forward_cpu<float>(p, in<float>(g, kPsInput), in<float>(g, kPsRois), in<float>(g, kPsTrans),
-                                                y, c, cpu);
+    return deform_psroi_pool_forward_cpu<float>(p, in<float>(g, kPsInput), in<float>(g, kPsRois),
+                                                in<float>(g, kPsTrans), y, c, cpu);
   }
   Status operator()(const MultiLevelRoIAlignParams& p) const {
     return multi_level_roi_align_forward_cpu<float>(p, g.feature_data.data(), in<float>(g, kMlRois), y, cpu);
@@ -169,7 +169,8 @@ struct Launch {
   }
   Status operator()(const Dcnv3Params& p) const {  // DCNv4 reads its weights from offset_mask (p.fused)
     const float* offset = in<float>(g, kD3Offset);
-    return dcnv3_forward_cpu<float>(p, in<float>(g, kD3Input), offset, p.fused ? offset : in<float>(g, kD3Mask), y, cpu);
+    const float* mask = p.fused ? offset : in<float>(g, kD3Mask);
+    return dcnv3_forward_cpu<float>(p, in<float>(g, kD3Input), offset, mask, y, cpu);
   }
 };
 
@@ -237,8 +238,8 @@ Status run_cpu(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorV
     const ov::element::Type got = inputs[i].get_element_type();
     const bool ok = td.int64 ? (got == ov::element::i64 || got == ov::element::i32) : is_kernel_float_type(got);
     if (!ok) {
-      return arg_error(op_type(op), td.name,
-                       td.int64 ? "element type i64 (or i32)" : "element type f32 (or f16 / bf16)", got.get_type_name());
+      const char* want = td.int64 ? "element type i64 (or i32)" : "element type f32 (or f16 / bf16)";
+      return arg_error(op_type(op), td.name, want, got.get_type_name());
     }
     if (!td.int64) float_type = got;
   }
