@@ -131,14 +131,20 @@ struct Launch {
 
   Status operator()(const DeformConv2dParams& p) const {
     // The workspace stays with the thread that runs the node (grown when needed): a fresh allocation per run
-    // costs its page faults every time.
-    thread_local std::vector<char> ws;
+    // costs its page faults every time. It is taken out of the thread's cache while in use, so that a node this
+    // thread runs while it waits inside the launcher's parallel loop (TBB may hand it one) makes its own.
+    thread_local std::vector<char> cache;
+    std::vector<char> ws;
+    ws.swap(cache);
     const size_t bytes = deform_conv2d_forward_workspace_cpu(p, DType::kFloat32, cpu);
     if (ws.size() < bytes) ws.resize(bytes);
     const auto packed = op.weight_kc(in<float>(g, kDcWeight), *g.shapes[kDcWeight]);
-    return deform_conv2d_forward_cpu<float>(p, in<float>(g, kDcInput), in<float>(g, kDcOffset), in<float>(g, kDcWeight),
-                                            in<float>(g, kDcBias), in<float>(g, kDcMask), y, ws.data(), cpu,
-                                            packed ? packed->data() : nullptr);
+    const Status s = deform_conv2d_forward_cpu<float>(p, in<float>(g, kDcInput), in<float>(g, kDcOffset),
+                                                      in<float>(g, kDcWeight), in<float>(g, kDcBias),
+                                                      in<float>(g, kDcMask), y, ws.data(), cpu,
+                                                      packed ? packed->data() : nullptr);
+    cache.swap(ws);
+    return s;
   }
   Status operator()(const RoIAlignParams& p) const {
     return roi_align_forward_cpu<float>(p, in<float>(g, kRaInput), in<float>(g, kRaRois), y, cpu);
