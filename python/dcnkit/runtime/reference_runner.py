@@ -340,8 +340,20 @@ class RoiAlign(OpRun):
         return (np.asarray(out).astype(X.dtype, copy=False),)
 
 
+class Flatten(OpRun):
+    """ONNX ``Flatten`` with explicit sizes: onnx.reference reshapes to (d, -1), which NumPy refuses for an empty
+    tensor (a detector's head on an image that yields no proposal)."""
+
+    op_domain = ""
+
+    def _run(self, x, **_):
+        axis = int(_attr(self, "axis", 1))
+        axis = axis + x.ndim if axis < 0 else axis
+        return (x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), int(np.prod(x.shape[axis:], dtype=np.int64))),)
+
+
 CUSTOM_OPS = (DeformConv2d, QDeformConv2d, RoIAlign, DeformRoIPool, DeformPSRoIPool, MultiLevelRoIAlign, DeformConv, RoiAlign)
-CUSTOM_OPS += (MultiScaleDeformableAttention, DCNv3, TRTDCNv3, DCNv4) + TRT_MSDA_OPS
+CUSTOM_OPS += (MultiScaleDeformableAttention, DCNv3, TRTDCNv3, DCNv4, Flatten) + TRT_MSDA_OPS
 
 
 def reference_evaluator(model, verbose: int = 0) -> ReferenceEvaluator:
