@@ -156,6 +156,25 @@ def test_gates_pass_and_fail():
     assert "element loop was not found" in _gated(body=["MOV R1, R2", "EXIT"]).status
 
 
+def test_loop_clean_kernels_fail_on_a_conversion_in_any_loop_of_any_instantiation():
+    # Issue 37 item 7: deform_conv2d_plan_kernel (not gated) with a 64-bit conversion in a loop that is not its hot
+    # one, in its double instantiation: counted in "all loops" and failing, as it is a LOOP_CLEAN kernel; the same
+    # body under another, unlisted name only reports the count.
+    plan = "_ZN6dcnkit12_GLOBAL__N_125deform_conv2d_plan_kernelIdliLi3ELi3ELb1EEEvNS_18DeformConv2dParamsE"
+    body = ["S2R R0, SR_TID.X", "I2F.S64 R2, R3", "@P2 BRA 0x10"] + ELEMENT_NEST[2:]
+    body[10] = "@P0 BRA 0x50"  # the element nest, one instruction later: its loops start at 0x30 and 0x50
+    body[12] = "@P1 BRA 0x30"
+    k = _gated(body=body, name=plan)
+    assert k.name == "deform_conv2d_plan_kernel" and k.dtype == "double"
+    assert (k.call_all_loops, k.conv64_all_loops) == (0, 1)
+    assert "1 64-bit conversions in its loops (expected 0)" in k.status and kr.failed(k)
+    other = _gated(body=body, name=OTHER)
+    assert other.conv64_all_loops == 1 and not kr.failed(other)
+    assert "other_kernel: (not explained)" in kr.table([other])
+    visit = "_ZN6dcnkit12_GLOBAL__N_130roi_align_visit_forward_kernelIffEEvNS_14RoIAlignParamsEPKT_S5_PS3_b"
+    assert "the bounded visit of grids too large to plan" in kr.table([_gated(body=body, name=visit)])
+
+
 def test_pending_kernels_are_reported_and_must_still_break_a_gate(monkeypatch):
     monkeypatch.setitem(kr.PENDING, "dcnv3_forward_kernel", "a known break")
     name, name_d = "_ZN6dcnkit20dcnv3_forward_kernelIffEEvv", "_ZN6dcnkit20dcnv3_forward_kernelIddEEvv"

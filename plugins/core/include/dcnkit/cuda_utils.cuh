@@ -11,6 +11,7 @@
 #include "dcnkit/common.h"
 #include "dcnkit/context.h"
 #include "dcnkit/grad_adders.h"
+#include "dcnkit/launch_limits.h"
 
 namespace dcnkit {
 
@@ -21,10 +22,13 @@ namespace dcnkit {
 
 constexpr int kCudaThreads = 256;
 
-// Blocks for n elements, capped (the loop strides over the rest).
-inline unsigned int cuda_blocks(int64_t n) {
-  const int64_t b = (n + kCudaThreads - 1) / kCudaThreads;
-  return static_cast<unsigned int>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
+// Blocks for n elements, capped (the loop strides over the rest): stride_blocks (launch_limits.h).
+inline unsigned int cuda_blocks(int64_t n) { return static_cast<unsigned int>(stride_blocks(n, kCudaThreads)); }
+
+// The grid and block of a LaunchDims (launch_limits.h; the CPU schedule drivers check the same LaunchDims).
+inline dim3 launch_grid(const LaunchDims& d) {
+  return dim3(static_cast<unsigned int>(d.grid[0]), static_cast<unsigned int>(d.grid[1]),
+              static_cast<unsigned int>(d.grid[2]));
 }
 
 inline Status cuda_status(cudaError_t e, const char* where) {
@@ -32,8 +36,33 @@ inline Status cuda_status(cudaError_t e, const char* where) {
   return Status::DeviceError(std::string(where) + ": " + cudaGetErrorString(e));
 }
 
-// Status of the last kernel launch.
-inline Status cuda_launch_status(const char* where) { return cuda_status(cudaGetLastError(), where); }
+// An error that stays after cudaGetLastError reads it is sticky: a fault of a kernel that already ran (the context
+// is lost). No launch of this op causes one -- a launch fails only with errors that cudaGetLastError clears (a bad
+// configuration, no kernel image, too many resources), and this op's kernels have not run yet -- so it is reported as
+// what it is, an earlier error, not under this op's name as if its launch had failed.
+inline Status cuda_earlier_error(const char* where, cudaError_t sticky) {
+  return Status::DeviceError(std::string(where) + ": the CUDA context failed before this op ran (an earlier "
+                             "asynchronous error, not this op's): " + cudaGetErrorString(sticky));
+}
+
+// Every CUDA launcher calls this first, before its first launch, so that the status of its launches
+// (cuda_launch_status) is its own: an error left pending by another layer (a launch nobody checked) is cleared
+// here, not reported under this op's name; a sticky one is reported as an earlier error. No synchronisation: both
+// calls only read the runtime's error state.
+inline Status cuda_clear_stale_error(const char* where) {
+  if (cudaGetLastError() == cudaSuccess) return Status::Ok();
+  const cudaError_t sticky = cudaPeekAtLastError();
+  return sticky == cudaSuccess ? Status::Ok() : cuda_earlier_error(where, sticky);
+}
+
+// Status of the kernel launch just made (the launcher cleared any earlier error: cuda_clear_stale_error), and
+// cleared, so that it is not reported again under another op's name; a sticky error is an earlier one.
+inline Status cuda_launch_status(const char* where) {
+  const cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) return Status::Ok();
+  const cudaError_t sticky = cudaPeekAtLastError();
+  return sticky != cudaSuccess ? cuda_earlier_error(where, sticky) : cuda_status(e, where);
+}
 
 // Storage type <-> accumulation type on the device.
 template <>
