@@ -75,8 +75,8 @@ def forward(c, leaves):
         return multi_level_roi_align(leaves["maps"], c["rois"], c["size"], [2.0, 4.0, 8.0], c["ratio"], 8, 1.0,
                                      c["aligned"], c["mode"])
     if c["op"] == "deform_roi_pool":
-        return deform_roi_pool(leaves["x"], c["rois"], leaves["offset"], 3, 0.5, c["ratio"], 0.1)
-    return deform_psroi_pool(leaves["x"], c["rois"], leaves["trans"], 0.5, 3, c["dim"], 2, 3, c["spp"], 0.2)
+        return deform_roi_pool(leaves["x"], c["rois"], leaves.get("offset"), 3, 0.5, c["ratio"], 0.1)
+    return deform_psroi_pool(leaves["x"], c["rois"], leaves.get("trans"), 0.5, 3, c["dim"], 2, 3, c["spp"], 0.2)
 
 
 def gradients(c):
@@ -109,7 +109,7 @@ def module_gradients():
             out.append(xx.grad)
             ml = dnn.MultiLevelRoIAlign(2, [4.0, 8.0], ratio, 8, True, mode)
             ms = [t.clone().requires_grad_() for t in maps]
-            y = ml(ms, rois * 2)
+            y = ml(ms, rois * torch.tensor([1.0, 2.0, 2.0, 2.0, 2.0], dtype=F64))
             y.backward(torch.ones_like(y))
             out.extend(t.grad for t in ms)
         msr = dnn.MultiScaleRoIAlign(["p2", "p3"], 2, ratio)

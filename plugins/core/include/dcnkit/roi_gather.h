@@ -38,6 +38,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "dcnkit/launch_limits.h"
@@ -255,23 +256,27 @@ inline size_t roi_gather_carve(const RoIGatherSizes& s, char* base, RoIGatherBuf
 
 #if !defined(__CUDACC__)
 // The CUDA grids of the footprint, table and gather kernels run serially on the host (the CPU test path
-// DCNKIT_ROI_CPU_PATH=cuda-schedule-deterministic): every launch checked against CUDA's limits, then chunk by chunk
-// the tables and the gather, block by block, channel group by group, the RoIs in steps of 256 culled and listed as
-// the kernel lists them, each thread's pixel summed in list order. `g` is copied per chunk (k0, tables set here).
-// out: the (N, C, H, W) gradient, written.
+// DCNKIT_ROI_CPU_PATH=cuda-schedule-deterministic): the launches of the CUDA launcher's chunking checked against
+// CUDA's limits, then chunk by chunk the tables and the gather, block by block, channel group by group, the RoIs in
+// steps of 256 culled and listed as the kernel lists them, each thread's pixel summed in list order. The chunks here
+// are a third of the RoIs (at least one), so that test sizes take the several-chunk path (the running sums kept in
+// the gradient between chunks, as CUDA keeps them for float and double). `g` is copied per chunk (k0 and tables set
+// here). out: the (N, C, H, W) gradient, written.
 template <typename G, typename T>
 Status roi_gather_serial(G g, int64_t num_rois, const RoIGatherGrid& grid, T* out) {
   using Acc = typename G::Acc;
+  static_assert(std::is_same<Acc, T>::value, "the CPU runs float and double in their own type");
   DCNKIT_RETURN_IF_ERROR(check_roi_gather_grid("roi_gather_serial", grid));
-  const int64_t entries = g.table_entries(), chunk = roi_gather_chunk(num_rois, entries, sizeof(Acc));
+  const int64_t entries = g.table_entries(), chunk = (num_rois + 2) / 3 > 0 ? (num_rois + 2) / 3 : 1;
   if (num_rois > 0) DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("roi_gather_footprint_kernel", num_rois)));
-  DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("roi_gather_table_kernel", chunk * entries)));
+  DCNKIT_RETURN_IF_ERROR(check_launch(
+      stride_launch("roi_gather_table_kernel", roi_gather_chunk(num_rois, entries, sizeof(Acc)) * entries)));
   DCNKIT_RETURN_IF_ERROR(check_launch(roi_gather_launch(grid)));
   std::vector<RoIFootprint> foot(static_cast<size_t>(num_rois > 0 ? num_rois : 0));
   for (int64_t k = 0; k < num_rois; ++k) foot[static_cast<size_t>(k)] = g.footprint(k);
   std::vector<Acc> tables(static_cast<size_t>(chunk * entries));
   const int64_t C = grid.channels, HW = grid.height * grid.width;
-  std::vector<Acc> partial(static_cast<size_t>(grid.batch * C * HW));
+  Acc* partial = out;
   std::vector<int64_t> listed;
   for (int64_t k0 = 0; k0 < num_rois || k0 == 0; k0 += chunk) {
     const int64_t k1 = k0 + chunk < num_rois ? k0 + chunk : num_rois;
@@ -301,7 +306,7 @@ Status roi_gather_serial(G g, int64_t num_rois, const RoIGatherGrid& grid, T* ou
           if (!px.inside) continue;
           for (int c = 0; c < nc; ++c) {
             roi_gather_store(acc[tid][c], (px.b * C + c0 + c) * HW + px.y * grid.width + px.x, k0 == 0,
-                             k1 >= num_rois, partial.data(), out);
+                             k1 >= num_rois, partial, out);
           }
         }
       }

@@ -292,9 +292,7 @@ template <typename Visit>
 struct RoIVisitTaps {
   Visit& v;
   template <typename Acc>
-  DCNKIT_HD bool operator()(const Taps<Acc>& t, Acc m, Acc, Acc) {
-    return v(t, m);
-  }
+  DCNKIT_HD bool operator()(const Taps<Acc>& t, Acc m, Acc, Acc) { return v(t, m); }
 };
 template <typename Acc, typename Visit>
 DCNKIT_HD void roi_bin_visit(const RoIAlignBox<Acc>& b, Acc y0, Acc x0, int64_t H, int64_t W, Visit& visit) {

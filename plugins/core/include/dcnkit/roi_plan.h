@@ -8,7 +8,8 @@
 // same sums. Grids too large for a plan (more than kRoIPlanSamples samples per bin or roi_plan_capacity() per RoI,
 // an adaptive grid of a huge box, maps of 2^31 pixels or more) go through the bounded visit instead
 // (roi_visit_*_items), per (channel, bin), in a block of the same shape.
-// Every function here is DCNKIT_HD: `tid` / `step` are the thread's index in its block and the block size.
+// Every function here is DCNKIT_HD: `tid` / `step` are the thread's index in its block and the block size. The grid
+// run serially on the host (the CPU test paths): roi_plan_serial.h.
 #pragma once
 
 #include <cstdint>
