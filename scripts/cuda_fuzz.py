@@ -51,27 +51,28 @@ def draw(g, torch):
     op = ri(0, 4)
     n, c, h, w = ri(0, 2), ri(1, 9), ri(1, 13), ri(1, 13)
     x = torch.randn(n, c, h, w, generator=g, dtype=torch.float64)
+    nroi = lambda: ri(0, 6) if n > 0 else 0  # noqa: E731 - no RoI on an empty batch (its index would be outside)
     ratio = [0, -1, 1, 2, 5][ri(0, 4)]
     size = (ri(1, 4), ri(1, 4))
     if op == 0:
-        rois = _rois(g, torch, ri(0, 6), n, h, w, 0.5)
+        rois = _rois(g, torch, nroi(), n, h, w, 0.5)
         mode, aligned = ["avg", "max"][ri(0, 1)], bool(ri(0, 1))
         return (f"roi_align {size} ratio {ratio} {mode} aligned {aligned}",
                 lambda x, r: roi_align(x, r, size, 0.5, ratio, aligned, mode), [x, rois], [True, False])
     if op == 1:
         maps = [torch.randn(n, c, max(1, h // s), max(1, w // s), generator=g, dtype=torch.float64) for s in (1, 2, 4)]
-        rois = _rois(g, torch, ri(0, 6), n, h, w, 0.5)
+        rois = _rois(g, torch, nroi(), n, h, w, 0.5)
         mode = ["avg", "max"][ri(0, 1)]
         return (f"multi_level_roi_align {size} ratio {ratio} {mode}",
                 lambda a, b, d, r: multi_level_roi_align([a, b, d], r, size, [2.0, 4.0, 8.0], ratio, 4, 1.0, True,
                                                          mode), [*maps, rois], [True, True, True, False])
     if op == 2:
-        k = ri(0, 6)
+        k = nroi()
         rois, off = _rois(g, torch, k, n, h, w, 0.5), torch.randn(k, 2, *size, generator=g, dtype=torch.float64) * 0.3
         return (f"deform_roi_pool {size} ratio {ratio}",
                 lambda x, r, o: deform_roi_pool(x, r, o, size, 0.5, ratio, 0.1), [x, rois, off], [True, False, True])
     if op == 3:
-        k, gs, dim, classes = ri(0, 6), ri(1, 3), ri(1, 3), ri(1, 2)
+        k, gs, dim, classes = nroi(), ri(1, 3), ri(1, 3), ri(1, 2)
         dim *= classes
         xp = torch.randn(n, dim * gs * gs, h, w, generator=g, dtype=torch.float64)
         rois = _rois(g, torch, k, n, h, w, 0.5)

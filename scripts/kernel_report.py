@@ -29,9 +29,8 @@ half and bfloat16 instantiations) <= 48 registers, no CALL and no 64-bit int<->f
 and the SASS per element under the kernel's bound. A gated kernel missing from the sources is reported as
 "kernel absent" and fails nothing. PENDING lists kernels known to break a gate, with the reason; they are
 reported and do not fail the run, but one that passes every gate fails it (take it off the list).
-Issue 37 item 7: the "all loops" column counts CALLs and conversions in every loop of every kernel; LOOP_CLEAN
-kernels (every instantiation, int64 indices and double included) must have none in any loop, and NOT_PER_ELEMENT
-says, for the kernels that have some, why those loops do not run per element.
+Issue 37 item 7: "all loops" counts CALLs and conversions in every loop; LOOP_CLEAN kernels (every instantiation)
+must have none, and NOT_PER_ELEMENT says, for the kernels that have some, why those loops do not run per element.
 """
 from __future__ import annotations
 
@@ -120,6 +119,7 @@ NOT_PER_ELEMENT = {
     "roi_gather_table_kernel": "one iteration per table entry: a bisection over one bin's samples along one axis, "
                                "shared by every channel and pixel of that row",
     "roi_gather_argmax_kernel": "max mode's arg-max per (RoI, channel, bin): the forward's bounded visit",
+    "deform_psroi_pool_trans_grad_kernel": "one iteration per trans entry, summing its outputs' bins (bisections)",
 }
 
 _DTYPES = {"f": "float", "d": "double", "6__half": "half", "13__nv_bfloat16": "bfloat16"}
@@ -285,6 +285,8 @@ def sass_per_element(instrs, loops, spec: Spec):
     # other_trip times.
     others = [q for q in loops if q != lp and not _inside(q, lp) and not _inside(lp, q) and q[1] < end]
     others = [q for q in others if not any(_inside(q, r) for r in others)]
+    # Those issuing the marker are the element loop's alternatives (a border point's scatter): charged once.
+    others = [q for q in others if count(q[0], q[1], marker) == 0]
     # A block head that one thread computes (`if (threadIdx.x == 0) {...}`: the RoI kernels' plan head) is issued
     # by one warp of the block, not by every thread: charged once per block's elements, i.e. divided by its warps.
     lo, hi = one_thread_region(instrs)

@@ -125,6 +125,24 @@ def test_a_block_head_of_thread_zero_is_charged_once_per_block():
     assert kr.sass_per_element(instrs, kr.find_loops(instrs), spec)[0] == pytest.approx(6 + 8 / spec.elements_per_thread)
 
 
+def test_an_alternative_marker_loop_is_charged_once_and_a_reduction_loop_other_trip_times():
+    # The element loop [2, 10] (4 loads, 4 REDs: one element), a border point's loop [11, 13] (1 load, 1 RED: an
+    # alternative path) and a shuffle loop [14, 15] after them: the alternative once, the shuffle loop 5 times.
+    body = ["S2R R0, SR_TID.X", "MOV R1, R2",
+            "LDG.E R5, [R6]", "LDG.E R7, [R6+0x4]", "LDG.E R8, [R6+0x8]", "LDG.E R9, [R6+0xc]",
+            "RED.E.ADD.F32 [R10], R5", "RED.E.ADD.F32 [R10+0x4], R7", "RED.E.ADD.F32 [R10+0x8], R8",
+            "RED.E.ADD.F32 [R10+0xc], R9", "@P0 BRA 0x20",
+            "LDG.E R5, [R6]", "RED.E.ADD.F32 [R10], R5", "@P1 BRA 0xb0",
+            "SHFL.DOWN PT, R1, R2, R3, R4", "@P2 BRA 0xe0", "EXIT"]
+    spec = kr.Spec(60, marker="RED", per_element=4, other_trip=5, elements_per_thread=32)
+    instrs = kr.parse_sass(_sass(PLAN, body))[PLAN]
+    loops = kr.find_loops(instrs)
+    assert loops == [(2, 10), (11, 13), (14, 15)], loops
+    value, loop = kr.sass_per_element(instrs, loops, spec)
+    assert loop == (2, 10)
+    assert value == pytest.approx(9 + (2 + 3 + 2 * 5 + 1) / 32)  # before, head 2; the alternative 3; shuffle 2 x 5
+
+
 def _gated(ptxas_regs=40, body=ELEMENT_NEST, name=PLAN, stack=0):
     k = kr.Kernel("x.cu", name, *kr.kernel_name(name), registers=ptxas_regs, stack=stack)
     kr.analyse(k, kr.parse_sass(_sass(name, body))[name])

@@ -184,7 +184,7 @@ void check_shared_blas(IPluginCreatorV3One* dcn, IPluginCreatorV3One* mmcv_dcn, 
   check(rc1 == 0 && rc2 == 0 && g_logger.lines.size() == before && g_blas_created.size() == created + 1,
         "enqueue of an unattached DeformConv2d instance runs, taking one cuBLAS handle of its own (created " +
             std::to_string(g_blas_created.size() - created) + ", rc " + std::to_string(rc1) + ", " +
-            std::to_string(rc2) + ")");
+            std::to_string(rc2) + (g_logger.lines.size() > before ? "; log: " + g_logger.lines.back() : "") + ")");
   u.reset();
   check(g_blas_destroyed.size() == destroyed + 1 && g_blas_destroyed.back() == g_blas_created.back(),
         "the unattached instance's handle is destroyed with it");

@@ -1,5 +1,6 @@
 // DeformPSRoIPool CUDA launchers: the forward and grad_input on RoIAlign's block schedule where the geometry allows
-// (psroi_plan.h), else, and for grad_trans, grid-stride kernels over the per-element functions of psroi_kernels.h.
+// (psroi_plan.h), else, and for grad_trans, grid-stride kernels over the per-element functions of psroi_kernels.h;
+// deterministic mode: grad_input by the tile gather, grad_trans one thread per entry (psroi_gather.h).
 // float32, float64, float16, bfloat16, forward and backward (the accumulation type follows the data; 16-bit
 // grad_input and grad_trans accumulate in float32 workspace buffers). A RoI whose batch index is outside
 // [0, N) gives zeros.
@@ -103,9 +104,10 @@ __global__ void deform_psroi_pool_backward_kernel(DeformPSRoIPoolParams p, const
   }
 }
 
-// Deterministic grad_trans: one thread per (RoI, class, part) writing its two entries (psroi_trans_grad_entry).
+// Deterministic grad_trans: one thread per (RoI, class, part) writing its two entries (psroi_trans_grad_entry). The
+// double instantiation may take all the registers a 256-thread block leaves (it spilled with the default budget).
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, sizeof(Acc) == 8 ? 1 : 0)
     deform_psroi_pool_trans_grad_kernel(DeformPSRoIPoolParams p, const T* grad_output, const T* input, const T* rois,
                                         const T* trans, const T* count, int64_t n, T* grad_trans) {
   DCNKIT_CUDA_KERNEL_LOOP(i, n) {

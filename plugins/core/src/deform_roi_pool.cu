@@ -1,5 +1,6 @@
-// DeformRoIPool CUDA launchers: RoIAlign's block schedule for the output and grad_input (roi_plan.h), a grid-stride
-// kernel over the per-element functions of roi_kernels.h for grad_offset.
+// DeformRoIPool CUDA launchers: RoIAlign's block schedule for the output and grad_input (roi_plan.h; deterministic
+// mode: grad_input by the tile gather of roi_gather.h), a grid-stride kernel over the per-element functions of
+// roi_kernels.h for grad_offset (no atomics in either mode).
 // float32, float64, float16, bfloat16, forward and backward (the accumulation type follows the data; a 16-bit
 // grad_input accumulates in a float32 workspace buffer). A RoI whose batch index is outside [0, N) gives zeros.
 #include "dcnkit/cuda_utils.cuh"

@@ -1,4 +1,5 @@
-// MultiLevelRoIAlign CUDA launchers: RoIAlign's block schedule (roi_plan.h, roi_plan_cuda.cuh) on each RoI's level:
+// MultiLevelRoIAlign CUDA launchers (deterministic backward: the tile gather of roi_gather.h, once per level):
+// RoIAlign's block schedule (roi_plan.h, roi_plan_cuda.cuh) on each RoI's level:
 // the RoI's level and box (multi_level_roi_align_kernels.h), then RoIAlign's plan or bounded visit on that level's
 // map. The maps' pointers travel by value in the kernel arguments (no
 // device copy, no synchronisation). float32, float64, float16, bfloat16; the accumulation type follows the

@@ -1,6 +1,7 @@
-// RoIAlign CUDA launchers: block kernels over the plan / visit functions of roi_plan.h.
-// float32, float64, float16, bfloat16, forward and backward (the accumulation type follows the data; 16-bit
-// gradients accumulate in a float32 workspace buffer). A RoI whose batch index is outside [0, N) gives zeros.
+// RoIAlign CUDA launchers: block kernels over the plan / visit functions of roi_plan.h; in deterministic mode the
+// backward is the tile gather of roi_gather.h (no atomics). float32, float64, float16, bfloat16, forward and backward
+// (the accumulation type follows the data; the atomic path's 16-bit gradients accumulate in a float32 workspace
+// buffer). A RoI whose batch index is outside [0, N) gives zeros.
 #include "dcnkit/cuda_utils.cuh"
 #include "dcnkit/roi_gather_cuda.cuh"
 #include "dcnkit/roi_plan_cuda.cuh"

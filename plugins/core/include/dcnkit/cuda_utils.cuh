@@ -36,32 +36,39 @@ inline Status cuda_status(cudaError_t e, const char* where) {
   return Status::DeviceError(std::string(where) + ": " + cudaGetErrorString(e));
 }
 
-// An error that stays after cudaGetLastError reads it is sticky: a fault of a kernel that already ran (the context
-// is lost). No launch of this op causes one -- a launch fails only with errors that cudaGetLastError clears (a bad
-// configuration, no kernel image, too many resources), and this op's kernels have not run yet -- so it is reported as
-// what it is, an earlier error, not under this op's name as if its launch had failed.
-inline Status cuda_earlier_error(const char* where, cudaError_t sticky) {
+// The errors of a kernel fault, which lose the context (every later call returns them): a kernel that already ran
+// faulted. A launch never causes one itself (a launch fails with a bad configuration, no kernel image, too many
+// resources: errors cudaGetLastError clears), and this op's kernels have not run when it launches, so such an error
+// is reported as what it is, an earlier one, not under this op's name as if its launch had failed.
+inline bool cuda_context_lost(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress: case cudaErrorLaunchTimeout: case cudaErrorAssert: case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction: case cudaErrorMisalignedAddress: case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc: case cudaErrorLaunchFailure:
+      return true;
+    default:
+      return false;
+  }
+}
+inline Status cuda_earlier_error(const char* where, cudaError_t e) {
   return Status::DeviceError(std::string(where) + ": the CUDA context failed before this op ran (an earlier "
-                             "asynchronous error, not this op's): " + cudaGetErrorString(sticky));
+                             "kernel's fault, not this op's): " + cudaGetErrorString(e));
 }
 
 // Every CUDA launcher calls this first, before its first launch, so that the status of its launches
-// (cuda_launch_status) is its own: an error left pending by another layer (a launch nobody checked) is cleared
-// here, not reported under this op's name; a sticky one is reported as an earlier error. No synchronisation: both
-// calls only read the runtime's error state.
+// (cuda_launch_status) is its own: an error left pending by another layer (a launch nobody checked) is cleared here,
+// not reported under this op's name; a lost context is reported as an earlier error. No synchronisation: it only
+// reads the runtime's error state.
 inline Status cuda_clear_stale_error(const char* where) {
-  if (cudaGetLastError() == cudaSuccess) return Status::Ok();
-  const cudaError_t sticky = cudaPeekAtLastError();
-  return sticky == cudaSuccess ? Status::Ok() : cuda_earlier_error(where, sticky);
+  const cudaError_t e = cudaGetLastError();
+  return cuda_context_lost(e) ? cuda_earlier_error(where, e) : Status::Ok();
 }
 
 // Status of the kernel launch just made (the launcher cleared any earlier error: cuda_clear_stale_error), and
-// cleared, so that it is not reported again under another op's name; a sticky error is an earlier one.
+// cleared, so that it is not reported again under another op's name; a lost context is an earlier error.
 inline Status cuda_launch_status(const char* where) {
   const cudaError_t e = cudaGetLastError();
-  if (e == cudaSuccess) return Status::Ok();
-  const cudaError_t sticky = cudaPeekAtLastError();
-  return sticky != cudaSuccess ? cuda_earlier_error(where, sticky) : cuda_status(e, where);
+  return cuda_context_lost(e) ? cuda_earlier_error(where, e) : cuda_status(e, where);
 }
 
 // Storage type <-> accumulation type on the device.

@@ -82,7 +82,7 @@ struct PSRoIGather {
   }
   DCNKIT_HD void add(int64_t k, int64_t c0, int nc, int64_t y, int64_t x, Acc* acc) const {
     const uint32_t P = static_cast<uint32_t>(p.attrs.output_size), G = static_cast<uint32_t>(p.attrs.group_size);
-    const uint32_t per_class = static_cast<uint32_t>(p.attrs.output_dim / p.num_classes);
+    const uint32_t per_class = static_cast<uint32_t>(p.attrs.output_dim) / static_cast<uint32_t>(p.num_classes);
     const int64_t H = p.height, W = p.width, D = p.attrs.output_dim, PP = int64_t(P) * P;
     const Acc* rows = tables + (k - k0) * table_entries();
     const Acc* cols = rows + classes() * PP * H;
