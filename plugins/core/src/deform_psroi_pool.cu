@@ -210,7 +210,7 @@ Status deform_psroi_pool_backward_cuda(const DeformPSRoIPoolParams& p, DType dty
           deform_psroi_pool_scale_kernel<T, Acc><<<launch_grid(d), d.block, 0, s>>>(go, cnt, n, scale);
           DCNKIT_RETURN_IF_ERROR(cuda_launch_status("deform_psroi_pool_backward_cuda: deterministic scale"));
         }
-        const PSRoIGather<Acc, T> g{p, r, trans, scale, 0, nullptr};
+        const PSRoIGather<Acc, T> g = PSRoIGather<Acc, T>::make(p, r, trans, scale);
         DCNKIT_RETURN_IF_ERROR(roi_gather_cuda<T>("deform_psroi_pool_backward_cuda: deterministic gather", g,
                                                   p.num_rois, roi_gather_grid(p.batch, p.channels, p.height, p.width),
                                                   r, p.batch, false, b, static_cast<T*>(grad_input), s));

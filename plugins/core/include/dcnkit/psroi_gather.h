@@ -4,13 +4,20 @@
 // are the atomic backward's: g / count (the forward's count) times each sample's bilinear weights, summed per pixel.
 #pragma once
 
+#include "dcnkit/fast_divmod.h"
 #include "dcnkit/psroi_kernels.h"
 #include "dcnkit/roi_gather.h"
 
 namespace dcnkit {
 
-// The output bins [*first, *last] (along one axis of P) that read group cell g of G: floor(i * G / P) == g
-// (32-bit: G * P < 2^31, checked on the host by psroi_gather_supported).
+// The output bins [*first, *last] (along one axis of P) that read group cell g of G (div: division by G):
+// floor(i * G / P) == g (32-bit: G * (P + 1) < 2^31, checked on the host by psroi_gather_supported).
+DCNKIT_HD void psroi_group_bins(uint32_t g, const FastDivmod& div, uint32_t P, int64_t* first, int64_t* last) {
+  const uint32_t G = div.d;
+  *first = div.div(g * P + G - 1);
+  const uint32_t end = div.div((g + 1) * P + G - 1);
+  *last = int64_t(end < P ? end : P) - 1;
+}
 DCNKIT_HD void psroi_group_bins(uint32_t g, uint32_t G, uint32_t P, int64_t* first, int64_t* last) {
   *first = (g * P + G - 1) / G;
   const uint32_t end = ((g + 1) * P + G - 1) / G;
@@ -37,6 +44,14 @@ struct PSRoIGather {
   const Acc* scale;
   int64_t k0;
   const Acc* tables;
+  FastDivmod div_g, div_gg, div_class;  // by group_size, group_size^2, output channels per class (no division in add)
+
+  // Host: the gather of params p (psroi_gather_supported).
+  static PSRoIGather make(const DeformPSRoIPoolParams& p, const T* rois, const T* trans, const Acc* scale) {
+    const uint32_t G = static_cast<uint32_t>(p.attrs.group_size);
+    return PSRoIGather{p, rois, trans, scale, 0, nullptr, FastDivmod(G), FastDivmod(G * G),
+                       FastDivmod(static_cast<uint32_t>(p.attrs.output_dim / p.num_classes))};
+  }
 
   DCNKIT_HD int64_t classes() const { return trans != nullptr ? p.num_classes : 1; }
   // The union over the RoI's bins (every class's) of their samples' spans.
@@ -81,19 +96,19 @@ struct PSRoIGather {
     return roi_axis_weight<Acc>(PSRoIAxis<Acc>{r.w0, r.sub_w}, spp, !(r.sub_w < Acc(0)), at, W, PSRoIAxisTapsOf());
   }
   DCNKIT_HD void add(int64_t k, int64_t c0, int nc, int64_t y, int64_t x, Acc* acc) const {
-    const uint32_t P = static_cast<uint32_t>(p.attrs.output_size), G = static_cast<uint32_t>(p.attrs.group_size);
-    const uint32_t per_class = static_cast<uint32_t>(p.attrs.output_dim) / static_cast<uint32_t>(p.num_classes);
+    const uint32_t P = static_cast<uint32_t>(p.attrs.output_size), G = div_g.d;
     const int64_t H = p.height, W = p.width, D = p.attrs.output_dim, PP = int64_t(P) * P;
     const Acc* rows = tables + (k - k0) * table_entries();
     const Acc* cols = rows + classes() * PP * H;
     DCNKIT_PRAGMA_UNROLL
     for (int c = 0; c < kRoIGatherChannels; ++c) {
       if (c >= nc) break;
-      const uint32_t cin = static_cast<uint32_t>(c0 + c), ctop = cin / (G * G), gi = (cin / G) % G, gj = cin % G;
-      const int64_t cell = (trans != nullptr ? ctop / per_class : 0) * PP;
+      const uint32_t cin = static_cast<uint32_t>(c0 + c), ctop = div_gg.div(cin), rest = cin - ctop * G * G;
+      const uint32_t gi = div_g.div(rest), gj = rest - gi * G;
+      const int64_t cell = (trans != nullptr ? div_class.div(ctop) : 0) * PP;
       int64_t h0, h1, w0, w1;
-      psroi_group_bins(gi, G, P, &h0, &h1);
-      psroi_group_bins(gj, G, P, &w0, &w1);
+      psroi_group_bins(gi, div_g, P, &h0, &h1);
+      psroi_group_bins(gj, div_g, P, &w0, &w1);
       for (int64_t ph = h0; ph <= h1; ++ph) {
         for (int64_t pw = w0; pw <= w1; ++pw) {
           const Acc s = scale[((k * D + ctop) * P + ph) * P + pw];
