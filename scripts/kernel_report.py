@@ -466,9 +466,9 @@ def table(kernels: list[Kernel]) -> str:
     for name, spec in GATED.items():
         if name not in present:
             rows.append(f"| | {name} | | | | | | | | | | kernel absent ({spec.note}) |")
-    rows.append("\nLoops with a CALL or a 64-bit conversion that do not run per element:")
+    rows.append("\nKernels with a CALL or a 64-bit conversion in some loop (all loops), and why it is not per element:")
     for name in sorted({k.name for k in kernels if k.call_all_loops or k.conv64_all_loops}):
-        why = NOT_PER_ELEMENT.get(name) or ("visit" in name and NOT_PER_ELEMENT["visit"]) or "(not explained)"
+        why = NOT_PER_ELEMENT.get(name) or ("visit" in name and NOT_PER_ELEMENT["visit"]) or "(not examined)"
         rows.append(f"  {name}: {why}")
     return "\n".join(rows)
 

@@ -188,7 +188,7 @@ def test_loop_clean_kernels_fail_on_a_conversion_in_any_loop_of_any_instantiatio
     assert "1 64-bit conversions in its loops (expected 0)" in k.status and kr.failed(k)
     other = _gated(body=body, name=OTHER)
     assert other.conv64_all_loops == 1 and not kr.failed(other)
-    assert "other_kernel: (not explained)" in kr.table([other])
+    assert "other_kernel: (not examined)" in kr.table([other])
     visit = "_ZN6dcnkit12_GLOBAL__N_130roi_align_visit_forward_kernelIffEEvNS_14RoIAlignParamsEPKT_S5_PS3_b"
     assert "the bounded visit of grids too large to plan" in kr.table([_gated(body=body, name=visit)])
 
