@@ -93,7 +93,7 @@ class DeformConv2dPlugin final : public PluginBase {
              cudaStream_t stream) override {
     DeformConv2dParams p;
     DCNKIT_RETURN_IF_ERROR(params_of(*variant_, attrs_, in, &p));
-    gemm_->stream = stream;  // enqueue checked that the instance is attached
+    gemm_->stream = stream;  // enqueue attached a handle (attachToContext, or its own on the first enqueue)
     CudaContext ctx = cuda_context(stream);
     ctx.gemm = &cublas_gemm;
     ctx.gemm_self = gemm_;

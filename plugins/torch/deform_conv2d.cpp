@@ -229,7 +229,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
             ctx);
       },
       [&](const CudaContext& ctx) {
-        at::Tensor ws = workspace_for(r.input, deform_conv2d_backward_workspace_cuda(p, dt));
+        at::Tensor ws = workspace_for(r.input, deform_conv2d_backward_workspace_cuda(p, dt, ctx.deterministic));
         return deform_conv2d_backward_cuda(
             p, dt, gout.const_data_ptr(), r.input.const_data_ptr(), r.offset.const_data_ptr(),
             r.weight.const_data_ptr(), vptr_or_null(r.mask), grad_input.mutable_data_ptr(),

@@ -124,7 +124,7 @@ std::vector<at::Tensor> multi_level_roi_align_backward(const at::Tensor& grad_ou
                                                        int64_t finest_scale, double roi_scale_factor, bool aligned,
                                                        c10::string_view pool_mode) {
   const char* op = kBackward;
-  alert_atomic_cuda_backward(op, rois_);
+  // Under torch.use_deterministic_algorithms the CUDA backward takes its atomic-free path (roi_gather.h).
   const MultiLevelRoIAlignParams p = params_of(op, features_, rois_, pooled_h, pooled_w, featmap_strides,
                                                sampling_ratio, finest_scale, roi_scale_factor, aligned, pool_mode);
   check_tensors(op, features_, {{"rois", &rois_}, {"grad_output", &grad_output_}});
@@ -169,7 +169,8 @@ std::vector<at::Tensor> multi_level_roi_align_backward(const at::Tensor& grad_ou
         for (const at::Tensor& t : features) f.push_back(t.const_data_ptr());
         for (at::Tensor& t : grads) g.push_back(t.mutable_data_ptr());
         at::Tensor ws =
-            workspace_for(features[0], multi_level_roi_align_backward_workspace_cuda(p, dtype_of(features[0])));
+            workspace_for(features[0],
+                          multi_level_roi_align_backward_workspace_cuda(p, dtype_of(features[0]), cuda.deterministic));
         return multi_level_roi_align_backward_cuda(p, dtype_of(features[0]), grad_output.const_data_ptr(), f.data(),
                                                    rois.const_data_ptr(), g.data(), ws.mutable_data_ptr(), cuda);
       });

@@ -101,11 +101,8 @@ at::Tensor roi_align_backward(const at::Tensor& grad_output_, const at::Tensor& 
   }
   const RoIAlignParams p = roi_align_params(op, input_, rois_, pooled_h, pooled_w, spatial_scale,
                                             sampling_ratio, aligned, pool_mode);
-  // Under torch.use_deterministic_algorithms the CUDA backward takes its atomic-free path (roi_align_sorted.h)
-  // where it has one; the sizes it has none for (an explicit grid too large for a plan, 32-bit key overflow)
-  // raise torch's error. An adaptive grid too large for a plan (over 16 samples per bin: a large box) raises a
-  // device-side assert.
-  if (!roi_align_deterministic_supported(p, dtype_of(input_))) alert_atomic_cuda_backward(op, input_);
+  // Under torch.use_deterministic_algorithms the CUDA backward takes its atomic-free path (roi_gather.h), for any
+  // valid input.
   check_grad_output(op, grad_output_, p.output_shape());
   c10::DeviceGuard guard(input_.device());
   const at::Tensor input = input_.contiguous(), rois = rois_.contiguous();
@@ -190,8 +187,7 @@ std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
     const at::Tensor& grad_output_, const at::Tensor& input_, const at::Tensor& rois_,
     const std::optional<at::Tensor>& offset_, int64_t pooled_h, int64_t pooled_w,
     double spatial_scale, int64_t sampling_ratio, double gamma) {
-  const char* op = "_deform_roi_pool_backward";
-  alert_atomic_cuda_backward(op, input_);
+  const char* op = "_deform_roi_pool_backward";  // deterministic mode: the atomic-free path (roi_gather.h)
   const at::Tensor offset = contiguous_or_undefined(offset_);
   check_inputs(op, input_, true,
                {{"rois", &rois_}, {"offset", &offset}, {"grad_output", &grad_output_}});
@@ -221,7 +217,7 @@ std::tuple<at::Tensor, at::Tensor> deform_roi_pool_backward(
       },
       [&](const CudaContext& cuda) {
         assert_batch_indices_async(op, rois, p.batch);
-        at::Tensor ws = workspace_for(input, deform_roi_pool_backward_workspace_cuda(p, dtype_of(input)));
+        at::Tensor ws = workspace_for(input, deform_roi_pool_backward_workspace_cuda(p, dtype_of(input), cuda.deterministic));
         return deform_roi_pool_backward_cuda(
             p, dtype_of(input), grad_output.const_data_ptr(), input.const_data_ptr(),
             rois.const_data_ptr(), vptr_or_null(offset), grad_input.mutable_data_ptr(),
@@ -299,8 +295,7 @@ std::tuple<at::Tensor, at::Tensor> deform_psroi_pool_backward(
     const std::optional<at::Tensor>& trans_, const at::Tensor& count_, double spatial_scale,
     int64_t output_size, int64_t output_dim, int64_t group_size, int64_t part_size,
     int64_t sample_per_part, double trans_std) {
-  const char* op = "_deform_psroi_pool_backward";
-  alert_atomic_cuda_backward(op, input_);
+  const char* op = "_deform_psroi_pool_backward";  // deterministic mode: the atomic-free path (psroi_gather.h)
   const at::Tensor trans = contiguous_or_undefined(trans_);
   check_inputs(op, input_, true,
                {{"rois", &rois_}, {"trans", &trans}, {"grad_output", &grad_output_},
@@ -335,7 +330,8 @@ std::tuple<at::Tensor, at::Tensor> deform_psroi_pool_backward(
       },
       [&](const CudaContext& cuda) {
         assert_batch_indices_async(op, rois, p.batch);
-        at::Tensor ws = workspace_for(input, deform_psroi_pool_backward_workspace_cuda(p, dtype_of(input)));
+        at::Tensor ws =
+            workspace_for(input, deform_psroi_pool_backward_workspace_cuda(p, dtype_of(input), cuda.deterministic));
         return deform_psroi_pool_backward_cuda(
             p, dtype_of(input), grad_output.const_data_ptr(), input.const_data_ptr(),
             rois.const_data_ptr(), vptr_or_null(trans), count.const_data_ptr(),

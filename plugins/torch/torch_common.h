@@ -117,7 +117,7 @@ inline at::Tensor workspace_for(const at::Tensor& like, size_t bytes) {
 CudaContext cuda_context(const at::Tensor& like);
 #endif
 
-// The CUDA backward kernels (all but DeformConv2d's and RoIAlign's, which have a deterministic path) scatter
+// The CUDA backward kernels of DCNv3 / DCNv4 and MSDA (the others have a deterministic path) scatter
 // gradients with atomic adds, so the order of the additions (the last bits of the result) can differ between runs.
 // Under torch.use_deterministic_algorithms(True) this raises torch's standard "does not have a deterministic
 // implementation" error (a warning with warn_only=True), as torch's own atomic-add kernels do. The CPU kernels are
