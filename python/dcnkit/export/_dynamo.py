@@ -63,6 +63,13 @@ class _Emitter:
             raise RuntimeError(f"{info.onnx_type}: expected {len(info.outputs)} outputs, got 1")
         return tuple(out) if isinstance(out, list) else out
 
+    def cast_like(self, value: Any, like: Any) -> Any:
+        """``value`` in ``like``'s dtype (a CastLike node only where the exported dtypes differ)."""
+        vtype, ltype = getattr(value, "dtype", None), getattr(like, "dtype", None)
+        if vtype is not None and vtype == ltype:
+            return value
+        return self._std.CastLike(value, like)
+
     def const_i64(self, value: int | list[int]) -> Any:
         if isinstance(value, int):
             return self._std.Constant(value_int=value)
