@@ -117,31 +117,23 @@ class _Emitter:
     def cast_like(self, value: Any, like: Any) -> Any:
         """``value`` in ``like``'s dtype: a Cast where the traced types differ (the trace may type a tensor as
         double where eager has float32, as transformers' reference points), CastLike where unknown."""
-        from torch.onnx import _type_utils
-
         vtype, ltype = value.type(), like.type()
         lscalar = ltype.scalarType() if isinstance(ltype, torch._C.TensorType) else None
         vscalar = vtype.scalarType() if isinstance(vtype, torch._C.TensorType) else None
-        if lscalar is None:
-            return self.g.op("CastLike", value, like)
-        if vscalar == lscalar:
+        if vscalar is not None and vscalar == lscalar:
             return value
-        to = _type_utils.JitScalarType.from_value(like).onnx_type()
-        out = self.g.op("Cast", value, to_i=to)
+        if lscalar not in _FLOAT_TYPES:
+            return self.g.op("CastLike", value, like)
+        onnx_type, dtype = _FLOAT_TYPES[lscalar]
+        out = self.g.op("Cast", value, to_i=onnx_type)
         if isinstance(vtype, torch._C.TensorType):
-            out.setType(vtype.with_scalar_type(_type_utils.JitScalarType.from_value(like).dtype()))
+            out.setType(vtype.with_dtype(dtype))
         return out
 
-    def const_i64(self, value: int | list[int]) -> Any:
-        return self.g.op("Constant", value_t=torch.tensor(value, dtype=torch.int64))
 
-    def static_shape(self, value: Any) -> list[int] | None:
-        from torch.onnx import symbolic_helper
-
-        sizes = symbolic_helper._get_tensor_sizes(value)
-        if sizes is None or any(s is None for s in sizes):
-            return None
-        return [int(s) for s in sizes]
+# TorchScript scalar type names -> (ONNX TensorProto type, torch dtype), the floating types the ops take.
+_FLOAT_TYPES = {"Float": (1, torch.float32), "Double": (11, torch.float64), "Half": (10, torch.float16),
+                "BFloat16": (16, torch.bfloat16)}
 
 
 def _make_symbolic(name: str):
