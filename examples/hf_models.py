@@ -101,8 +101,45 @@ def _fill_zero_parameters(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
 
 
+def _grounding_dino(small, prefix="GroundingDino"):
+    import transformers
+    from transformers import BertConfig
+
+    text = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=64) if small else None
+    kw = dict(d_model=32, encoder_layers=1, decoder_layers=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+              encoder_attention_heads=4, decoder_attention_heads=4, num_queries=20, max_text_len=16) if small else {}
+    cfg = getattr(transformers, f"{prefix}Config")(backbone_config=_resnet(small), text_config=text, **kw)
+    return getattr(transformers, f"{prefix}ForObjectDetection")(cfg)
+
+
+def _oneformer(small):
+    from transformers import OneFormerConfig, OneFormerForUniversalSegmentation
+
+    kw = dict(conv_dim=32, mask_dim=32, hidden_dim=32, encoder_feedforward_dim=64, encoder_layers=2,
+              decoder_layers=3, num_attention_heads=4, dim_feedforward=64, num_queries=10, text_encoder_width=32,
+              text_encoder_num_layers=1, text_encoder_context_length=8, task_seq_len=8,
+              text_encoder_vocab_size=100) if small else {}
+    cfg = OneFormerConfig(backbone_config=_resnet(small, ("stage1", "stage2", "stage3", "stage4")),
+                          is_training=False, **kw)
+    return OneFormerForUniversalSegmentation(cfg)
+
+
+def _text_inputs(family: str, model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed + 3)
+    if family in ("grounding_dino", "mm_grounding_dino"):
+        ids = torch.randint(1, 100, (1, 6), generator=g)
+        ids[0, 0], ids[0, -1], ids[0, 3] = 101 % 100, 102 % 100, 1012 % 100  # [CLS]-like, [SEP]-like, "."-like
+        return {"input_ids": ids}
+    if family == "oneformer":
+        return {"task_inputs": torch.randint(1, 100, (1, model.config.task_seq_len), generator=g)}
+    return {}
+
+
 _BUILDERS = {"deformable_detr": _deformable_detr, "rt_detr": _rt_detr, "rt_detr_v2": _rt_detr_v2,
-             "d_fine": _d_fine, "deimv2": lambda small: _d_fine(small, "Deimv2"), "mask2former": _mask2former}
+             "d_fine": _d_fine, "deimv2": lambda small: _d_fine(small, "Deimv2"), "mask2former": _mask2former,
+             "grounding_dino": _grounding_dino, "mm_grounding_dino": lambda small: _grounding_dino(small, "MMGroundingDino"),
+             "oneformer": _oneformer}
 
 
 def build(family: str, size: str = "small", seed: int = 0) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
@@ -115,4 +152,4 @@ def build(family: str, size: str = "small", seed: int = 0) -> tuple[torch.nn.Mod
     torch.manual_seed(seed)
     model = _BUILDERS[family](small).eval()
     _fill_zero_parameters(model, seed)
-    return model, {"pixel_values": _image(96 if small else 320, seed)}
+    return model, {"pixel_values": _image(96 if small else 320, seed), **_text_inputs(family, model, seed)}
