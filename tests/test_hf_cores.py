@@ -117,3 +117,14 @@ def test_function_refuses_bad_level_list():
     with pytest.raises(ValueError, match="value_spatial_shapes: expected a list of \\(H, W\\) pairs"):
         _hf_cores.multi_scale_deformable_attention(_value(), [1, 2], _locs(N, LQ, M, 4, 4, 2),
                                                    _weights(N, LQ, M, 4, 4))
+
+
+def test_v2_compiles_fullgraph_with_gradients(counts=(4, 1, 3, 2)):
+    """torch.compile (fake kernels, autograd, no graph break) over the v2 stand-in, padding included."""
+    total = sum(counts)
+    loc, w = _locs(N, LQ, M, total, 2, dtype=torch.float32), _weights(N, LQ, M, total, dtype=torch.float32)
+    fn = torch.compile(_hf_cores.multi_scale_deformable_attention_v2, backend="aot_eager", fullgraph=True)
+    ref = _grads(lambda v, lo, ww: _hf_cores.multi_scale_deformable_attention_v2(v, LEVELS, lo, ww, counts),
+                 _value(torch.float32), loc, w)
+    got = _grads(lambda v, lo, ww: fn(v, LEVELS, lo, ww, counts), _value(torch.float32), loc, w)
+    _check(ref, got, atol=1e-6)

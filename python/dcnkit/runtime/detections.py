@@ -108,8 +108,8 @@ def match_detections(ref: list, got: list, iou: float = 0.5, score_atol: float =
     Per image and label, reference detections in decreasing score take the unmatched detection of the same label
     with the highest IoU (>= ``iou``; among equal IoUs the closest score). A pair fails when its scores or boxes
     differ by more than ``atol + rtol * |reference|``. Detections below ``score_threshold`` (when given) are left
-    out on both sides. An unmatched detection whose score is within ``tie_tol`` of the lowest score of its run is
-    a member of a tie at a top-k cut-off and reported apart, not as a failure.
+    out on both sides. When both runs' lowest scores agree within ``tie_tol``, an unmatched detection at that score
+    is a member of a tie at a top-k cut-off and reported apart, not as a failure.
     """
     if len(ref) != len(got):
         raise ValueError(f"match_detections: expected the same number of images, got {len(ref)} and {len(got)}")
@@ -119,6 +119,7 @@ def match_detections(ref: list, got: list, iou: float = 0.5, score_atol: float =
         keep_g = np.arange(len(gs)) if score_threshold is None else np.flatnonzero(gs >= score_threshold)
         low_r = rs[keep_r].min() if len(keep_r) else np.inf
         low_g = gs[keep_g].min() if len(keep_g) else np.inf
+        cut_tied = abs(low_r - low_g) <= tie_tol  # both runs cut at the same score: members of one tie
         used = np.zeros(len(gs), bool)
         used[np.setdiff1d(np.arange(len(gs)), keep_g)] = True
         ious = _iou(rb[keep_r], gb) if len(keep_r) and len(gs) else np.zeros((len(keep_r), len(gs)))
@@ -127,7 +128,7 @@ def match_detections(ref: list, got: list, iou: float = 0.5, score_atol: float =
             k = keep_r[j]
             cand = np.flatnonzero((~used) & (gl == rl[k]) & (ious[j] >= iou))
             if not len(cand):
-                (rep.tied_ref if abs(rs[k] - low_r) <= tie_tol else rep.unmatched_ref).append(
+                (rep.tied_ref if abs(rs[k] - low_r) <= tie_tol and cut_tied else rep.unmatched_ref).append(
                     (image, int(k), int(rl[k]), float(rs[k])))
                 continue
             best = max(cand, key=lambda c: (ious[j, c], -abs(gs[c] - rs[k])))
@@ -139,6 +140,6 @@ def match_detections(ref: list, got: list, iou: float = 0.5, score_atol: float =
             rep.score_failures += int(ds > score_atol + score_rtol * abs(rs[k]))
             rep.box_failures += int(np.any(db > box_atol + box_rtol * np.abs(rb[k])))
         for c in np.flatnonzero(~used):
-            (rep.tied_got if abs(gs[c] - low_g) <= tie_tol else rep.unmatched_got).append(
+            (rep.tied_got if abs(gs[c] - low_g) <= tie_tol and cut_tied else rep.unmatched_got).append(
                 (image, int(c), int(gl[c]), float(gs[c])))
     return rep
