@@ -130,6 +130,17 @@ class _Emitter:
             out.setType(vtype.with_dtype(dtype))
         return out
 
+    def const_i64(self, value: int | list[int]) -> Any:
+        return self.g.op("Constant", value_t=torch.tensor(value, dtype=torch.int64))
+
+    def static_shape(self, value: Any) -> list[int] | None:
+        from torch.onnx import symbolic_helper
+
+        sizes = symbolic_helper._get_tensor_sizes(value)
+        if sizes is None or any(s is None for s in sizes):
+            return None
+        return [int(s) for s in sizes]
+
 
 # TorchScript scalar type names -> (ONNX TensorProto type, torch dtype), the floating types the ops take.
 _FLOAT_TYPES = {"Float": (1, torch.float32), "Double": (11, torch.float64), "Half": (10, torch.float16),
