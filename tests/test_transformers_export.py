@@ -105,8 +105,8 @@ def _site_inputs():
             torch.rand(1, 4, 4, 2, generator=g) * 2 - 1)
 
 
-@pytest.mark.parametrize("dynamo", [False, True])
-def test_fuse_msda_replaces_the_three_call_sites_and_nothing_else(dynamo, tmp_path):
+@pytest.mark.parametrize("dynamo, node", [(False, "dcnkit"), (True, "tensorrt")])
+def test_fuse_msda_replaces_the_three_call_sites_and_nothing_else(dynamo, node, tmp_path):
     inputs = _site_inputs()
     model = _Sites().eval()
     with torch.no_grad():
@@ -115,10 +115,11 @@ def test_fuse_msda_replaces_the_three_call_sites_and_nothing_else(dynamo, tmp_pa
     names = ["value", "loc", "weights", "loc2", "weights2", "image", "grid"]
     torch.onnx.export(model, inputs, str(path), dynamo=dynamo, opset_version=18, input_names=names)
     assert _counts(path)["GridSample"] == 3 * 3 + 1
-    fused, report = fuse_msda(onnx.load(str(path)))
+    fused, report = fuse_msda(onnx.load(str(path)), node=node)
     assert [layout for _, layout, _ in report.fused] == ["v1", "v1", "v2"], report.lines()
     counts = collections.Counter(n.op_type for n in fused.graph.node)
-    assert counts["MultiScaleDeformableAttention"] == 3 and counts["GridSample"] == 1  # the plain one stays
+    op = "MultiScaleDeformableAttention" if node == "dcnkit" else "MultiscaleDeformableAttnPlugin_TRT"
+    assert counts[op] == 3 and counts["GridSample"] == 1  # the plain one stays
     assert report.grid_samples_left == 1
     out = tmp_path / "fused.onnx"
     onnx.save(fused, str(out))

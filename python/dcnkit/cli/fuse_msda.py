@@ -23,7 +23,7 @@ def cmd_fuse_msda(args) -> int:
         model = onnx.load(args.model)
     except Exception as e:  # noqa: BLE001 - not an ONNX file
         raise CliError("model", f"expected an ONNX file, got {args.model!r} ({type(e).__name__}: {e})") from None
-    fused, report = fuse_msda(model, verify=not args.no_verify)
+    fused, report = fuse_msda(model, verify=not args.no_verify, node=args.node)
     for line in report.lines():
         print(line)
     if not report.fused:
@@ -44,6 +44,10 @@ def register(sub) -> None:
                        "node. Other GridSample nodes are left as they are. Exit code 1 when nothing was fused.")
     p.add_argument("model", help="input ONNX file")
     p.add_argument("-o", "--output", required=True, help="output ONNX file")
+    p.add_argument("--node", choices=["dcnkit", "tensorrt"], default="dcnkit",
+                   help="dcnkit: dcnkit::MultiScaleDeformableAttention (default); tensorrt: TensorRT's own "
+                   "MultiscaleDeformableAttnPlugin_TRT (domain trt, output per head, then a Reshape), for a file that "
+                   "TensorRT builds with its built-in plugin; ONNX Runtime runs both with the kit's library")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the numerical check of each candidate in ONNX Runtime (faster; structure only)")
     p.set_defaults(func=cmd_fuse_msda)

@@ -22,6 +22,8 @@ __all__ = ["fuse_msda", "FuseReport"]
 
 _LAYOUT = {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Split", "Slice", "Gather"}
 _OP = "MultiScaleDeformableAttention"
+_TRT_OP = "MultiscaleDeformableAttnPlugin_TRT"
+_NODES = ("dcnkit", "tensorrt")
 
 
 @dataclass
@@ -203,7 +205,7 @@ def _same(shape: list, want: list) -> bool:
 _NP = {1: np.float32, 10: np.float16, 11: np.float64}
 
 
-def _replacement(p: dict, names: Any, elem_types: dict) -> tuple[list, list]:
+def _replacement(p: dict, names: Any, elem_types: dict, node: str = "dcnkit") -> tuple[list, list]:
     """(nodes, initializers) computing ``p["out"]`` with one MSDA node from value, locations and weights."""
     from onnx import helper, numpy_helper
 
@@ -256,8 +258,15 @@ def _replacement(p: dict, names: Any, elem_types: dict) -> tuple[list, list]:
         loc, weights = loc6, w5
     shapes = const("spatial_shapes", np.array(levels, dtype=np.int64))
     starts = const("level_start_index", np.cumsum([0] + [a * b for a, b in levels[:-1]]).astype(np.int64))
-    nodes.append(helper.make_node(_OP, [p["value"], shapes, starts, loc, weights], [p["out"]],
-                                  domain=_table.domain(), **_table.plugin_attrs()))
+    if node == "tensorrt":
+        # TensorRT's own plugin (its ONNX parser finds it by op type; ONNX Runtime with the kit's library runs the
+        # name in the trt domain): output (N, Lq, M, D), reshaped to the subgraph's (N, Lq, M*D).
+        per_head = names("per_head")
+        nodes.append(helper.make_node(_TRT_OP, [p["value"], shapes, starts, loc, weights], [per_head], domain="trt"))
+        nodes.append(helper.make_node("Reshape", [per_head, const("out_shape", np.array([0, 0, -1]))], [p["out"]]))
+    else:
+        nodes.append(helper.make_node(_OP, [p["value"], shapes, starts, loc, weights], [p["out"]],
+                                      domain=_table.domain(), **_table.plugin_attrs()))
     return nodes, inits
 
 
@@ -299,6 +308,7 @@ def _verify(g: _Graph, p: dict, nodes: list, inits: list) -> str:
     fused = onnx.helper.make_model(graph, opset_imports=list(g.model.opset_import))
     fused.ir_version = g.model.ir_version
     _ensure_domain(fused)
+    _ensure_domain(fused, "trt")
     got = ort_session(fused.SerializeToString()).run(None, feeds)[0]
     if got.shape != want.shape:
         return f"the fused node gives shape {got.shape}, the subgraph {want.shape}"
@@ -324,13 +334,14 @@ def _grids_like_maps(sub: Any) -> None:
     sub.graph.node.extend(nodes)
 
 
-def _ensure_domain(model: Any) -> None:
+def _ensure_domain(model: Any, domain: str | None = None) -> None:
     import onnx
 
     from dcnkit.export import _table
 
-    if not any(o.domain == _table.domain() for o in model.opset_import):
-        model.opset_import.append(onnx.helper.make_opsetid(_table.domain(), _table.opset()))
+    name, version = (domain, 1) if domain else (_table.domain(), _table.opset())
+    if not any(o.domain == name for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(name, version))
 
 
 def _grid_groups(g: _Graph, report: FuseReport) -> list[tuple[Any, list]]:
@@ -382,10 +393,14 @@ def _drop_dead(model: Any) -> None:
     graph.initializer.extend(inits)
 
 
-def fuse_msda(model: Any, verify: bool = True) -> tuple[Any, FuseReport]:
+def fuse_msda(model: Any, verify: bool = True, node: str = "dcnkit") -> tuple[Any, FuseReport]:
     """``(fused model, report)``: every recognised deformable-attention subgraph of ``model`` (an
-    ``onnx.ModelProto``, not changed) replaced by one ``dcnkit::MultiScaleDeformableAttention`` node."""
+    ``onnx.ModelProto``, not changed) replaced by one ``dcnkit::MultiScaleDeformableAttention`` node, or with
+    ``node="tensorrt"`` by TensorRT's own ``MultiscaleDeformableAttnPlugin_TRT`` (domain ``trt``) and a Reshape."""
     import onnx
+
+    if node not in _NODES:
+        raise ValueError(f"fuse_msda: node: expected one of {_NODES}, got {node!r}")
 
     src = model
     model = onnx.ModelProto()
@@ -406,7 +421,7 @@ def fuse_msda(model: Any, verify: bool = True) -> tuple[Any, FuseReport]:
         if p is None:
             report.skipped.append((first, why))
             continue
-        nodes, inits = _replacement(p, namer_for(counter[0]), g.types)
+        nodes, inits = _replacement(p, namer_for(counter[0]), g.types, node)
         counter[0] += 1
         if verify:
             why = _verify(g, p, nodes, inits)
@@ -423,7 +438,7 @@ def fuse_msda(model: Any, verify: bool = True) -> tuple[Any, FuseReport]:
         graph.initializer.extend(inits)
         report.fused.append((p["out"], p["layout"], len(p["levels"])))
     if replacements:
-        _ensure_domain(model)
+        _ensure_domain(model, "trt" if node == "tensorrt" else None)
         _drop_dead(model)
     report.grid_samples_left = sum(n.op_type == "GridSample" for n in model.graph.node)
     return model, report
