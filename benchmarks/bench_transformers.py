@@ -166,7 +166,9 @@ def main(argv=None) -> dict:
         result["families"][family] = r
         rows.append([family, f"{ms['ort_plain']:.1f}", f"{ms['ort_kit']:.1f}", f"{r['ratio_ort']:.2f}",
                      f"{ms['eager_original']:.1f}", f"{ms['eager_patched']:.1f}", f"{r['ratio_eager']:.2f}"])
-        print(f"\n{family}: nodes {counts}; accuracy {acc}")
+        print(f"\n{family}: ms {', '.join(f'{k} {v:.1f}' for k, v in ms.items())}; ORT kit/plain "
+              f"{r['ratio_ort']:.2f}, eager patched/original {r['ratio_eager']:.2f}", flush=True)
+        print(f"  nodes {counts}; accuracy {acc}")
         print("  ORT plain, time by op type (%):", _fmt(prof_plain))
         print("  ORT kit,   time by op type (%):", _fmt(prof_kit))
         print(f"  eager: grid_sampler {share_orig:.1f}% of the original's op time, the kit's op {share_kit:.1f}% of "
