@@ -20,8 +20,9 @@ import hf_models  # noqa: E402
 
 from dcnkit.integrations import transformers as hf  # noqa: E402
 
-FAMILIES = ["deformable_detr", "rt_detr", "grounding_dino", "mm_grounding_dino", "mask2former", "oneformer",
-            "rt_detr_v2", "d_fine", "deimv2"]
+# MM-Grounding-DINO and DEIMv2 reuse Grounding DINO's and D-FINE's call sites (examples/hf_models.py builds them;
+# left out here for CI time).
+FAMILIES = ["deformable_detr", "rt_detr", "grounding_dino", "mask2former", "oneformer", "rt_detr_v2", "d_fine"]
 
 
 def _tensors(out) -> dict[str, torch.Tensor]:

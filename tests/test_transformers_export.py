@@ -47,8 +47,10 @@ def _counts(path) -> collections.Counter:
     return collections.Counter(n.op_type for n in onnx.load(str(path)).graph.node)
 
 
-@pytest.mark.parametrize("family, dynamo", [("deformable_detr", False), ("rt_detr", False), ("mask2former", False),
-                                            ("rt_detr_v2", True)])
+# The dynamo exporter on whole models is benchmarks/bench_transformers.py's (about a minute a model here); in the
+# tests it exports transformers' three cores (test_fuse_msda_replaces_the_three_call_sites_and_nothing_else) and
+# aten._is_all_true (test_dynamo_translates_tensor_checks).
+@pytest.mark.parametrize("family, dynamo", [("deformable_detr", False), ("rt_detr", False), ("mask2former", False)])
 def test_patched_model_exports_one_msda_node_per_layer_and_runs_in_ort(family, dynamo, tmp_path):
     model, inputs = hf_models.build(family)
     hf.patch(model)
@@ -152,3 +154,18 @@ def test_fuse_msda_cli_on_a_whole_exported_model(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "dcnkit", "fuse-msda", str(src), "-o", str(src)],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "-o/--output: expected another file than the input" in bad.stderr
+
+
+def test_dynamo_translates_tensor_checks(tmp_path):
+    """transformers' torch_compilable_check on a tensor (RT-DETR v2, D-FINE, DEIMv2) leaves aten._is_all_true in the
+    exported program: the dynamo exporter now translates it (and drops the unused value)."""
+    from transformers.utils.import_utils import torch_compilable_check
+
+    class Checked(torch.nn.Module):
+        def forward(self, x):
+            torch_compilable_check((x.abs() >= 0).all(), "x is NaN")
+            return x * 2
+
+    path = dcnkit.export.to_onnx(Checked(), (torch.ones(2, 3),), tmp_path / "c.onnx", dynamo=True)
+    got = ort_session(path).run(None, {"x": np.full((2, 3), 1.5, np.float32)})[0]
+    np.testing.assert_allclose(got, 3.0)
