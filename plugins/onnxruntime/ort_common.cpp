@@ -1,7 +1,5 @@
 #include "ort_common.h"
 
-#include <cblas.h>  // scipy-openblas32: scipy_-prefixed symbols
-
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -14,10 +12,54 @@ namespace dcnkit::ort {
 
 namespace {
 const OrtApi* g_api = nullptr;
+uint32_t g_api_version = 0;
+bool g_builtin_deform_conv = false;
 }  // namespace
 
 const OrtApi& api() { return *g_api; }
-void set_api(const OrtApi* a) { g_api = a; }
+uint32_t api_version() { return g_api_version; }
+uint32_t custom_op_version() { return std::min<uint32_t>(g_api_version, ORT_API_VERSION < 17 ? ORT_API_VERSION : 17); }
+bool runtime_has_deform_conv() { return g_builtin_deform_conv; }
+
+bool parse_runtime_version(const char* s, int* major, int* minor) {
+  if (s == nullptr) return false;
+  char* end = nullptr;
+  const long ma = std::strtol(s, &end, 10);
+  if (end == s || *end != '.') return false;
+  const char* m = end + 1;
+  const long mi = std::strtol(m, &end, 10);
+  if (end == m || ma < 0 || mi < 0 || ma > 1000 || mi > 100000) return false;
+  *major = static_cast<int>(ma);
+  *minor = static_cast<int>(mi);
+  return true;
+}
+
+OrtStatus* negotiate_api(const OrtApiBase* base) {
+  const char* version = base->GetVersionString != nullptr ? base->GetVersionString() : nullptr;
+  int major = 0, minor = 0;
+  const bool parsed = parse_runtime_version(version, &major, &minor);
+  if (parsed && major == 1 && minor < static_cast<int>(kApiFloor)) {
+    const OrtApi* v1 = base->GetApi(1);  // every ONNX Runtime has API 1 (CreateStatus)
+    const std::string msg = std::string("dcnkit: this custom-op library needs ONNX Runtime >= 1.") +
+                            std::to_string(kApiFloor) + ".0; found ONNX Runtime " + version;
+    return v1 != nullptr ? v1->CreateStatus(ORT_FAIL, msg.c_str()) : nullptr;
+  }
+  // ONNX Runtime 1.x provides C API versions 1..x. A version string of another form: the floor.
+  const uint32_t want = (parsed && major == 1) ? std::min<uint32_t>(static_cast<uint32_t>(minor), kApiNewestUsed)
+                                               : (parsed && major > 1 ? kApiNewestUsed : kApiFloor);
+  const OrtApi* a = base->GetApi(want);
+  if (a == nullptr) {
+    const OrtApi* v1 = base->GetApi(1);
+    const std::string msg = std::string("dcnkit: this custom-op library needs ONNX Runtime >= 1.") +
+                            std::to_string(kApiFloor) + ".0 (C API " + std::to_string(want) + "); found ONNX Runtime " +
+                            (version ? version : "of unknown version");
+    return v1 != nullptr ? v1->CreateStatus(ORT_FAIL, msg.c_str()) : nullptr;
+  }
+  g_api = a;
+  g_api_version = want;
+  g_builtin_deform_conv = parsed && (major > 1 || minor >= kBuiltinDeformConvMinor);
+  return nullptr;
+}
 
 OrtStatus* to_ort(const Status& s, const std::string& prefix) {
   if (s.ok()) return nullptr;
@@ -186,12 +228,15 @@ void ort_parallel_for(void* self, int64_t n, void (*body)(void*, int64_t, int64_
   auto* run = static_cast<CpuRun*>(self);
   const int64_t max_chunks = static_cast<int64_t>(cpu_task_count()) * run->chunks_per_thread;
   ChunkJob job{n, std::min<int64_t>(n, std::max<int64_t>(max_chunks, 1)), body, body_ctx};
-  if (job.chunks > 1 && run->context != nullptr) {
+#if ORT_API_VERSION >= 17
+  // ONNX Runtime's intra-op pool (C API 17); ONNX Runtime 1.16 gives custom ops none: this thread does the work.
+  if (job.chunks > 1 && run->context != nullptr && api_version() >= 17) {
     OrtStatus* st = api().KernelContext_ParallelFor(run->context, &run_chunk,
                                                     static_cast<size_t>(job.chunks), 0, &job);
     if (st == nullptr) return;
     api().ReleaseStatus(st);  // no thread pool available: run on this thread
   }
+#endif
   body(body_ctx, 0, n);
 }
 
@@ -205,72 +250,9 @@ int cpu_task_count() {
   return n;
 }
 
-Status openblas_gemm(void*, const GemmArgs& g) {
-  if (g.m <= 0 || g.n <= 0) return Status::Ok();
-  const int64_t limit = INT_MAX;
-  if (g.m > limit || g.n > limit || g.k > limit || g.lda > limit || g.ldb > limit || g.ldc > limit) {
-    return Status::Invalid("gemm: matrix too large for 32-bit BLAS indices");
-  }
-  const bool f64 = g.dtype == DType::kFloat64;
-  if (!f64 && g.dtype != DType::kFloat32) {
-    return Status::Internal(std::string("gemm: unsupported dtype ") + dtype_name(g.dtype));
-  }
-  const size_t es = f64 ? 8 : 4;
-  for (int64_t b = 0; b < g.batch; ++b) {
-    char* c = static_cast<char*>(g.c) + b * g.stride_c * es;
-    if (g.k <= 0) {  // C = beta * C (no product)
-      for (int64_t i = 0; i < g.m; ++i) {
-        for (int64_t j = 0; j < g.n; ++j) {
-          if (f64) {
-            double* p = reinterpret_cast<double*>(c) + i * g.ldc + j;
-            *p = g.beta == 0.f ? 0.0 : *p * g.beta;
-          } else {
-            float* p = reinterpret_cast<float*>(c) + i * g.ldc + j;
-            *p = g.beta == 0.f ? 0.f : *p * g.beta;
-          }
-        }
-      }
-      continue;
-    }
-    const char* a = static_cast<const char*>(g.a) + b * g.stride_a * es;
-    const char* bb = static_cast<const char*>(g.b) + b * g.stride_b * es;
-    const auto ta = g.trans_a ? CblasTrans : CblasNoTrans;
-    const auto tb = g.trans_b ? CblasTrans : CblasNoTrans;
-    const blasint m = static_cast<blasint>(g.m), n = static_cast<blasint>(g.n),
-                  k = static_cast<blasint>(g.k);
-    // Row-major leading dimensions must cover the stored rows.
-    const int64_t need_a = g.trans_a ? g.m : g.k, need_b = g.trans_b ? g.k : g.n;
-    if (g.lda < need_a || g.ldb < need_b || g.ldc < g.n) {
-      return Status::Internal("gemm: leading dimension smaller than the matrix width");
-    }
-    if (f64) {
-      scipy_cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, g.alpha, reinterpret_cast<const double*>(a),
-                        static_cast<blasint>(g.lda), reinterpret_cast<const double*>(bb),
-                        static_cast<blasint>(g.ldb), g.beta, reinterpret_cast<double*>(c),
-                        static_cast<blasint>(g.ldc));
-    } else {
-      scipy_cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, g.alpha, reinterpret_cast<const float*>(a),
-                        static_cast<blasint>(g.lda), reinterpret_cast<const float*>(bb),
-                        static_cast<blasint>(g.ldb), g.beta, reinterpret_cast<float*>(c),
-                        static_cast<blasint>(g.ldc));
-    }
-  }
-  return Status::Ok();
-}
-
-namespace {
-const int64_t kOpenBlasMinN = [] {
-  const char* e = std::getenv("DCNKIT_OPENBLAS_MIN_N");  // developer knob for tuning
-  return e ? std::max<int64_t>(0, std::atoll(e)) : int64_t(1024);
-}();
-}  // namespace
-
 CpuContext cpu_context(CpuRun* run) {
-  // The kernels run inside ONNX Runtime's pool: OpenBLAS itself stays single-threaded.
-  static std::once_flag once;
-  std::call_once(once, [] { scipy_openblas_set_num_threads(1); });
   CpuContext ctx;
-  ctx.num_threads = cpu_task_count();
+  ctx.num_threads = api_version() >= 17 ? cpu_task_count() : 1;  // no thread pool before C API 17 (ort_parallel_for)
   ctx.parallel_for = &ort_parallel_for;
   ctx.parallel_self = run;
   ctx.gemm = &openblas_gemm;
@@ -278,7 +260,7 @@ CpuContext cpu_context(CpuRun* run) {
   // OpenBLAS sgemm reaches full speed only on wide right-hand sides (measured on the DCNv2 benchmark,
   // N4 C256 32x32: tiles of 48 columns ran 10-20% slower than ONNX Runtime's own DeformConv, tiles of
   // 512-2048 columns 6-20% faster).
-  ctx.gemm_min_n = kOpenBlasMinN;
+  ctx.gemm_min_n = openblas_min_n();
   return ctx;
 }
 

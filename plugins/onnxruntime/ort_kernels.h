@@ -32,6 +32,7 @@ struct Kernel {
   // launcher (deform_conv2d_weight_kc_cpu), and the shape it had; empty otherwise.
   std::vector<float> weight_kc;
   Shape weight_kc_shape;
+  Shape kernel_shape;  // ONNX DeformConv's kernel_shape attribute (empty when absent): must match W's (kh, kw)
   std::mutex mutex;  // serialises CUDA runs on this node's cuBLAS handle
 };
 

@@ -352,9 +352,20 @@ class GatherElements(OpRun):
         return (np.take_along_axis(data, indices.astype(np.int64), axis=axis),)
 
 
+class Flatten(OpRun):
+    """ONNX ``Flatten`` with explicit sizes: onnx.reference reshapes to (d, -1), which NumPy refuses for an empty
+    tensor (a detector's head on an image that yields no proposal)."""
+
+    op_domain = ""
+
+    def _run(self, x, **_):
+        axis = int(_attr(self, "axis", 1))
+        axis = axis + x.ndim if axis < 0 else axis
+        return (x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), int(np.prod(x.shape[axis:], dtype=np.int64))),)
+
+
 CUSTOM_OPS = (DeformConv2d, QDeformConv2d, RoIAlign, DeformRoIPool, DeformPSRoIPool, MultiLevelRoIAlign, DeformConv, RoiAlign)
-CUSTOM_OPS += (GatherElements,)
-CUSTOM_OPS += (MultiScaleDeformableAttention, DCNv3, TRTDCNv3, DCNv4) + TRT_MSDA_OPS
+CUSTOM_OPS += (MultiScaleDeformableAttention, DCNv3, TRTDCNv3, DCNv4, Flatten, GatherElements) + TRT_MSDA_OPS
 
 
 def reference_evaluator(model, verbose: int = 0) -> ReferenceEvaluator:

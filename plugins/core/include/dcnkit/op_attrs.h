@@ -193,9 +193,13 @@ struct OpVariant {
   bool tensorrt_only = false;       // a TensorRT plugin name only (domain ""): the ONNX Runtime library skips it
   bool per_head_output = false;     // MultiScaleDeformableAttention: output (N, Lq, M, D), not (N, Lq, M*D)
                                     // (TensorRT's MultiscaleDeformableAttnPlugin_TRT; the same memory)
+  bool onnx_standard = false;       // ONNX's own op (domain ""): 4-element paddings are ONNX pads [t, l, b, r]
+                                    // (symmetric only); the ONNX Runtime library registers it where ONNX Runtime
+                                    // has no kernel of its own, TensorRT's parser imports it natively
 };
 
-// All variants (the kit's ops first, in op_defs order; then mmdeploy's and mmcv 1.x's names, then TensorRT's own).
+// All variants (the kit's ops first, in op_defs order; then mmdeploy's and mmcv 1.x's names, then TensorRT's own,
+// then ONNX's own DeformConv).
 const std::vector<OpVariant>& op_variants();
 
 // One attribute of a variant as written in a model: its name, kind and element count
