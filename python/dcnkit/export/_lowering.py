@@ -72,6 +72,9 @@ class Emitter(Protocol):
     def const_i64(self, value: int | list[int]) -> Any:
         """An int64 constant (a scalar for an int, 1-D for a list)."""
 
+    def cast_like(self, value: Any, like: Any) -> Any:
+        """``value`` cast to ``like``'s dtype (``value`` itself where they already agree)."""
+
     def static_shape(self, value: Any) -> list[int] | None:
         """The value's shape when fully known at export time, else None."""
 
@@ -159,6 +162,10 @@ def lower(
         out = _STANDARD[name](full, attrs, em, opset)
         if out is not None:
             return out
+    if name in _CAST_TO_FIRST:
+        tensors = dict(tensors)
+        for t in _CAST_TO_FIRST[name]:
+            tensors[t] = em.cast_like(tensors[t], tensors[info.inputs[0].name])
     inputs = [tensors.get(t.name) for t in info.inputs]
     if info.inputs and info.inputs[-1].variadic:
         # A variadic input (MultiLevelRoIAlign's feature maps, a torch Tensor[]): one node input per tensor.
@@ -176,6 +183,13 @@ def _zero_bias(tensors: dict[str, Any], em: Emitter) -> Any:
     # zeros(Cout) in the weight's dtype, Cout = weight.shape[0] (folds to a constant for static weights).
     cout = em.op("Slice", em.op("Shape", tensors["weight"]), em.const_i64([0]), em.const_i64([1]), em.const_i64([0]))
     return em.op("CastLike", em.op("ConstantOfShape", cout), tensors["weight"])
+
+
+# Inputs that take the first input's dtype, as the eager op casts them (mmcv's MultiScaleDeformableAttnFunction:
+# float32 locations with float16 value under autocast; the TorchScript trace may also type them as double).
+_CAST_TO_FIRST: dict[str, tuple[str, ...]] = {
+    "multi_scale_deformable_attn": ("sampling_locations", "attention_weights"),
+}
 
 
 # Values equivalent to an absent optional input, by (op, input).

@@ -340,6 +340,18 @@ class RoiAlign(OpRun):
         return (np.asarray(out).astype(X.dtype, copy=False),)
 
 
+class GatherElements(OpRun):
+    """ONNX ``GatherElements`` with ``np.take_along_axis``: onnx.reference's own uses ``np.choose``, which takes at
+    most 64 choices along the axis (RT-DETR gathers 300 queries out of thousands)."""
+
+    op_domain = ""
+
+    def _run(self, data, indices, **_):
+        axis = int(_attr(self, "axis", 0))
+        indices = np.where(indices < 0, indices + data.shape[axis], indices)
+        return (np.take_along_axis(data, indices.astype(np.int64), axis=axis),)
+
+
 class Flatten(OpRun):
     """ONNX ``Flatten`` with explicit sizes: onnx.reference reshapes to (d, -1), which NumPy refuses for an empty
     tensor (a detector's head on an image that yields no proposal)."""
@@ -353,7 +365,7 @@ class Flatten(OpRun):
 
 
 CUSTOM_OPS = (DeformConv2d, QDeformConv2d, RoIAlign, DeformRoIPool, DeformPSRoIPool, MultiLevelRoIAlign, DeformConv, RoiAlign)
-CUSTOM_OPS += (MultiScaleDeformableAttention, DCNv3, TRTDCNv3, DCNv4, Flatten) + TRT_MSDA_OPS
+CUSTOM_OPS += (MultiScaleDeformableAttention, DCNv3, TRTDCNv3, DCNv4, Flatten, GatherElements) + TRT_MSDA_OPS
 
 
 def reference_evaluator(model, verbose: int = 0) -> ReferenceEvaluator:
