@@ -142,6 +142,24 @@ def test_batch_norm_upstream_gets_the_original_gradients():
         torch.testing.assert_close(got, ref, atol=1e-10, rtol=1e-9)
 
 
+def test_level_tables_are_built_once_and_serve_inference_then_training():
+    """Eager calls reuse the level tables (no host-to-device copy per layer on a GPU); tables first built under
+    torch.inference_mode() are normal tensors, which a later call with gradients can save for its backward."""
+    _hf_cores._TABLES.clear()
+    loc, w = _locs(N, LQ, M, len(LEVELS), 4, 2), _weights(N, LQ, M, len(LEVELS), 4)
+    with torch.inference_mode():
+        first = _hf_cores.multi_scale_deformable_attention(_value(), LEVELS, loc, w)
+    tables = _hf_cores._level_tables(LEVELS, torch.device("cpu"))
+    assert tables is _hf_cores._level_tables([tuple(hw) for hw in LEVELS], torch.device("cpu"))
+    assert not any(t.is_inference() for t in tables)
+    torch.testing.assert_close(tables[1], torch.tensor([0, 42, 54, 58]))
+    ref = _grads(lambda v, lo, ww: modeling_mask2former.multi_scale_deformable_attention(v, LEVELS, lo, ww),
+                 _value(), loc, w)
+    got = _grads(lambda v, lo, ww: _hf_cores.multi_scale_deformable_attention(v, LEVELS, lo, ww), _value(), loc, w)
+    _check(ref, got)
+    torch.testing.assert_close(first, ref[0], atol=1e-10, rtol=1e-9)
+
+
 def test_v2_discrete_picks_transformers_pixel_at_the_borders():
     """Points exactly between pixels, on the last pixel's far edge and far outside: the same pixel as
     transformers' int64 cast and clamp (float32, as models run)."""

@@ -48,15 +48,36 @@ def _level_list(shapes: Any, name: str) -> list[tuple[Any, Any]]:
     return levels
 
 
+_TABLES: dict[tuple[Any, ...], tuple[Tensor, Tensor]] = {}
+_TABLES_MAX = 64  # distinct (levels, device) kept; more (many image sizes) empty the cache
+
+
 def _level_tables(levels: Sequence[tuple[Any, Any]], device: torch.device) -> tuple[Tensor, Tensor]:
     """The kit op's int64 ``spatial_shapes (L, 2)`` and ``level_start_index (L,)`` from Python sizes (constants
-    of an exported graph, as transformers' own Python list makes its split sizes)."""
+    of an exported graph, as transformers' own Python list makes its split sizes).
+
+    In eager mode they are built once per (levels, device) and reused: on a GPU each build is a host-to-device copy
+    from pageable memory, which waits for the work queued before it (it was one such wait per attention layer)."""
+    key = None
+    if all(type(n) is int for hw in levels for n in hw) and not torch.jit.is_tracing() \
+            and not torch.compiler.is_compiling():
+        key = (tuple(levels), device)
+        cached = _TABLES.get(key)
+        if cached is not None:
+            return cached
     starts, total = [], 0
     for h, w in levels:
         starts.append(total)
         total = total + h * w
-    shapes = torch.tensor([[h, w] for h, w in levels], dtype=torch.int64, device=device)
-    return shapes, torch.tensor(starts, dtype=torch.int64, device=device)
+    # Normal tensors even under torch.inference_mode(): the op saves them for a later backward.
+    with torch.inference_mode(False):
+        shapes = torch.tensor([[h, w] for h, w in levels], dtype=torch.int64, device=device)
+        tables = shapes, torch.tensor(starts, dtype=torch.int64, device=device)
+    if key is not None:
+        if len(_TABLES) >= _TABLES_MAX:
+            _TABLES.clear()
+        _TABLES[key] = tables
+    return tables
 
 
 class _GradLayout(torch.autograd.Function):
