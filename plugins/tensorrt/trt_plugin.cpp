@@ -1,5 +1,6 @@
-// The IPluginV3 lifecycle shared by every operator: names, types, formats, validation, cloning,
-// serialization, workspace checks, the context's cuBLAS handle, the timing-cache ID. No kernel math here.
+// The IPluginV3 lifecycle of every operator: names, types, formats, validation, cloning, serialization, workspace
+// checks, the context's cuBLAS handle, the timing-cache ID; output dims, checks, workspace and enqueue through the
+// op's declaration (dcnkit/op_decl.h). No kernel math here, and no op named.
 #include "trt_plugin.h"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <exception>
 #include <memory>
 
+#include "dcnkit/cublas_gemm.h"
 #include "trt_blas.h"
 
 using namespace nvinfer1;
@@ -38,7 +40,7 @@ const char* plugin_namespace(const OpVariant& v) { return std::strcmp(v.domain, 
 
 int32_t max_node_inputs(const OpVariant& v) {
   const auto slots = static_cast<int32_t>(v.inputs.size());
-  return has_variadic_input(v) ? slots - 1 + static_cast<int32_t>(kMaxFeatureLevels) : slots;
+  return has_variadic_input(v) ? slots - 1 + static_cast<int32_t>(kMaxVariadic) : slots;
 }
 
 const InputSlot& input_slot(const OpVariant& v, int32_t i) {
@@ -48,7 +50,7 @@ const InputSlot& input_slot(const OpVariant& v, int32_t i) {
 
 Status canonical_inputs(const OpVariant& v, const Dims* dims, void const* const* data, int32_t nb,
                         CanonicalInputs* out) {
-  const OpDef& def = op_def(v.kind);
+  const OpDef& def = v.op->def;
   *out = CanonicalInputs();
   if (nb < 0 || nb > max_node_inputs(v)) {
     return arg_error(v.op_type, "inputs", "at most " + std::to_string(max_node_inputs(v)), std::to_string(nb));
@@ -80,7 +82,7 @@ Status canonical_inputs(const OpVariant& v, const Dims* dims, void const* const*
 bool rois_type_fits(DataType rois, DataType features) { return rois == features || rois == DataType::kFLOAT; }
 
 bool index_input(const OpVariant& v, int32_t i) {
-  return i >= 0 && i < max_node_inputs(v) && op_def(v.kind).inputs[input_slot(v, i).canonical].int64;
+  return i >= 0 && i < max_node_inputs(v) && v.op->def.inputs[input_slot(v, i).canonical].int64;
 }
 
 bool core_dtype(DataType t, DType* out) {
@@ -146,22 +148,6 @@ int32_t PluginBase::max_inputs() const { return max_node_inputs(*variant_); }
 
 namespace {
 
-// The canonical input of the (first) feature map and of the RoIs (-1: none) of an op.
-int features_canonical(OpKind kind) { return kind == OpKind::kMultiLevelRoIAlign ? kMlFeatures : 0; }
-int rois_canonical(OpKind kind) {
-  switch (kind) {
-    case OpKind::kDeformConv2d: return -1;
-    case OpKind::kRoIAlign: return kRaRois;
-    case OpKind::kDeformRoIPool: return kDrRois;
-    case OpKind::kDeformPSRoIPool: return kPsRois;
-    case OpKind::kMultiLevelRoIAlign: return kMlRois;
-    case OpKind::kMultiScaleDeformableAttention:
-    case OpKind::kDCNv3:
-    case OpKind::kDCNv4: return -1;
-  }
-  return -1;
-}
-
 // The first node input (of nb) that carries canonical input c; -1 if none.
 int32_t node_position(const OpVariant& v, int c, int32_t nb) {
   for (int32_t i = 0; c >= 0 && i < nb; ++i)
@@ -172,11 +158,11 @@ int32_t node_position(const OpVariant& v, int c, int32_t nb) {
 }  // namespace
 
 int32_t PluginBase::features_position(int32_t nb) const {
-  return node_position(*variant_, features_canonical(variant_->kind), nb);
+  return node_position(*variant_, features_input(variant_->op->def), nb);
 }
 
 int32_t PluginBase::rois_position(int32_t nb) const {
-  return node_position(*variant_, rois_canonical(variant_->kind), nb);
+  return node_position(*variant_, rois_input(variant_->op->def), nb);
 }
 
 bool PluginBase::tensor_types(const DataType* input_types, int32_t nb, TensorTypes* out) const {
@@ -216,7 +202,7 @@ const char* PluginBase::getPluginName() const noexcept { return variant_->op_typ
 const char* PluginBase::getPluginVersion() const noexcept { return kPluginVersion; }
 const char* PluginBase::getPluginNamespace() const noexcept { return plugin_namespace(*variant_); }
 
-int32_t PluginBase::getNbOutputs() const noexcept { return static_cast<int32_t>(op_num_outputs(variant_->kind)); }
+int32_t PluginBase::getNbOutputs() const noexcept { return static_cast<int32_t>(op_num_outputs(*variant_)); }
 
 int32_t PluginBase::getOutputDataTypes(DataType* output_types, int32_t nb_outputs, const DataType* input_types,
                                        int32_t nb_inputs) const noexcept {
@@ -451,8 +437,8 @@ void append_value(const AttrDef& def, const AttrValue& v, std::string* out) {
 // shapes, types and formats, so the RoIs' type (the float32-RoI launchers) is already told apart.
 const char* PluginBase::getTimingCacheID() noexcept {
   try {
-    const OpDef& def = op_def(variant_->kind);
-    const std::vector<AttrValue> values = op_attr_values(attrs_);
+    const OpDef& def = variant_->op->def;
+    const std::vector<AttrValue>& values = attrs_.values;
     std::string id = std::string("dcnkit.") + def.onnx_type;
     for (size_t i = 0; i < def.num_attrs && i < values.size(); ++i) {
       id += std::string(";") + def.attrs[i].name + "=";
@@ -464,6 +450,113 @@ const char* PluginBase::getTimingCacheID() noexcept {
     log_error(where() + "getTimingCacheID: " + e.what());
     return nullptr;  // no timing caching for this layer
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Through the op's declaration
+
+namespace {
+
+// TensorRT's dimension expressions as the core's DimArith (the declarations' output rules).
+class ExprArith final : public DimArith {
+ public:
+  explicit ExprArith(IExprBuilder& b) : b_(b) {}
+  Value constant(int64_t v) override { return b_.constant(v); }
+  Value add(Value x, Value y) override { return op(DimensionOperation::kSUM, x, y); }
+  Value sub(Value x, Value y) override { return op(DimensionOperation::kSUB, x, y); }
+  Value mul(Value x, Value y) override { return op(DimensionOperation::kPROD, x, y); }
+  Value floor_div(Value x, Value y) override { return op(DimensionOperation::kFLOOR_DIV, x, y); }
+
+ private:
+  Value op(DimensionOperation o, Value x, Value y) {
+    return x != nullptr && y != nullptr
+               ? b_.operation(o, *static_cast<const IDimensionExpr*>(x), *static_cast<const IDimensionExpr*>(y))
+               : nullptr;
+  }
+  IExprBuilder& b_;
+};
+
+OpTypes op_types(const TensorTypes& t) {
+  OpTypes o;
+  o.dtype = t.features;
+  o.rois = t.rois;
+  o.int32_index = t.int32_index;
+  return o;
+}
+
+}  // namespace
+
+OpCall PluginBase::call(const CanonicalInputs& in) const {
+  OpShapes shapes;
+  for (size_t i = 0; i < kMaxInputs; ++i) shapes.in[i] = in.shapes[i];
+  shapes.variadic = in.variadic_shape;
+  return op_call(attrs_, shapes);
+}
+
+Status PluginBase::output_shapes(const DimsExprs* const* in, IExprBuilder& b, DimsExprs* out) const {
+  const OpEntry& e = variant_->op->entry;
+  if (e.output_dims == nullptr) return Status::Internal("the op declares no output dims");
+  OpDims d;
+  DimArith::Value values[kMaxInputs][Dims::MAX_DIMS] = {};
+  for (size_t c = 0; c < kMaxInputs; ++c) {
+    if (in[c] == nullptr) continue;
+    d.rank[c] = in[c]->nbDims;
+    for (int32_t k = 0; k < in[c]->nbDims && k < Dims::MAX_DIMS; ++k) values[c][k] = in[c]->d[k];
+    d.in[c] = values[c];
+  }
+  ExprArith arith(b);
+  DCNKIT_RETURN_IF_ERROR(e.output_dims(call(CanonicalInputs()), arith, &d));
+  for (int32_t o = 0; o < getNbOutputs(); ++o) {
+    out[o].nbDims = d.out_rank[o];
+    for (int32_t k = 0; k < d.out_rank[o]; ++k) {
+      out[o].d[k] = static_cast<const IDimensionExpr*>(d.out[o][k]);
+      if (out[o].d[k] == nullptr) return Status::Internal("IExprBuilder failed");
+    }
+  }
+  return Status::Ok();
+}
+
+Status PluginBase::check(const CanonicalInputs& in) const {
+  Shape out[kMaxOutputs];
+  return variant_->op->entry.outputs(call(in), out);
+}
+
+size_t PluginBase::workspace_bound(const CanonicalInputs& max_in, const TensorTypes& t) const {
+  const OpEntry& e = variant_->op->entry;
+  return e.workspace_bound != nullptr ? e.workspace_bound(call(max_in), op_types(t)) : 0;
+}
+
+size_t PluginBase::workspace_needed(const CanonicalInputs& in, const TensorTypes& t) const {
+  const OpEntry& e = variant_->op->entry;
+  const CudaContext ctx;
+  OpDevice dev;
+  dev.cuda = &ctx;
+  return e.workspace != nullptr ? e.workspace(call(in), Pass::kForward, op_types(t), dev) : 0;
+}
+
+Status PluginBase::run(const CanonicalInputs& in, const TensorTypes& t, void* const* outputs, void* workspace,
+                       cudaStream_t stream) {
+  const OpEntry& e = variant_->op->entry;
+  if (e.forward_cuda == nullptr) return Status::Internal("no CUDA kernel for this op");
+  OpBuffers b;
+  for (size_t i = 0; i < kMaxInputs; ++i) b.in[i] = in.data[i];
+  b.variadic = in.variadic_data;
+  for (int32_t o = 0; o < getNbOutputs(); ++o) b.out[o] = outputs[o];
+  b.workspace = workspace;
+  CudaContext ctx;
+  ctx.stream = stream;
+  if (needs_blas()) {
+    gemm_->stream = stream;  // enqueue checked that the instance is attached
+    ctx.gemm = &cublas_gemm;
+    ctx.gemm_self = gemm_;
+  }
+  OpDevice dev;
+  dev.cuda = &ctx;
+  return e.forward_cuda(call(in), op_types(t), b, dev);
+}
+
+PluginBase* make_plugin(const OpVariant* variant, const OpAttrs& attrs, const std::string& name) {
+  return new PluginBase(variant, attrs, name);
 }
 
 }  // namespace dcnkit::trt

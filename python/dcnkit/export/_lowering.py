@@ -130,17 +130,6 @@ _STANDARD: dict[str, Callable[[dict[str, Any], dict[str, Any], Emitter, int], An
 }
 
 
-def _derived_attrs(info: _table.OpInfo, tensors: dict[str, Any]) -> dict[str, Any]:
-    # Attributes with no torch argument: DeformPSRoIPool's no_trans says that the optional trans
-    # input is absent.
-    derived = {}
-    names = {a.name for a in info.attrs}
-    if "no_trans" in names:
-        optional = [t.name for t in info.inputs if t.optional]
-        derived["no_trans"] = int(all(tensors.get(n) is None for n in optional))
-    return derived
-
-
 def lower(
     name: str,
     tensors: dict[str, Any],
@@ -151,7 +140,8 @@ def lower(
 ) -> Any:
     """Emits the ONNX nodes for one call of ``torch.ops.dcnkit.<name>``; returns its output(s)."""
     info = _table.op(name)
-    attrs = _table.attrs_from_scalars(info, scalars, _derived_attrs(info, tensors))
+    absent = all(tensors.get(t.name) is None for t in info.inputs if t.optional)
+    attrs = _table.attrs_from_scalars(info, scalars, absent)
     if standard is None:
         standard = standard_ops_enabled()
     if standard and name in _STANDARD:

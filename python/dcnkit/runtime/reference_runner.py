@@ -7,7 +7,9 @@ the test-suite also uses:
 - ``dcnkit`` domain: ``DeformConv2d``, ``QDeformConv2d`` (dequantize -> DeformConv2d -> quantize), ``RoIAlign``,
   ``DeformRoIPool``, ``DeformPSRoIPool``,
   ``MultiLevelRoIAlign``, ``MultiScaleDeformableAttention``, ``DCNv3``, ``DCNv4``; ``mmdeploy::TRTDCNv3``; TensorRT's
-  ``MultiscaleDeformableAttnPlugin_TRT`` in the domains ``nvidia``, ``trt`` and ``TRT``;
+  ``MultiscaleDeformableAttnPlugin_TRT`` in the domains ``nvidia``, ``trt`` and ``TRT`` (classes written here), and
+  every other name of every op of the table (:func:`declared_ops`: the op's reference under its canonical inputs and
+  attributes);
 - standard domain: ``DeformConv`` (opset 19) and ``RoiAlign`` (opset 10/16) are replaced too, so a model
   exported with ``standard_ops=True`` is checked against the same contract as one with custom nodes.
 
@@ -29,25 +31,9 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from dcnkit.runtime.base import Backend, Runner, TensorInfo, load_model, value_infos
+from dcnkit.runtime.reference_ops import _attr, _ref, declared_ops
 
 DCNKIT_DOMAIN = "dcnkit"
-
-
-def _ref():
-    from dcnkit import reference
-
-    return reference
-
-
-def _attr(op: OpRun, name: str, default):
-    v = getattr(op, name, None)
-    if v is None:
-        return default
-    if isinstance(v, bytes):
-        v = v.decode()
-    if isinstance(v, np.ndarray):
-        v = v.tolist()
-    return v
 
 
 def _pair(v, name: str, op: str) -> tuple[int, int]:
@@ -348,7 +334,7 @@ def reference_evaluator(model, verbose: int = 0) -> ReferenceEvaluator:
     """An ``onnx.reference.ReferenceEvaluator`` for ``model`` with the kit's op implementations."""
     proto = load_model(model)
     opsets = {o.domain: o.version for o in proto.opset_import}
-    ops = list(CUSTOM_OPS)
+    ops = list(CUSTOM_OPS) + list(declared_ops({(c.op_domain, c.__name__) for c in CUSTOM_OPS}))
     if opsets.get("", opsets.get("ai.onnx", 16)) < 16:
         # RoiAlign's default coordinate mode changed in opset 16.
         class RoiAlignV10(RoiAlign):
@@ -452,4 +438,4 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["ReferenceRunner", "PolygraphyReferenceRunner", "reference_evaluator", "CUSTOM_OPS"]
+__all__ = ["ReferenceRunner", "PolygraphyReferenceRunner", "reference_evaluator", "CUSTOM_OPS", "declared_ops"]

@@ -1,0 +1,127 @@
+// RoIAlignRotated CUDA launchers: grid-stride kernels over the bodies of roi_align_rotated.h. float32, float64,
+// float16, bfloat16 features; RoIs of the features' type or float32. 16-bit gradients accumulate in a float32
+// workspace buffer. A RoI whose batch index is outside [0, N) or NaN gives zeros (and a device-side assert where the
+// params ask for it).
+#include "dcnkit/cuda_utils.cuh"
+#include "dcnkit/roi_align_rotated.h"
+
+namespace dcnkit {
+namespace {
+
+// One thread per RoI (the first threads of the forward grid): the batch-index assert of the torch op.
+template <typename Acc, typename R>
+__device__ __forceinline__ void rotated_check_batch(const RoIAlignRotatedParams& p, const R* rois, int64_t i) {
+  int64_t b = 0;
+  if (p.assert_batch_index && i < p.num_rois && !roi_batch_index<Acc>(rois + i * 6, p.batch, &b)) {
+    roi_batch_index_assert_fail();
+  }
+}
+
+template <typename T, typename R>
+__global__ void __launch_bounds__(kCudaThreads)
+    roi_align_rotated_forward_kernel(RoIAlignRotatedParams p, const T* __restrict__ input, const R* __restrict__ rois,
+                                     T* __restrict__ output, int64_t items) {
+  using Acc = typename AccType<T>::type;
+  DCNKIT_CUDA_KERNEL_LOOP(i, items) {
+    rotated_check_batch<Acc>(p, rois, i);
+    roi_align_rotated_forward_item<Acc>(p, input, rois, i, output);
+  }
+}
+
+template <typename Acc>
+struct AtomicAddAt {
+  Acc* base;
+  __device__ __forceinline__ void operator()(int64_t i, Acc v) const { atomicAdd(base + i, v); }
+};
+
+template <typename T, typename R>
+__global__ void __launch_bounds__(kCudaThreads)
+    roi_align_rotated_backward_kernel(RoIAlignRotatedParams p, const T* __restrict__ grad_output,
+                                      const R* __restrict__ rois, typename AccType<T>::type* __restrict__ grad,
+                                      int64_t items) {
+  using Acc = typename AccType<T>::type;
+  DCNKIT_CUDA_KERNEL_LOOP(i, items) {
+    rotated_check_batch<Acc>(p, rois, i);
+    roi_align_rotated_backward_item<Acc>(p, grad_output, rois, i, AtomicAddAt<Acc>{grad});
+  }
+}
+
+template <typename T, typename R>
+__global__ void __launch_bounds__(kCudaThreads)
+    roi_align_rotated_backward_owner_kernel(RoIAlignRotatedParams p, const T* __restrict__ grad_output,
+                                            const R* __restrict__ rois, typename AccType<T>::type* __restrict__ grad,
+                                            int64_t owners) {
+  using Acc = typename AccType<T>::type;
+  DCNKIT_CUDA_KERNEL_LOOP(o, owners) {
+    rotated_check_batch<Acc>(p, rois, o);
+    roi_align_rotated_backward_owner<Acc>(p, grad_output, rois, o, grad);
+  }
+}
+
+// Calls f(T{}, R{}) with the features' storage type T and the RoIs' R (T, or float with 16-bit features).
+template <typename F>
+Status dispatch_rois(DType dtype, DType rois_dtype, F&& f) {
+  return dispatch_dtype(dtype, [&](auto t) -> Status {
+    using T = decltype(t);
+    if (rois_dtype == dtype) return f(t, T{});
+    if (rois_dtype == DType::kFloat32 && is_16bit(dtype)) return f(t, float{});
+    return Status::Invalid(std::string("roi_align_rotated: rois: expected dtype ") + dtype_name(dtype) +
+                           " or float32 (with 16-bit features), got " + dtype_name(rois_dtype));
+  });
+}
+
+int64_t forward_items(const RoIAlignRotatedParams& p) {
+  return p.num_rois * roi_align_rotated_slices(p.channels) * p.attrs.pooled_h * p.attrs.pooled_w;
+}
+
+}  // namespace
+
+size_t roi_align_rotated_backward_workspace_cuda(const RoIAlignRotatedParams& p, DType dtype) {
+  return grad_acc_bytes(dtype, p.batch * p.channels * p.height * p.width);
+}
+
+Status roi_align_rotated_forward_cuda(const RoIAlignRotatedParams& p, DType dtype, DType rois_dtype,
+                                      const void* input, const void* rois, void* output, const CudaContext& ctx) {
+  const int64_t items = forward_items(p);
+  if (items == 0) return Status::Ok();
+  auto stream = static_cast<cudaStream_t>(ctx.stream);
+  return dispatch_rois(dtype, rois_dtype, [&](auto t, auto r) -> Status {
+    using T = decltype(t);
+    using R = decltype(r);
+    roi_align_rotated_forward_kernel<T, R><<<cuda_blocks(items), kCudaThreads, 0, stream>>>(
+        p, static_cast<const T*>(input), static_cast<const R*>(rois), static_cast<T*>(output), items);
+    return cuda_launch_status("roi_align_rotated_forward_cuda");
+  });
+}
+
+Status roi_align_rotated_backward_cuda(const RoIAlignRotatedParams& p, DType dtype, DType rois_dtype,
+                                       const void* grad_output, const void* rois, void* grad_input, void* workspace,
+                                       const CudaContext& ctx) {
+  const int64_t count = p.batch * p.channels * p.height * p.width;
+  if (count == 0) return Status::Ok();
+  auto stream = static_cast<cudaStream_t>(ctx.stream);
+  return dispatch_rois(dtype, rois_dtype, [&](auto t, auto r) -> Status {
+    using T = decltype(t);
+    using R = decltype(r);
+    char* ws = static_cast<char*>(workspace);
+    const GradAcc<T> g = grad_acc(static_cast<T*>(grad_input), count, &ws);
+    DCNKIT_RETURN_IF_ERROR(grad_acc_zero(g, stream, "roi_align_rotated_backward_cuda"));
+    const auto* go = static_cast<const T*>(grad_output);
+    const auto* rr = static_cast<const R*>(rois);
+    if (ctx.deterministic) {
+      const int64_t owners = p.batch * roi_align_rotated_slices(p.channels);
+      roi_align_rotated_backward_owner_kernel<T, R>
+          <<<cuda_blocks(owners), kCudaThreads, 0, stream>>>(p, go, rr, g.acc, owners);
+    } else {
+      const int64_t items = forward_items(p);
+      if (items > 0) {
+        roi_align_rotated_backward_kernel<T, R>
+            <<<cuda_blocks(items), kCudaThreads, 0, stream>>>(p, go, rr, g.acc, items);
+      }
+    }
+    DCNKIT_RETURN_IF_ERROR(cuda_launch_status("roi_align_rotated_backward_cuda"));
+    return grad_acc_store(g, stream, "roi_align_rotated_backward_cuda");
+  });
+}
+
+}  // namespace dcnkit
