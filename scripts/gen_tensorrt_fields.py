@@ -78,6 +78,8 @@ def _fields(op: dict, v: dict) -> list:
             out.append((f["name"], "int", ", ".join(f"`{i}` {n}" for i, n in enumerate(f["enum"].split("|")))))
         elif f["element"] >= 0:
             out.append((f["name"], "int", ""))
+        elif a["kind"] in ("string", "floats"):  # what the value is: the attribute's doc ("avg | max", ...)
+            out.append((f["name"], a["kind"], a["doc"]))
         else:
             out.append((f["name"], a["kind"], _length(str(a["default"]))))
     return out
@@ -134,7 +136,8 @@ def mmdeploy_table() -> list[str]:
 
 def render(defs: dict) -> str:
     ns = defs.get("domain", "dcnkit")
-    out = [BEGIN, "", "The kit's plugins (from `dcnkit.op_defs()`, i.e. `op_defs.h`). The exporter writes "
+    out = [BEGIN, "", "The kit's plugins (from `dcnkit.op_defs()`, the declarations of `plugins/core/ops/`). "
+           "The exporter writes "
            f"`plugin_namespace=\"{ns}\"` on every `{ns}` node, which is how TensorRT's ONNX parser finds them:", ""]
     out += kit_table(defs)
     out += ["", "mmdeploy's names (mmdeploy's own library also has `TRTBatchedNMS`, which the kit does not provide: "

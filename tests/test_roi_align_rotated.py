@@ -240,7 +240,8 @@ def test_export_runs_in_the_kit_ort_library(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     with ReferenceRunner(str(path)) as r:
         np.testing.assert_allclose(list(r.run(feeds).values())[0], want, rtol=1e-4, atol=1e-4)
-    dims = [d.dim_param or d.dim_value for d in dcnkit.export.check_model(path).graph.output[0].type.tensor_type.shape.dim]
+    out = dcnkit.export.check_model(path).graph.output[0].type.tensor_type
+    dims = [d.dim_param or d.dim_value for d in out.shape.dim]
     assert dims == ["num_rois", 3, 3, 2]
 
 

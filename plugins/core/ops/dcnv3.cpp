@@ -63,7 +63,7 @@ void variants(const OpDecl* op, std::vector<OpVariant>* out) {
 
 }  // namespace
 
-DCNKIT_OP(dcnv3, Op, DCNKIT_OP_DEF("dcnv3", "DCNv3", kInputs, kOutputs, dcnv3_decl::kAttrs, false),
+DCNKIT_OP(dcnv3, 7, Op, DCNKIT_OP_DEF("dcnv3", "DCNv3", kInputs, kOutputs, dcnv3_decl::kAttrs, false),
           // DCNv3 (InternImage): input (N, H, W, C), offset (N, Ho, Wo, G*K*2), mask (N, Ho, Wo, G*K).
           "dcnv3(Tensor input, Tensor offset, Tensor mask, int kernel_h, int kernel_w, int stride_h, int stride_w, "
           "int pad_h, int pad_w, int dilation_h, int dilation_w, int group, int group_channels, float offset_scale, "

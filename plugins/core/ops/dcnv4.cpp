@@ -70,7 +70,7 @@ struct Op {
 
 }  // namespace
 
-DCNKIT_OP(dcnv4, Op, DCNKIT_OP_DEF("dcnv4", "DCNv4", kInputs, kOutputs, kAttrs, false),
+DCNKIT_OP(dcnv4, 8, Op, DCNKIT_OP_DEF("dcnv4", "DCNv4", kInputs, kOutputs, kAttrs, false),
           // DCNv4: value (N, H, W, C), offset_mask (N, Ho, Wo, Cp). Returns (N, Ho, Wo, C).
           "dcnv4(Tensor value, Tensor offset_mask, int kernel_h, int kernel_w, int stride_h, int stride_w, "
           "int pad_h, int pad_w, int dilation_h, int dilation_w, int group, int group_channels, float offset_scale, "

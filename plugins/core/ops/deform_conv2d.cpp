@@ -175,7 +175,7 @@ Status deform_conv2d_params_from(const char* op, const AttrValue* attrs, const S
                                    attrs_of(attrs), p);
 }
 
-DCNKIT_OP(deform_conv2d, Op, DCNKIT_OP_DEF("deform_conv2d", "DeformConv2d", kInputs, kOutputs, kAttrs, true),
+DCNKIT_OP(deform_conv2d, 1, Op, DCNKIT_OP_DEF("deform_conv2d", "DeformConv2d", kInputs, kOutputs, kAttrs, true),
           "deform_conv2d(Tensor input, Tensor offset, Tensor weight, Tensor? bias, Tensor? mask, "
           "int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, "
           "int groups, int deformable_groups) -> Tensor",

@@ -149,7 +149,7 @@ struct Op {
 
 }  // namespace
 
-DCNKIT_OP(deform_psroi_pool, Op,
+DCNKIT_OP(deform_psroi_pool, 4, Op,
           DCNKIT_OP_DEF("deform_psroi_pool", "DeformPSRoIPool", kInputs, kOutputs, kAttrs, false),
           // Returns (output, count).
           "deform_psroi_pool(Tensor input, Tensor rois, Tensor? trans, float spatial_scale, "

@@ -131,7 +131,7 @@ void variants(const OpDecl* op, std::vector<OpVariant>* out) {
 
 }  // namespace
 
-DCNKIT_OP(deform_roi_pool, Op,
+DCNKIT_OP(deform_roi_pool, 3, Op,
           DCNKIT_OP_DEF("deform_roi_pool", "DeformRoIPool", kInputs, kOutputs, kAttrs, false),
           "deform_roi_pool(Tensor input, Tensor rois, Tensor? offset, int pooled_h, int pooled_w, "
           "float spatial_scale, int sampling_ratio, float gamma) -> Tensor",

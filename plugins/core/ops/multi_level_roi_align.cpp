@@ -179,7 +179,7 @@ void variants(const OpDecl* op, std::vector<OpVariant>* out) {
 
 }  // namespace
 
-DCNKIT_OP(multi_level_roi_align, Op,
+DCNKIT_OP(multi_level_roi_align, 5, Op,
           DCNKIT_OP_DEF("multi_level_roi_align", "MultiLevelRoIAlign", kInputs, kOutputs, kAttrs, false),
           // features: L maps (N, C, H_l, W_l); rois (K, 5). Returns (K, C, pooled_h, pooled_w).
           "multi_level_roi_align(Tensor[] features, Tensor rois, int pooled_h, int pooled_w, "

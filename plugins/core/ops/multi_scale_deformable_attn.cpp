@@ -140,7 +140,7 @@ void variants(const OpDecl* op, std::vector<OpVariant>* out) {
 
 }  // namespace
 
-DCNKIT_OP(multi_scale_deformable_attn, Op,
+DCNKIT_OP(multi_scale_deformable_attn, 6, Op,
           DCNKIT_OP_DEF("multi_scale_deformable_attn", "MultiScaleDeformableAttention", kInputs, kOutputs, nullptr,
                         false),
           // value (N, S, M, D), spatial_shapes (L, 2) int64, level_start_index (L) int64, sampling_locations

@@ -1,6 +1,7 @@
 // The table of operator declarations: the list CMake generates from plugins/core/ops/*.cpp (dcnkit_op_list.inc, in
 // the build folder, not committed), every op's variants, and the table as JSON (dcnkit_op_defs_json, exported by
 // every dcnkit library). Compiled into each library once, with or without the CUDA entry points (DCNKIT_OP_CUDA).
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -13,11 +14,15 @@ namespace dcnkit {
 #undef DCNKIT_LISTED_OP
 
 const std::vector<const OpDecl*>& op_table() {
-  static const std::vector<const OpDecl*> table = {
+  static const std::vector<const OpDecl*> table = [] {
+    std::vector<const OpDecl*> t = {
 #define DCNKIT_LISTED_OP(name) &op_decl_##name(),
 #include "dcnkit_op_list.inc"
 #undef DCNKIT_LISTED_OP
-  };
+    };
+    std::stable_sort(t.begin(), t.end(), [](const OpDecl* a, const OpDecl* b) { return a->order < b->order; });
+    return t;
+  }();
   return table;
 }
 

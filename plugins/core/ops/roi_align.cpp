@@ -128,7 +128,7 @@ void variants(const OpDecl* op, std::vector<OpVariant>* out) {
 
 }  // namespace
 
-DCNKIT_OP(roi_align, Op, DCNKIT_OP_DEF("roi_align", "RoIAlign", kInputs, kOutputs, kAttrs, false),
+DCNKIT_OP(roi_align, 2, Op, DCNKIT_OP_DEF("roi_align", "RoIAlign", kInputs, kOutputs, kAttrs, false),
           "roi_align(Tensor input, Tensor rois, int pooled_h, int pooled_w, float spatial_scale, "
           "int sampling_ratio, bool aligned, str pool_mode) -> Tensor",
           "_roi_align_backward(Tensor grad_output, Tensor input, Tensor rois, int pooled_h, "

@@ -299,7 +299,8 @@ namespace dcnkit::op_decl_detail {
 Status require_inputs(const OpCall& c) {
   const OpDef& d = c.decl->def;
   for (size_t i = 0; i < d.num_inputs; ++i) {
-    if (!d.inputs[i].optional && c.shapes.in[i] == nullptr) {
+    // A variadic input's count is the op's to check (its params: "1 to 8 feature maps, got 0").
+    if (!d.inputs[i].optional && !d.inputs[i].variadic && c.shapes.in[i] == nullptr) {
       return arg_error(c.op, d.inputs[i].name, "a tensor", "no input");
     }
   }

@@ -14,8 +14,8 @@ and offsets, **but float32 RoIs**:
   ``Range``, ``NonMaxSuppression``...) stays float32, with a ``Cast`` around it. The schemas decide, so the result
   passes ``onnx.checker`` wherever the original did.
 - the RoI input of every RoI operator the plugins run (the inputs the op table marks ``rois``, under the kit's
-  names and the names mmcv / mmdeploy export) stays float32 (a float16 box coordinate steps by 1 px above 1024 px: boxes move and FPN levels flip). A float32 graph input or
-  initializer feeds it as it is. RoIs computed inside the graph are computed in float32: the nodes of box
+  names and the names mmcv / mmdeploy export) stays float32 (a float16 box coordinate steps by 1 px above
+  1024 px: boxes move and FPN levels flip). A float32 graph input or initializer feeds it as it is. RoIs computed inside the graph are computed in float32: the nodes of box
   arithmetic and data movement (``_BOX_OPS``: Add, Mul, Concat, Gather, Reshape, Constant...) that lead to a RoI
   input stay float32, with a ``Cast`` to float32 where a converted tensor (a Conv's deltas) enters them and a
   ``Cast`` to the target type where one of their results leaves for a converted node. ONNX's own ``RoiAlign``

@@ -182,6 +182,8 @@ struct OpEntry {
 
 struct OpDecl {
   OpDef def;
+  // The op's place in the table (op_table(), the JSON, the docs' tables): the order operators were added in.
+  int order;
   // The torch ops (TORCH_LIBRARY dcnkit): the op, then its backward ("_<name>_backward"; null: none). Tensor
   // arguments carry the table's input names (a backward also takes grad_<output> and the outputs without a
   // gradient); scalars fill the table's attributes in order (an `ints` attribute as that many ints); an attribute
@@ -193,7 +195,7 @@ struct OpDecl {
   OpEntry entry;
 };
 
-// Every operator of this library (generated at build time from plugins/core/ops/*.cpp), in file-name order.
+// Every operator of this library (generated at build time from plugins/core/ops/*.cpp), by OpDecl::order.
 const std::vector<const OpDecl*>& op_table();
 // An op by snake_case name or ONNX op type; nullptr when unknown.
 const OpDecl* find_op(const std::string& name);
@@ -217,7 +219,7 @@ inline const AttrDef& attr_def(const OpDecl& op, int i) { return op.def.attrs[i]
 //   static Status forward_cpu / backward_cpu / forward_cuda / backward_cuda(
 //       const Params&, const OpTypes&, const OpBuffers&, const OpDevice&);  (each optional)
 //   static bool deterministic(const Params&, DType);                       (optional)
-// and DCNKIT_OP(name, Op, def, torch_schema, torch_backward_schema, variants) below.
+// and DCNKIT_OP(name, order, Op, def, torch_schema, torch_backward_schema, variants) below.
 
 namespace op_decl_detail {
 
@@ -344,9 +346,9 @@ T* grad_ptr(const OpBuffers& b, int i) {
 }
 
 // Defines the op's declaration, op_decl_<name>(), which the generated table lists.
-#define DCNKIT_OP(name, Op, def, torch_schema, torch_backward_schema, variants)                             \
+#define DCNKIT_OP(name, order, Op, def, torch_schema, torch_backward_schema, variants)                      \
   const ::dcnkit::OpDecl& op_decl_##name() {                                                               \
-    static const ::dcnkit::OpDecl d{def, torch_schema, torch_backward_schema, variants,                     \
+    static const ::dcnkit::OpDecl d{def, order, torch_schema, torch_backward_schema, variants,              \
                                     ::dcnkit::op_entry<Op>()};                                              \
     return d;                                                                                               \
   }
