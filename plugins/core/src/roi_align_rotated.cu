@@ -46,8 +46,10 @@ __global__ void __launch_bounds__(kCudaThreads)
   }
 }
 
+// The owners' loop nest (RoIs, bins, rows, samples) with 8 channel accumulators may take all the registers a 256-thread
+// block leaves (minimum 1 block per SM): with ptxas's default budget it spilled.
 template <typename T, typename R>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, 1)
     roi_align_rotated_backward_owner_kernel(RoIAlignRotatedParams p, const T* __restrict__ grad_output,
                                             const R* __restrict__ rois, typename AccType<T>::type* __restrict__ grad,
                                             int64_t owners) {
