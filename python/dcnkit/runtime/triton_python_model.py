@@ -41,22 +41,94 @@ def run_requests(run, feeds: list[dict], batching: bool) -> list:
     return results
 
 
-# The wheel's stub was built against NumPy 1: its ``as_numpy()`` / ``Tensor(name, array)`` read NumPy 2's array
-# descriptors wrongly (zeros in, "output tensor shape does not match size" out). DLPack has no such tie, so tensors
-# cross that way, and the NumPy path stays for what DLPack cannot carry (BOOL on older NumPy).
-def _as_array(tensor) -> np.ndarray:
-    try:
-        return np.from_dlpack(tensor)
-    except (BufferError, TypeError, RuntimeError):
-        return tensor.as_numpy()
+# ---- how tensors cross the stub: chosen once per model load (initialize), from what works here -------------------
+# The wheel's stub (Triton 2.51) was built against NumPy 1, and its NumPy path reads NumPy 2's array descriptors
+# wrongly: ``pb_utils.Tensor(name, array)`` hands Triton an output of 0 bytes ("cannot reshape array of size 0").
+# DLPack has no such tie. But ``pb_utils.Tensor.from_dlpack`` renames the capsule it consumed "used_dlpack", where
+# the DLPack convention (and NumPy's capsule destructor) expects "used_dltensor": NumPy's destructor then raises
+# ``ValueError: PyCapsule_GetPointer called with incorrect name``, printed as a traceback for every output tensor
+# although the tensor is right (the stub owns the data and calls its deleter). So the kit hands the capsule over
+# itself and clears its destructor once the stub has consumed it: DLPack both ways, and no noise.
+HANDOVER_DLPACK = "dlpack"
+HANDOVER_NUMPY = "numpy"
 
 
-def _as_tensor(pb_utils, name: str, array: np.ndarray):
-    array = np.ascontiguousarray(array)
-    try:
-        return pb_utils.Tensor.from_dlpack(name, array)
-    except (BufferError, TypeError, RuntimeError):
-        return pb_utils.Tensor(name, array)
+def _capsule_api():
+    import ctypes
+
+    api = ctypes.pythonapi
+    api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    api.PyCapsule_IsValid.restype = ctypes.c_int
+    api.PyCapsule_SetDestructor.argtypes = [ctypes.py_object, ctypes.c_void_p]
+    api.PyCapsule_SetDestructor.restype = ctypes.c_int
+    return api
+
+
+def _dlpack_out(pb_utils, api, name: str, array: np.ndarray):
+    capsule = array.__dlpack__()
+    tensor = pb_utils.Tensor.from_dlpack(name, capsule)
+    if api.PyCapsule_IsValid(capsule, b"used_dlpack"):  # consumed: the tensor owns the data and frees it
+        api.PyCapsule_SetDestructor(capsule, None)
+    return tensor
+
+
+def _probe_array(dtype: np.dtype) -> np.ndarray:
+    values = np.arange(6) % 2 == 1 if dtype == np.bool_ else np.arange(-3, 3)
+    return values.astype(dtype).reshape(2, 3)
+
+
+class HandOver:
+    """How one model's tensors cross the stub, per dtype: outputs into ``pb_utils.Tensor``, inputs into arrays.
+
+    :meth:`choose` makes a small tensor of each dtype by DLPack and reads it back by DLPack: where it comes back
+    exact (dtype, shape, values), DLPack is the path of that dtype both ways, and ``noisy`` lists the dtypes whose
+    hand-over reported something to ``sys.unraisablehook`` (none with this stub). Elsewhere Triton's NumPy path
+    (``pb_utils.Tensor(name, array)`` / ``as_numpy()``) is used; it cannot be checked from inside the stub (what goes
+    wrong is the byte size handed to Triton). Nothing is tried again per request.
+    """
+
+    def __init__(self, pb_utils, paths: dict, noisy=()):
+        self.pb_utils, self.paths, self.noisy = pb_utils, dict(paths), tuple(noisy)
+        self._api = _capsule_api()
+
+    @classmethod
+    def choose(cls, pb_utils, dtypes) -> "HandOver":
+        import sys
+
+        api = _capsule_api()
+        paths, noisy = {}, []
+        for dtype in sorted({np.dtype(d) for d in dtypes}, key=str):
+            probe, noise, hook = _probe_array(dtype), [], sys.unraisablehook
+            sys.unraisablehook = noise.append
+            try:
+                t = _dlpack_out(pb_utils, api, "probe", probe)
+                back = np.from_dlpack(t)
+                ok = back.dtype == dtype and list(t.shape()) == list(probe.shape) and np.array_equal(back, probe)
+                del t, back
+            except Exception:  # noqa: BLE001 - DLPack does not carry this dtype here: the NumPy path
+                ok = False
+            finally:
+                sys.unraisablehook = hook
+            paths[dtype] = HANDOVER_DLPACK if ok else HANDOVER_NUMPY
+            if ok and noise:
+                noisy.append(dtype)
+        return cls(pb_utils, paths, noisy)
+
+    def describe(self) -> str:
+        groups: dict = {}
+        for d, p in self.paths.items():
+            groups.setdefault(p, []).append(np.dtype(d).name)
+        return "; ".join(f"{'DLPack' if p == HANDOVER_DLPACK else 'NumPy'} for {', '.join(n)}"
+                         for p, n in sorted(groups.items()))
+
+    def to_tensor(self, name: str, array: np.ndarray):
+        array = np.ascontiguousarray(array)
+        if self.paths.get(array.dtype) == HANDOVER_DLPACK:
+            return _dlpack_out(self.pb_utils, self._api, name, array)
+        return self.pb_utils.Tensor(name, array)
+
+    def to_array(self, tensor, dtype) -> np.ndarray:
+        return np.from_dlpack(tensor) if self.paths.get(dtype) == HANDOVER_DLPACK else tensor.as_numpy()
 
 
 class TritonPythonModel:
@@ -70,21 +142,36 @@ class TritonPythonModel:
         model_file = Path(args["model_repository"]) / str(args["model_version"]) / ONNX_FILENAME
         self.runner = make_runner(model_file, params.get(PARAM_BACKEND, "ort-cpu"),
                                   kit_kernels=params.get(PARAM_KIT_KERNELS, "true") != "false")
-        self.inputs = [t["name"] for t in cfg["input"]]
+        import triton_python_backend_utils as pb_utils
+
+        def dtype(t):
+            return np.dtype(pb_utils.triton_string_to_numpy(t["data_type"]))
+
+        self.inputs = {t["name"]: dtype(t) for t in cfg["input"]}
         self.outputs = [t["name"] for t in cfg["output"]]
         self.batching = int(cfg.get("max_batch_size", 0)) > 0
+        self.handover = HandOver.choose(pb_utils, [dtype(t) for t in cfg["input"] + cfg["output"]])
+        # One line per load, never per request: Triton's verbose level when DLPack carries everything quietly.
+        line = f"dcnkit: {cfg.get('name')}: tensors cross the stub by {self.handover.describe()}"
+        if HANDOVER_NUMPY in self.handover.paths.values() or self.handover.noisy:
+            pb_utils.Logger.log_warn(line + (f" (reported by NumPy: {self.handover.noisy})" if self.handover.noisy
+                                             else ""))
+        else:
+            pb_utils.Logger.log_verbose(line)
 
     def execute(self, requests):
         import triton_python_backend_utils as pb_utils
 
-        feeds = [{n: _as_array(pb_utils.get_input_tensor_by_name(r, n)) for n in self.inputs} for r in requests]
+        h = self.handover
+        feeds = [{n: h.to_array(pb_utils.get_input_tensor_by_name(r, n), d) for n, d in self.inputs.items()}
+                 for r in requests]
         responses = []
         for result in run_requests(self.runner.run, feeds, self.batching):
             if isinstance(result, Exception):
                 error = pb_utils.TritonError(f"inference failed: {type(result).__name__}: {result}")
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
             else:
-                tensors = [_as_tensor(pb_utils, n, result[n]) for n in self.outputs]
+                tensors = [h.to_tensor(n, result[n]) for n in self.outputs]
                 responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
 
@@ -92,4 +179,5 @@ class TritonPythonModel:
         self.runner.close()
 
 
-__all__ = ["ONNX_FILENAME", "PARAM_BACKEND", "PARAM_KIT_KERNELS", "TritonPythonModel", "run_requests"]
+__all__ = ["HANDOVER_DLPACK", "HANDOVER_NUMPY", "HandOver", "ONNX_FILENAME", "PARAM_BACKEND", "PARAM_KIT_KERNELS",
+           "TritonPythonModel", "run_requests"]

@@ -18,6 +18,9 @@ dcnkit; the stub's interpreter is isolated, the repository's ``model.py`` reads 
 
 The server runs in a process group of its own; :meth:`TritonServer.stop` sends it SIGTERM (Triton finishes what
 is in flight, at most ``exit_timeout_s``), then SIGKILLs whatever of the group is left, stubs included.
+:meth:`TritonServer.stubs` lists its Python-backend stubs (one process per model instance, named
+``<model>_<group>_<instance>``) and :func:`process_status` tells whether one is still running; Triton itself does
+not restart a stub that died (``dcnkit.server.triton_supervisor`` does).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
@@ -163,13 +167,50 @@ def server_command(repository, *, host: str = "127.0.0.1", http_port: int = 8000
     ]
 
 
+STUB_PROGRAM = "triton_python_backend_stub"
+
+
+def process_status(pid: int) -> tuple[str, int | None] | None:
+    """``(state, return code)`` of process ``pid`` from ``/proc``: state ``"Z"`` when it has ended but its parent has
+    not reaped it yet (the return code as ``Popen.returncode`` gives it: negative for a signal), else its running
+    state letter (return code None); None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    if fields[0] not in ("Z", "X"):
+        return fields[0], None
+    if len(fields) < 50:  # pragma: no cover - kernels before 3.5 do not show the exit code
+        return "Z", None
+    status = int(fields[-1])  # the wait status
+    return "Z", -(status & 0x7F) if status & 0x7F else status >> 8
+
+
+def describe_exit(returncode: int | None) -> str:
+    """A return code (negative: the signal that ended it) in words: 'killed by SIGKILL', 'exited with code 1'."""
+    if returncode is None:
+        return "ended"
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        return f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"killed by signal {-returncode}"
+
+
 class TritonServer:
     """A ``tritonserver`` process serving a model repository (a context manager that always stops it)."""
 
     def __init__(self, repository, *, host: str = "127.0.0.1", http_port: int | None = None,
                  grpc_port: int | None = None, metrics_port: int | None = None, exit_timeout_s: int = 8,
-                 log_file=None, extra: Sequence[str] = ()):
-        """Ports left out (or 0) are picked free now; ``log_file`` receives the server's output (default: ours)."""
+                 log_file=None, extra: Sequence[str] = (), output=None):
+        """Ports left out (or 0) are picked free now. The server's output (its stubs' included) goes to
+        ``log_file``, or line by line to ``output`` (a callable, from a reader thread), or else to ours."""
+        if log_file is not None and output is not None:
+            raise ValueError("output: expected either log_file or output, got both")
+        self.repository = Path(repository).resolve()
+        self.output = output
         self.host = host
         self.http_port = http_port or free_port(host)
         self.grpc_port = grpc_port or free_port(host)
@@ -191,14 +232,48 @@ class TritonServer:
 
     def start(self) -> "TritonServer":
         out = open(self.log_file, "wb") if self.log_file else None  # None: this process's stdout / stderr
+        if self.output is not None:
+            out = subprocess.PIPE
         try:
             self.process = subprocess.Popen(self.command, env=self.env, stdout=out,
                                             stderr=subprocess.STDOUT if out else None,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
-            if out is not None:
+            if out not in (None, subprocess.PIPE):
                 out.close()
+        if self.output is not None:
+            threading.Thread(target=self._forward, args=(self.process.stdout,), daemon=True,
+                             name="tritonserver-output").start()
         return self
+
+    def _forward(self, pipe) -> None:
+        with pipe:
+            for raw in pipe:  # until the server and its stubs (they share the pipe) are gone
+                try:
+                    self.output(raw.decode(errors="replace").rstrip("\n"))
+                except Exception:  # noqa: BLE001 - never stop draining the pipe, or the server blocks on it
+                    pass
+
+    def stubs(self) -> dict[str, int]:
+        """The server's running Python-backend stubs of this repository: ``{instance name: pid}``."""
+        found: dict[str, int] = {}
+        if self.process is None:
+            return found
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                text = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = text[text.rindex(")") + 2:].split()
+            if (fields[0] in ("Z", "X") or int(fields[1]) != self.process.pid or len(argv) < 9
+                    or not argv[0].endswith(STUB_PROGRAM.encode())
+                    or not argv[1].decode(errors="replace").startswith(str(self.repository))):
+                continue
+            found[argv[8].decode(errors="replace")] = int(entry.name)
+        return found
 
     def log_tail(self, n: int = 30) -> str:
         if not self.log_file or not Path(self.log_file).is_file():
@@ -298,6 +373,6 @@ def check_loads(repository, models: Sequence[str] | None = None, timeout: float 
             for m in models if states.get(m, {}).get("state") != "READY"]
 
 
-__all__ = ["PYTRITON_REQUIREMENT", "TritonServer", "backend_directory", "check_loads", "distribution_dir", "free_port",
-           "python_library_dir", "server_command", "server_command_line", "server_environment",
-           "unavailable_reason"]
+__all__ = ["PYTRITON_REQUIREMENT", "STUB_PROGRAM", "TritonServer", "backend_directory", "check_loads",
+           "describe_exit", "distribution_dir", "free_port", "process_status", "python_library_dir", "server_command",
+           "server_command_line", "server_environment", "unavailable_reason"]

@@ -370,6 +370,15 @@ def create_app(
     return app
 
 
+def configure_logging(log_level: str) -> None:
+    """Gives the ``dcnkit.server`` logger a handler (uvicorn configures only its own loggers)."""
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(log_level.upper())
+
+
 def serve(
     model,
     host: str = "127.0.0.1",
@@ -384,11 +393,7 @@ def serve(
     """Runs the server until SIGINT/SIGTERM; then stops accepting, finishes in-flight and queued requests."""
     import uvicorn
 
-    if not log.handlers:  # uvicorn configures only its own loggers
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(log_level.upper())
+    configure_logging(log_level)
     app = create_app(model, name=name, backend=backend, **options)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=graceful_timeout_s)

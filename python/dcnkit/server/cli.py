@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
-from dcnkit.server.defaults import DEFAULTS
+from dcnkit.server.defaults import DEFAULTS, MAX_RESTARTS
 
 
 def _bounded(convert, low: float, what: str):
@@ -54,6 +55,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "own limits)")
     p.add_argument("--graceful-timeout", type=_nonneg_float, default=None,
                    help="seconds to finish in-flight requests on SIGTERM/SIGINT (default 30; --engine triton: 5)")
+    p.add_argument("--workers", type=_positive_int, default=1,
+                   help="light: server processes on the port, each with its own copy of the model and queue; one "
+                        "that dies (a crash in a model run, an out-of-memory kill) is replaced while the others "
+                        "serve (default %(default)s: one process, whose exit code tells a supervisor how it ended)")
+    p.add_argument("--max-restarts", type=_nonneg_int, default=MAX_RESTARTS,
+                   help="--engine triton: restarts in a row of a backend stub or server that died before the model is "
+                        "reported failed and the command exits 3 (default %(default)s; the count starts again after "
+                        "60 s of service)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.add_argument("--no-kit-kernels", dest="kit_kernels", action="store_false",
                    help="ort-*: run standard DeformConv nodes on ONNX Runtime's built-in kernel (default: on the "
@@ -117,7 +126,15 @@ def run_serve(args) -> int:
             return 2
     if args.engine == "triton":
         return _run_serve_triton(args)
+    if args.max_restarts != MAX_RESTARTS:
+        print("dcnkit serve: --max-restarts: expected only with --engine triton (the light server's process is "
+              "restarted by its supervisor, or --workers), got --engine light", file=sys.stderr)
+        return 2
     try:
+        if args.workers > 1:  # several processes under uvicorn's manager, or this one
+            from dcnkit.server.workers import serve_workers
+
+            serve = functools.partial(serve_workers, workers=args.workers)
         serve(
             args.model, host=args.host, port=args.port, name=args.name, backend=args.backend,
             log_level=args.log_level,
@@ -138,16 +155,17 @@ def run_serve(args) -> int:
 def _run_serve_triton(args) -> int:
     from dcnkit.server.triton_engine import serve_triton
 
-    if args.max_request_bytes != DEFAULTS["max_request_bytes"]:
-        print("dcnkit serve: --max-request-bytes: expected only with --engine light (tritonserver has its own "
-              "limits), got --engine triton", file=sys.stderr)
+    if args.max_request_bytes != DEFAULTS["max_request_bytes"] or args.workers != 1:
+        flag = "--workers" if args.workers != 1 else "--max-request-bytes"
+        print(f"dcnkit serve: {flag}: expected only with --engine light (tritonserver has its own "
+              "limits and instances), got --engine triton", file=sys.stderr)
         return 2
     try:
         return serve_triton(
             args.model, host=args.host, port=args.port, name=args.name, backend=args.backend,
             grpc_port=args.grpc_port, metrics_port=args.metrics_port, graceful_timeout_s=args.graceful_timeout,
             max_batch_size=args.max_batch_size, max_queue_delay_ms=args.max_queue_delay_ms,
-            max_queue_size=args.max_queue_size, kit_kernels=args.kit_kernels,
+            max_queue_size=args.max_queue_size, kit_kernels=args.kit_kernels, max_restarts=args.max_restarts,
         )
     except (FileNotFoundError, ValueError) as e:
         print(f"dcnkit serve: {e}", file=sys.stderr)

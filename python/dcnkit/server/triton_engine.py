@@ -4,8 +4,9 @@
 The model goes into a temporary Python-backend repository (:mod:`dcnkit.runtime.triton_python`: the kit's ONNX
 Runtime runner in Triton's Python backend), which :class:`~dcnkit.runtime.triton_server.TritonServer` serves until
 SIGINT or SIGTERM; then Triton finishes what is in flight (``graceful_timeout_s``) and the server's whole process
-group, backend stubs included, is gone before this returns. Model name, inputs and outputs (names, shapes with
--1, datatypes) are those of the kit's own server (``--engine light``).
+group, backend stubs included, is gone before this returns. Meanwhile
+:class:`~dcnkit.server.triton_supervisor.TritonSupervisor` brings back a backend stub or server that dies. Model
+name, inputs and outputs (names, shapes with -1, datatypes) are those of the kit's own server (``--engine light``).
 """
 from __future__ import annotations
 
@@ -13,10 +14,9 @@ import os
 import signal
 import tempfile
 import threading
-import time
 from pathlib import Path
 
-from dcnkit.server.defaults import DEFAULTS
+from dcnkit.server.defaults import DEFAULTS, MAX_RESTARTS
 
 TRITON_DEFAULT_GRACE_S = 5.0  # Triton's --exit-timeout-secs: a stop takes at most this + 2 s
 
@@ -54,15 +54,19 @@ def triton_repository(model, repo_dir, name=None, backend: str = "ort-cpu", *,
 def serve_triton(model, host: str = "127.0.0.1", port: int = 8000, name: str | None = None,
                  backend: str = "ort-cpu", *, grpc_port: int = 8001, metrics_port: int = 8002,
                  graceful_timeout_s: float | None = None, ready_timeout_s: float = 300.0, log=print,
-                 **repository_options) -> int:
-    """Serves ``model`` on tritonserver until SIGINT/SIGTERM (or the server's own exit); returns its exit code.
+                 max_restarts: int = MAX_RESTARTS, policy=None, **repository_options) -> int:
+    """Serves ``model`` on tritonserver until SIGINT/SIGTERM; returns the exit code: 0, or
+    :data:`~dcnkit.server.triton_supervisor.EXIT_MODEL_FAILED` when the model kept crashing and was given up on.
 
-    Raises :class:`~dcnkit.runtime.base.BackendUnavailable` (one line) when the wheel is not installed or the
-    backend stub cannot start here, RuntimeError when the server exits before the model is ready.
+    The server is supervised (:mod:`dcnkit.server.triton_supervisor`): a backend stub or server that dies is
+    restarted, ``max_restarts`` times in a row at most (``policy``, a ``RestartPolicy``, says more). Raises
+    :class:`~dcnkit.runtime.base.BackendUnavailable` (one line) when the wheel is not installed or the backend stub
+    cannot start here, RuntimeError when the server exits before the model is first ready.
     """
-    from dcnkit.runtime.triton_server import TritonServer
+    from dcnkit.server.triton_supervisor import RestartPolicy, TritonSupervisor
 
     grace = TRITON_DEFAULT_GRACE_S if graceful_timeout_s is None else graceful_timeout_s
+    policy = policy or RestartPolicy(max_restarts=max_restarts)
     stop = threading.Event()
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -71,30 +75,20 @@ def serve_triton(model, host: str = "127.0.0.1", port: int = 8000, name: str | N
     try:
         with tempfile.TemporaryDirectory(prefix="dcnkit-triton-") as repo:
             model_dir = triton_repository(model, repo, name, backend, **repository_options)
-            server = TritonServer(repo, host=host, http_port=port, grpc_port=grpc_port, metrics_port=metrics_port,
-                                  exit_timeout_s=max(0, int(round(grace))))
-            server.start()
+            supervisor = TritonSupervisor(repo, model_dir.name, host=host, http_port=port, grpc_port=grpc_port,
+                                          metrics_port=metrics_port, exit_timeout_s=max(0, int(round(grace))),
+                                          policy=policy, ready_timeout_s=ready_timeout_s,
+                                          log=lambda line: log(line, flush=True))
             try:
-                deadline = time.monotonic() + ready_timeout_s
-                while not stop.is_set():
-                    try:
-                        server.wait_ready(timeout=0.5, model=model_dir.name)
-                        break
-                    except RuntimeError:
-                        if server.process.poll() is not None or time.monotonic() > deadline:
-                            raise RuntimeError(
-                                f"tritonserver did not get model {model_dir.name!r} ready "
-                                f"(exit code {server.process.poll()}; its log is above)") from None
-                else:
+                if not supervisor.start(stop):
                     return 0
+                server = supervisor.server
                 log(f"dcnkit serve: {model_dir.name} on tritonserver: HTTP http://{server.http_url}, "
                     f"gRPC {server.grpc_url}, metrics http://{host}:{server.metrics_port}/metrics "
                     f"(Ctrl-C stops it)", flush=True)
-                while not stop.is_set() and server.process.poll() is None:
-                    stop.wait(0.2)
+                return supervisor.run(stop)
             finally:
-                code = server.stop()
-            return 0 if stop.is_set() else int(code or 0)
+                supervisor.stop()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

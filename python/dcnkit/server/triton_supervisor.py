@@ -1,0 +1,263 @@
+"""Supervision of ``dcnkit serve --engine triton``: a backend stub or a ``tritonserver`` that dies is noticed and
+brought back, and a model that keeps dying is given up on.
+
+Triton 2.51 does not restart a Python-backend stub that died (an out-of-memory kill, a crash in native code): it
+answers every later request ``Stub process '<model>_0_0' is not healthy.`` while the model's ready endpoint and
+``/v2/health/ready`` go on answering 200. So :class:`TritonSupervisor` watches the processes themselves:
+
+* **Detect.** Every ``poll_s`` (0.2 s) it reads ``/proc`` for the stubs it saw when the model became ready, and
+  checks the server process. A stub that has ended (Triton leaves it unreaped: its exit status is there) or is gone
+  while no stub of the same instance replaced it is a crash; so is the server's own exit.
+* **Recover.** The server runs with explicit model control. The first crash after a stable period is answered by
+  unloading and loading the model (a new stub; about the model's load time). A crash that follows a recovery within
+  ``stable_s``, or a reload that fails, gets a fresh ``tritonserver`` after a back-off delay (``backoff_s``,
+  doubling up to ``max_backoff_s``), with the server down meanwhile.
+* **Report.** From the unload (or the server's stop) until the model is loaded again, ``/v2/health/ready`` and
+  ``/v2/models/<m>/ready`` answer 400 (Triton's strict readiness: a model loading or unloading is not ready), or
+  nothing at all while the server is down; requests get Triton's errors (unknown or unavailable model) or a refused
+  connection. Requests in flight at the crash are failed by Triton with ``Stub process ... is not healthy``.
+* **Log.** Each restart is one line with its cause; Triton's own output during the recovery (its loading lines,
+  a new server's banner) is held back, and its error lines are printed if the model is given up on.
+* **Give up.** After ``max_restarts`` restarts in a row without ``stable_s`` of service in between, the model is
+  reported failed in one line, the server is stopped and :meth:`run` returns :data:`EXIT_MODEL_FAILED`.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from dcnkit.runtime.triton_server import TritonServer, describe_exit, process_status
+from dcnkit.server.defaults import MAX_RESTARTS
+
+EXIT_MODEL_FAILED = 3  # the exit code of `dcnkit serve --engine triton` when the model is given up on
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When to restart, and when to stop trying: ``max_restarts`` in a row (0: none), each after
+    :meth:`delay`; the count starts again once the model has served ``stable_s`` seconds."""
+
+    max_restarts: int = MAX_RESTARTS
+    backoff_s: float = 1.0
+    max_backoff_s: float = 30.0
+    stable_s: float = 60.0
+
+    def __post_init__(self):
+        if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ValueError(f"max_restarts: expected an integer >= 0, got {self.max_restarts!r}")
+        for what in ("backoff_s", "max_backoff_s", "stable_s"):
+            if not getattr(self, what) >= 0:
+                raise ValueError(f"{what}: expected a number >= 0, got {getattr(self, what)!r}")
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before restart number ``attempt`` of a row (1-based): none for the first."""
+        return 0.0 if attempt <= 1 else min(self.backoff_s * 2 ** (attempt - 2), self.max_backoff_s)
+
+
+class TritonSupervisor:
+    """Runs ``tritonserver`` on ``repository`` serving ``model`` and keeps it serving (the module docstring)."""
+
+    def __init__(self, repository, model: str, *, host: str = "127.0.0.1", http_port: int | None = None,
+                 grpc_port: int | None = None, metrics_port: int | None = None, exit_timeout_s: int = 5,
+                 policy: RestartPolicy = RestartPolicy(), ready_timeout_s: float = 300.0, poll_s: float = 0.2,
+                 log=print, output=None):
+        """``log`` gets the supervisor's lines, ``output`` (default: ``log``) Triton's own output, line by line."""
+        self.repository, self.model, self.policy = repository, model, policy
+        self.ready_timeout_s, self.poll_s, self.log = ready_timeout_s, poll_s, log
+        self._output = output or log
+        self._server_options = dict(host=host, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                                    exit_timeout_s=exit_timeout_s)
+        self.server: TritonServer | None = None
+        self.restarts = 0  # restarts done, all told
+        self.state = "stopped"  # starting, serving, recovering, failed, stopped
+        self._in_a_row = 0
+        self._serving_since: float | None = None
+        self._stubs: dict[str, int] = {}
+        self._next_scan = 0.0
+        self._quiet = False
+        self._held: collections.deque = collections.deque(maxlen=200)
+
+    # -- Triton's output: forwarded, or held back while recovering --------------------------------------------
+    def _on_output(self, line: str) -> None:
+        if self._quiet:
+            self._held.append(line)
+        else:
+            self._output(line)
+
+    def _new_server(self) -> TritonServer:
+        extra = ["--model-control-mode=explicit", f"--load-model={self.model}"]
+        server = TritonServer(self.repository, extra=extra, output=self._on_output, **self._server_options)
+        self._server_options.update(http_port=server.http_port, grpc_port=server.grpc_port,
+                                    metrics_port=server.metrics_port)  # a restarted server keeps the ports
+        return server
+
+    # -- start, serve, stop -----------------------------------------------------------------------------------------
+    def start(self, stop: threading.Event | None = None) -> bool:
+        """Starts the server and waits until the model is ready: True; False if ``stop`` was set meanwhile.
+        RuntimeError when the server exits first or is not ready within ``ready_timeout_s``."""
+        self.state = "starting"
+        self.server = self._new_server().start()
+        error = self._wait_ready(stop or threading.Event())
+        if error == "stopped":
+            return False
+        if error:
+            raise RuntimeError(f"tritonserver did not get model {self.model!r} ready ({error}; its log is above)")
+        self._serving()
+        return True
+
+    def run(self, stop: threading.Event) -> int:
+        """Supervises until ``stop`` is set (returns 0) or the model is given up on (:data:`EXIT_MODEL_FAILED`)."""
+        while not stop.wait(self.poll_s):
+            cause = self.check()
+            if cause is not None and self.recover(cause, stop) == "failed":
+                return EXIT_MODEL_FAILED
+        return 0
+
+    def stop(self) -> int | None:
+        """Stops the server (Triton finishes what is in flight, then its process group is killed)."""
+        if self.state != "failed":
+            self.state = "stopped"
+        return self.server.stop() if self.server is not None else None
+
+    # -- detection ------------------------------------------------------------------------------------------------
+    def check(self) -> str | None:
+        """What has died since the last check (a cause, in words), or None."""
+        p = self.server.process
+        if p.poll() is not None:
+            return f"tritonserver {describe_exit(p.returncode)}"
+        if not self._stubs and time.monotonic() >= self._next_scan:  # e.g. unloaded and loaded through the API
+            self._stubs = self.server.stubs()
+            self._next_scan = time.monotonic() + 2.0
+        for name, pid in list(self._stubs.items()):
+            status = process_status(pid)
+            if status is not None and status[0] != "Z":
+                continue
+            live = self.server.stubs()
+            if name in live:  # replaced by Triton itself (a reload through the repository API)
+                self._stubs[name] = live[name]
+                continue
+            if status is None and not self._model_ready():  # reaped by Triton: the model was unloaded on purpose
+                del self._stubs[name]
+                continue
+            how = describe_exit(status[1]) if status is not None else "is gone"
+            return f"backend stub {name} (pid {pid}) {how}"
+        return None
+
+    def _model_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.server.http_url}/v2/models/{self.model}/ready", timeout=5) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    # -- recovery -------------------------------------------------------------------------------------------------
+    def recover(self, cause: str, stop: threading.Event) -> str:
+        """Brings the model back after ``cause``: "serving", "stopped" (``stop`` was set) or "failed"."""
+        while True:
+            now = time.monotonic()
+            if self._serving_since is not None and now - self._serving_since >= self.policy.stable_s:
+                self._in_a_row = 0
+            self._in_a_row += 1
+            self._serving_since = None
+            if self._in_a_row > self.policy.max_restarts:
+                return self._give_up(cause)
+            delay = self.policy.delay(self._in_a_row)
+            reload = delay == 0 and self.server.process.poll() is None
+            action = "reloading the model" if reload else "restarting tritonserver" + (
+                f" in {delay:g} s" if delay else "")
+            self.log(f"dcnkit serve: {self.model}: {cause}; {action} (restart {self._in_a_row} in a row, at most "
+                     f"{self.policy.max_restarts})")
+            self.state, self._quiet = "recovering", True
+            self._held.clear()
+            error = self._reload(stop) if reload else self._restart(delay, stop)
+            if error == "stopped":
+                self._quiet = False
+                return "stopped"
+            if error is None:
+                self.restarts += 1
+                self._serving()
+                return "serving"
+            cause = error
+
+    def _serving(self) -> None:
+        self.state, self._quiet = "serving", False
+        self._serving_since = time.monotonic()
+        self._stubs = self.server.stubs()
+        self._next_scan = time.monotonic() + 2.0
+
+    def _give_up(self, cause: str) -> str:
+        self.state = "failed"
+        errors = [ln for ln in self._held if ln[:1] == "E" or "rror" in ln]
+        for line in errors[-10:]:
+            self._output(line)
+        self.log(f"dcnkit serve: {self.model}: {cause}; model failed: {self.policy.max_restarts} restart(s) in a "
+                 f"row did not keep it serving, stopping tritonserver (exit code {EXIT_MODEL_FAILED})")
+        self.server.stop()
+        return "failed"
+
+    def _post(self, path: str, timeout: float) -> str | None:
+        """POSTs to the server: None on 200, else the error (Triton's message, or why there was no answer)."""
+        req = urllib.request.Request(f"http://{self.server.http_url}{path}", data=b"{}", method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout):
+                return None
+        except urllib.error.HTTPError as e:
+            try:
+                return str(json.loads(e.read()).get("error", e)).strip().rstrip(";").strip()
+            except (ValueError, OSError):
+                return str(e)
+        except OSError as e:
+            return f"no answer from tritonserver ({e})"
+
+    def _reload(self, stop: threading.Event) -> str | None:
+        """Unload, then load: not ready in between (Triton's readiness); None once it serves, else the error."""
+        base = f"/v2/repository/models/{self.model}"
+        error = self._post(f"{base}/unload", timeout=30)
+        if error is not None:
+            return f"unloading failed: {error}"
+        result: list = []
+        loader = threading.Thread(target=lambda: result.append(self._post(f"{base}/load", self.ready_timeout_s)),
+                                  daemon=True)
+        loader.start()
+        while loader.is_alive():
+            if stop.wait(0.1):
+                return "stopped"
+            if self.server.process.poll() is not None:
+                return f"tritonserver {describe_exit(self.server.process.returncode)} while loading the model"
+        if result and result[0] is not None:
+            return f"reloading failed: {result[0]}"
+        return self._wait_ready(stop)
+
+    def _restart(self, delay: float, stop: threading.Event) -> str | None:
+        """A new server after ``delay`` s (none meanwhile: readiness probes fail); None once it serves. The old one
+        gets a second to answer what it has: with its stub dead, nothing it holds can succeed."""
+        self.server.stop(timeout=1.0)
+        if stop.wait(delay):
+            return "stopped"
+        self.server = self._new_server().start()
+        return self._wait_ready(stop)
+
+    def _wait_ready(self, stop: threading.Event) -> str | None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            if stop.is_set():
+                return "stopped"
+            p = self.server.process
+            if p.poll() is not None:
+                last = [ln for ln in self._held if ln[:1] == "E"]
+                return f"tritonserver {describe_exit(p.returncode)} before the model was ready" + (
+                    f" ({last[-1].split('] ', 1)[-1].strip(chr(34))})" if last else "")
+            try:
+                self.server.wait_ready(timeout=0.3, model=self.model)
+                return None
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    return f"the model was not ready within {self.ready_timeout_s:g} s"
+
+
+__all__ = ["EXIT_MODEL_FAILED", "RestartPolicy", "TritonSupervisor"]
