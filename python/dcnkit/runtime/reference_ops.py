@@ -4,6 +4,8 @@ op's canonical order and its attributes under their canonical names and defaults
 :mod:`dcnkit.runtime.reference_runner`, which adds the classes written by hand)."""
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 from onnx.reference.op_run import OpRun
 
@@ -60,7 +62,12 @@ def _declared_op(op: dict, variant: dict) -> type:
             elif f["element"] >= 0:
                 v = [*attrs[a.name][: f["element"]], int(v), *attrs[a.name][f["element"] + 1:]]
             attrs[a.name] = a.convert(v)
-        out = getattr(_ref(), op["name"])(*canonical, **attrs)
+        fn = getattr(_ref(), op["name"])
+        names = [t["name"] for t in op["inputs"]]
+        if set(names) <= set(inspect.signature(fn).parameters):  # the reference names its inputs as the table does
+            out = fn(**dict(zip(names, canonical)), **attrs)
+        else:
+            out = fn(*canonical, **attrs)
         x = canonical[features]
         dtype = (x[0] if isinstance(x, list) else x).dtype
         outs = out if isinstance(out, tuple) else (out,)
@@ -69,14 +76,27 @@ def _declared_op(op: dict, variant: dict) -> type:
     return type(variant["op_type"], (OpRun,), {"op_domain": variant["domain"], "_run": _run})
 
 
+def _takes_the_table(op: dict) -> bool:
+    """Whether ``dcnkit.reference.<op name>`` exists and takes every attribute of the op under its canonical name."""
+    fn = getattr(_ref(), op["name"], None)
+    if fn is None:
+        return False
+    params = inspect.signature(fn).parameters
+    return all(a["name"] in params for a in op["attrs"])
+
+
 def declared_ops(have: set) -> tuple:
-    """OpRun classes for every name (domain, op type) of the op table not in ``have`` whose op has a NumPy reference
-    (``dcnkit.reference.<op name>``)."""
+    """OpRun classes for every name (domain, op type) of the op table not in ``have`` whose op's NumPy reference
+    (``dcnkit.reference.<op name>``) takes the op's canonical attributes."""
     from dcnkit import op_defs
 
+    try:
+        table = op_defs()
+    except FileNotFoundError:  # no native library to read the table from: the classes written by hand only
+        return ()
     out = []
-    for op in op_defs()["ops"]:
-        if not hasattr(_ref(), op["name"]):
+    for op in table["ops"]:
+        if not _takes_the_table(op):
             continue
         for v in op.get("variants", []):
             if not v["tensorrt_only"] and (v["domain"], v["op_type"]) not in have:
