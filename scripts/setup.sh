@@ -7,6 +7,7 @@
 #     (scripts/ort_headers.sh; without apt-get it says in one line what to provide and fails),
 #   - oneDNN for the quantized DeformConv2d (Debian bookworm's libdnnl2 unpacked into .deps/onednn by
 #     scripts/onednn_fetch.sh; optional: without it QDeformConv2d asks for oneDNN and its tests skip),
+#   - the [openvino] extra (OpenVINO's wheel: the openvino backend, and the headers libdcnkit_ov.so is built with),
 #   - dcnkit itself, built by scikit-build-core (CPU + CUDA when nvcc is present).
 # Idempotent: a second run reuses what is there and only rebuilds dcnkit.
 set -euo pipefail
@@ -35,6 +36,10 @@ log "installing python dependencies"
 # NVIDIA Triton (tritonserver 2.51 with its Python backend) for `dcnkit serve --engine triton` and its tests. Only
 # the wheel's files are used (not PyTriton's Python API, whose metadata pins numpy<2): no dependencies.
 "$py" -m pip install -q --no-deps nvidia-pytriton==0.7.0
+# The [openvino] extra (the openvino backend), before the build: its wheel's headers and CMake package build
+# libdcnkit_ov.so.
+log "installing the [openvino] extra"
+"$py" -m pip install -q $("$py" -c 'import sys, tomllib; print(" ".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["openvino"]))' "$root/pyproject.toml")
 
 # ---- build and install dcnkit ----
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"

@@ -155,11 +155,12 @@ def test_backends_lists_each_backend_then_the_native_libraries(capsys, tmp_path,
         f"  {'libdcnkit_ort.so':<26} {lib_dir / 'libdcnkit_ort.so'}",
         f"  {'libdcnkit_ort_cuda.so':<26} not in this build",
         f"  {'libdcnkit_trt.so':<26} {lib_dir / 'libdcnkit_trt.so'}",
-        f"  {'libdcnkit_trt_autoreg.so':<26} not in this build"]
+        f"  {'libdcnkit_trt_autoreg.so':<26} not in this build",
+        f"  {'libdcnkit_ov.so':<26} not in this build"]
     monkeypatch.undo()
     rc, out, _ = call(capsys, "backends")
     lines = out.strip().split("\n\n")[0].splitlines()
-    assert [l.split()[0] for l in lines] == ["ort-cpu", "ort-cuda", "tensorrt", "reference"]
+    assert [l.split()[0] for l in lines] == ["ort-cpu", "ort-cuda", "tensorrt", "reference", "openvino"]
     assert lines[0].split()[1] == "available" and lines[3].split()[1] == "available"
     from dcnkit.runtime.runners import available_backends
 
@@ -200,7 +201,7 @@ def test_random_rois_are_valid():
     "argv,needle",
     [
         (["run", "missing.onnx"], "model: expected an existing ONNX file, got 'missing.onnx'"),
-        (["run", "{dc}", "--backend", "cuda"], "--backend: expected one of ort-cpu, ort-cuda, tensorrt, reference, got 'cuda'"),
+        (["run", "{dc}", "--backend", "cuda"], "--backend: expected one of ort-cpu, ort-cuda, tensorrt, reference, openvino, got 'cuda'"),
         (["run", "{dc}", "--shape", "x:2xfoo"], "--shape: expected a shape like 1x3x64x64, got '2xfoo'"),
         (["run", "{dc}", "--shape", "nope:1x3x6x6", "--batch", "1"], "--shape: expected input names among"),
         (["run", "{dc}", "--inputs", "missing.npz"], "--inputs: expected an existing .npz file"),

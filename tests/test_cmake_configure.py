@@ -64,11 +64,36 @@ def test_a_changed_ort_include_dir_is_honoured_by_the_next_configure(tmp_path):
     s = _summary(_configure(build, env={"DCNKIT_ORT_INCLUDE_DIR": str(a)}))
     assert s == (f"dcnkit build: Python {sys.executable} | PyTorch: not built (DCNKIT_BUILD_TORCH=OFF) | "
                  f"ONNX Runtime: libdcnkit_ort.so (headers {a}) | ONNX Runtime CUDA: not built (DCNKIT_WITH_CUDA=OFF) | "
-                 "TensorRT: not built (no CUDA kernels: DCNKIT_WITH_CUDA=OFF)")
+                 "TensorRT: not built (no CUDA kernels: DCNKIT_WITH_CUDA=OFF) | " + OPENVINO_SUMMARY)
     assert f"(headers {b})" in _summary(_configure(build, env={"DCNKIT_ORT_INCLUDE_DIR": str(b)}))
     # Nothing from the environment went into the cache: -D gives the folder when the variable is unset.
     assert "DCNKIT_ORT_INCLUDE_DIR:PATH=\n" in (build / "CMakeCache.txt").read_text()
     assert f"(headers {a})" in _summary(_configure(build, f"-DDCNKIT_ORT_INCLUDE_DIR={a}"))
+
+
+def _openvino_summary() -> str:
+    """What the summary says of the OpenVINO library with this Python (the openvino wheel's CMake package or not)."""
+    import importlib.util
+
+    if importlib.util.find_spec("openvino") is None:
+        return f"OpenVINO: not built (no openvino wheel with its CMake package in {sys.executable} (pip install dcnkit[openvino]))"
+    import openvino
+
+    version = openvino.get_version().split("-")[0]
+    return f"OpenVINO: libdcnkit_ov.so (OpenVINO {version})"
+
+
+OPENVINO_SUMMARY = _openvino_summary()
+
+
+def test_the_openvino_library_is_built_with_the_wheel_and_left_out_on_request(tmp_path):
+    headers = _headers(tmp_path / "h")
+    s = _summary(_configure(tmp_path / "build", "-DDCNKIT_BUILD_OPENVINO=OFF", env={"DCNKIT_ORT_INCLUDE_DIR": str(headers)}))
+    assert s.endswith(" | OpenVINO: not built (DCNKIT_BUILD_OPENVINO=OFF)")
+    if "libdcnkit_ov.so" in OPENVINO_SUMMARY:  # ON with the wheel present: built; AUTO (above) the same
+        s = _summary(_configure(tmp_path / "build", "-DDCNKIT_BUILD_OPENVINO=ON",
+                                env={"DCNKIT_ORT_INCLUDE_DIR": str(headers)}))
+        assert s.endswith(" | " + OPENVINO_SUMMARY)
 
 
 def test_no_headers_is_one_line_unless_the_library_is_left_out(tmp_path):

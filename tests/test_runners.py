@@ -65,7 +65,7 @@ def dcn_feeds(rng, n, cin, h, w, ho, wo, offset_groups=1, with_mask=True, scale=
 # ------------------------------------------------------------------------------------------------
 def test_available_backends_lists_every_backend_with_reason_or_none():
     av = R.available_backends()
-    assert list(av) == list(R.BACKENDS) == ["ort-cpu", "ort-cuda", "tensorrt", "reference"]
+    assert list(av) == list(R.BACKENDS) == ["ort-cpu", "ort-cuda", "tensorrt", "reference", "openvino"]
     assert av["reference"] is None
     assert av["ort-cpu"] is None, av["ort-cpu"]
     for name, reason in av.items():

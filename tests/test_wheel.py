@@ -13,6 +13,7 @@ and not used by ``dcnkit serve``), at the versions of requirements-dev.txt.
 Marked ``wheel`` (a few minutes): CI runs it; ``-m "not wheel"`` leaves it out locally."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -34,6 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 CPU_ONLY = [f"--config-settings=cmake.define.{k}=OFF"
             for k in ("DCNKIT_WITH_CUDA", "DCNKIT_BUILD_TORCH", "DCNKIT_BUILD_TENSORRT")]
+NO_OPENVINO = "--config-settings=cmake.define.DCNKIT_BUILD_OPENVINO=OFF"
+# The openvino wheel (the [openvino] extra, installed by scripts/setup.sh) builds libdcnkit_ov.so into the wheel.
+OPENVINO = importlib.util.find_spec("openvino") is not None
 # What neither the builds nor the deployment venv may inherit from the test's own environment.
 _DROP = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "DCNKIT_LIB_DIR", "DCNKIT_ORT_INCLUDE_DIR", "TensorRT_ROOT",
          "TensorRT_INCLUDE_DIR", "CMAKE_ARGS", "SKBUILD_CMAKE_ARGS", "DCNKIT_DEBUG")
@@ -66,9 +70,9 @@ def _run(cmd, env, cwd, timeout=600) -> subprocess.CompletedProcess:
     return p
 
 
-def _pip_wheel(src: Path, dist: Path, env: dict) -> tuple[Path, str]:
+def _pip_wheel(src: Path, dist: Path, env: dict, *extra: str) -> tuple[Path, str]:
     p = _run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-v", "-w", dist, *CPU_ONLY,
-              "."], env, src)
+              *extra, "."], env, src)
     (wheel,) = dist.glob("dcnkit-*.whl")
     (summary,) = [line.strip() for line in (p.stdout + p.stderr).splitlines() if "dcnkit build: " in line]
     return wheel, summary.split("-- ", 1)[-1]
@@ -89,7 +93,8 @@ def wheels(tmp_path_factory) -> dict:
     _run(["git", "clone", "-q", ROOT, src], _env(), base)
     env = _env(VIRTUAL_ENV=sys.prefix, PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
                DCNKIT_ORT_INCLUDE_DIR=str(_ort_headers()))
-    out["activated"] = (*_pip_wheel(src, base / "dist-activated", env), src)
+    # (the OpenVINO extension library only in the other build: the one the deployment venv installs)
+    out["activated"] = (*_pip_wheel(src, base / "dist-activated", env, NO_OPENVINO), src)
     # 2. Not activated: PATH's first python3 is a stand-in that records its call and fails; no header folder given:
     #    the build finds the clone's .deps as scripts/setup.sh leaves it (a copy here, so nothing is fetched).
     src = base / "clone-plain"
@@ -118,7 +123,14 @@ def test_the_build_uses_its_own_python_and_ships_the_onnx_runtime_library(wheels
     for what, why in (("PyTorch", "DCNKIT_BUILD_TORCH=OFF"), ("ONNX Runtime CUDA", "DCNKIT_WITH_CUDA=OFF"),
                       ("TensorRT", "DCNKIT_BUILD_TENSORRT=OFF")):
         assert f"| {what}: not built ({why})" in summary
-    assert _native_libraries(wheel) == ["dcnkit/lib/libdcnkit_ort.so"]
+    # the torch-free wheel ships the OpenVINO extension library, built against the openvino wheel's CMake package
+    with_ov = how == "plain" and OPENVINO
+    if with_ov:
+        assert re.search(r"\| OpenVINO: libdcnkit_ov\.so \(OpenVINO 20\d\d\.", summary), summary
+    elif how == "activated":
+        assert "| OpenVINO: not built (DCNKIT_BUILD_OPENVINO=OFF)" in summary
+    ov_lib = ["dcnkit/lib/libdcnkit_ov.so"] if with_ov else []
+    assert _native_libraries(wheel) == ["dcnkit/lib/libdcnkit_ort.so"] + ov_lib
 
 
 def _requires(wheel: Path) -> dict[str, list[str]]:
@@ -136,7 +148,8 @@ def _requires(wheel: Path) -> dict[str, list[str]]:
 
 def test_extras_match_the_jobs(wheels):
     req = _requires(wheels["plain"][0])
-    assert set(req) == {"", "serve", "torch", "tools", "test"}
+    assert set(req) == {"", "serve", "torch", "tools", "test", "openvino"}
+    assert req["openvino"] == ["openvino"]
     assert {"onnxruntime", "onnx", "numpy", "scipy-openblas32"} <= set(req[""])
     assert {"fastapi", "uvicorn", "prometheus-client", "nvidia-pytriton"} <= set(req["serve"])
     assert {"torch", "torchvision"} <= set(req["torch"]) and "polygraphy" in req["tools"]
@@ -210,6 +223,9 @@ def test_installed_wheel_lists_its_backends_and_libraries(deploy_venv):
     site_lib = next((venv / "lib").glob("python3.*/site-packages/dcnkit/lib"))
     assert re.search(rf"^  libdcnkit_ort\.so +{re.escape(str(site_lib / 'libdcnkit_ort.so'))}$", libs, re.M), libs
     assert re.search(r"^  libdcnkit_torch\.so +not in this build$", libs, re.M), libs
+    if OPENVINO:  # shipped; the backend asks for its extra (the deployment venv has no openvino)
+        assert re.search(rf"^  libdcnkit_ov\.so +{re.escape(str(site_lib / 'libdcnkit_ov.so'))}$", libs, re.M), libs
+        assert re.search(r"^openvino +unavailable: openvino is not installed .*dcnkit\[openvino\]", backends, re.M)
 
 
 def test_installed_wheel_runs_an_exported_model(deploy_venv, dcn_model, tmp_path):

@@ -14,6 +14,7 @@
 #include "dcnkit/context.h"
 #include "dcnkit/op_attrs.h"
 #include "dcnkit/op_defs.h"
+#include "dcnkit/openblas_gemm.h"
 
 namespace dcnkit::ort {
 
@@ -61,7 +62,6 @@ struct CpuRun {
 // num_threads, parallel_for (KernelContext_ParallelFor) and gemm (OpenBLAS, single-threaded).
 CpuContext cpu_context(CpuRun* run);
 int cpu_task_count();
-Status openblas_gemm(void* self, const GemmArgs& g);
 
 // Scratch memory from the kernel context's allocator for `mem_info`; freed by the destructor.
 class Workspace {

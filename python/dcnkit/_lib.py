@@ -45,7 +45,7 @@ def find_library(stem: str) -> Path:
 
 
 # Every native library a build can hold (which ones a wheel has depends on the toolkits of the machine that built it).
-NATIVE_LIBRARIES = ("dcnkit_torch", "dcnkit_ort", "dcnkit_ort_cuda", "dcnkit_trt", "dcnkit_trt_autoreg")
+NATIVE_LIBRARIES = ("dcnkit_torch", "dcnkit_ort", "dcnkit_ort_cuda", "dcnkit_trt", "dcnkit_trt_autoreg", "dcnkit_ov")
 
 
 def native_libraries() -> dict[str, Path | None]:

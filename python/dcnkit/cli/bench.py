@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dcnkit.cli.backend_args import FAST_BACKENDS, add_kit_kernels_arg, make_runner_cli, parse_backends, require_backends
+from dcnkit.cli.backend_args import (FAST_BACKENDS, add_device_arg, add_kit_kernels_arg, make_runner_cli, parse_backends,
+                                     require_backends)
 from dcnkit.cli.feeds import add_input_args, feeds_for
 from dcnkit.cli.shared import CliError, check_model_path, progress
 
@@ -47,7 +48,7 @@ def cmd_bench(args) -> int:
         if avail.get(b) is not None:
             print(f"{b} skipped: {avail[b]}")
             continue
-        with make_runner_cli(args.model, b, "--backends", kit_kernels=args.kit_kernels) as runner:
+        with make_runner_cli(args.model, b, "--backends", kit_kernels=args.kit_kernels, device=args.device) as runner:
             feeds = feeds_for(args, runner.inputs())
             times = bench_runner(runner, feeds, args.warmup, args.iterations, desc=b)
         batch = next(iter(feeds.values())).shape[0] if feeds and next(iter(feeds.values())).ndim else 1
@@ -75,5 +76,6 @@ def register(sub) -> None:
     p.add_argument("--iterations", type=int, default=50, help="timed runs (default 50)")
     p.add_argument("--json", help="also write the results to this JSON file")
     add_kit_kernels_arg(p)
+    add_device_arg(p)
     add_input_args(p)
     p.set_defaults(func=cmd_bench)

@@ -19,6 +19,7 @@ _MODULES = {
     "ort-cuda": "dcnkit.runtime.ort_runner",
     "tensorrt": "dcnkit.runtime.tensorrt",
     "reference": "dcnkit.runtime.reference_runner",
+    "openvino": "dcnkit.runtime.openvino",
 }
 
 BACKENDS = tuple(_MODULES)

@@ -67,6 +67,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-kit-kernels", dest="kit_kernels", action="store_false",
                    help="ort-*: run standard DeformConv nodes on ONNX Runtime's built-in kernel (default: on the "
                         "kit's DeformConv2d kernel, an in-memory rewrite; the file is not changed)")
+    p.add_argument("--device", default=None,
+                   help="openvino: the OpenVINO device (default CPU; others are passed to OpenVINO untested)")
 
 
 def add_triton_repo_arguments(p: argparse.ArgumentParser) -> None:
@@ -141,7 +143,8 @@ def run_serve(args) -> int:
             graceful_timeout_s=30.0 if args.graceful_timeout is None else args.graceful_timeout,
             max_batch_size=args.max_batch_size, max_queue_delay_ms=args.max_queue_delay_ms,
             max_queue_size=args.max_queue_size, max_request_bytes=args.max_request_bytes,
-            runner_options={"kit_kernels": args.kit_kernels},
+            runner_options={"kit_kernels": args.kit_kernels,
+                            **({"device": args.device} if args.device and args.backend == "openvino" else {})},
         )
     except BackendUnavailable as e:  # the backend cannot run on this machine: what is missing, one line
         print(f"dcnkit serve: {e}", file=sys.stderr)

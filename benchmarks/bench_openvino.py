@@ -1,0 +1,150 @@
+"""The openvino backend against the kit on ONNX Runtime: single DCNv2 layers and whole models, three sides each.
+
+    python benchmarks/bench_openvino.py [--threads 2] [--repeat 15] [--models resnet50,frcnn] [--layers]
+
+Sides (the same ONNX file, interleaved rounds, fastest of ``--repeat``; a pause after each ONNX Runtime call so that
+its spinning threads do not slow the next side):
+
+* ``ov native``  OpenVINO, every standard ``DeformConv`` on OpenVINO's DeformableConvolution-8
+                 (``deform_conv="openvino"``);
+* ``ov kit``     OpenVINO, every ``DeformConv`` on the kit's kernel through ``libdcnkit_ov.so`` (``deform_conv="kit"``);
+* ``ov auto``    OpenVINO with the per-node rule (``dcnkit.runtime.openvino_rewrite``, the backend's default);
+* ``ort kit``    ONNX Runtime with the kit's library, its default path (``make_runner(path, "ort-cpu")``).
+
+Models: ResNet-50-DCN (DCNv2 in layer3-4, 1x3x224x224, benchmarks/bench_resnet50_dcn.py) and the Faster R-CNN-DCN
+example with the fused pooler (examples/faster_rcnn_dcn.py, 320x320). ``--layers``: the DCNv2 layers of
+benchmarks/bench_ort_deform_conv.py, which the per-node rule is measured on. Ratios are against ``ort kit``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(ROOT / "examples"))
+import _common as C  # noqa: E402
+
+PAUSE_S = 0.15  # after an ONNX Runtime call (docs: its idle threads spin for a while)
+
+
+def _resnet(quick, out):
+    import torch
+
+    import bench_resnet50_dcn as r
+    from dcnkit.export import to_onnx
+
+    model, _ = r.resnet50_dcn(quick)
+    size = 64 if quick else 224
+    x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(0))
+    path = out / "resnet50_dcn.onnx"
+    to_onnx(model, (x,), str(path), input_names=["x"])
+    with torch.no_grad():
+        want = model(x).numpy()
+    return path, {"x": x.numpy()}, want
+
+
+def _frcnn(quick, out):
+    import faster_rcnn_dcn as ex
+
+    size = 128 if quick else 320
+    model = ex.build(size, seed=0, rpn_top_n=50 if quick else 1000)
+    image = ex.make_image(size, seed=ex.IMAGE_SEED)
+    path = ex.export(model, image, out / "frcnn.onnx")
+    return path, {"images": image}, None
+
+
+def _layer(n, c, h, w, stride, out):
+    import bench_ort_deform_conv as b
+
+    data = b._inputs(n, c, h, w, stride)
+    model = b._model(False, data, stride)  # the standard DeformConv node, weight and bias as initializers (bytes)
+    path = out / f"dcn_{n}x{c}x{h}x{w}_s{stride}.onnx"
+    path.write_bytes(model)
+    return path, {k: v for k, v in data.items() if k in ("x", "offset", "mask")}, None
+
+
+def _sides(path, threads, names):
+    from dcnkit.runtime.registry import make_runner
+
+    ov = dict(num_threads=threads)
+    runners = {
+        "ov native": lambda: make_runner(path, "openvino", deform_conv="openvino", **ov),
+        "ov kit": lambda: make_runner(path, "openvino", deform_conv="kit", **ov),
+        "ov auto": lambda: make_runner(path, "openvino", **ov),
+        "ort kit": lambda: make_runner(path, "ort-cpu", intra_op_num_threads=threads, inter_op_num_threads=1),
+    }
+    return {k: runners[k]() for k in names}
+
+
+def measure(name, path, feeds, args, sides=("ov native", "ov kit", "ov auto", "ort kit")) -> dict:
+    import numpy as np
+
+    runners = _sides(path, args.threads, sides)
+    outs = {k: r.run(feeds) for k, r in runners.items()}
+    base = outs["ort kit"]
+    for k, o in outs.items():  # every side computes the same outputs (detections: the same boxes)
+        for key in base:
+            if base[key].shape != o[key].shape or not np.allclose(o[key], base[key], rtol=1e-3, atol=1e-3):
+                print(f"  note: {name}: {k} output {key} differs from ort kit "
+                      f"(shape {o[key].shape} vs {base[key].shape})")
+
+    # C.interleaved's rounds, with the pause after an ONNX Runtime call outside the timed region
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    best = {k: float("inf") for k in runners}
+    for i in range(args.warmup + max(1, args.repeat)):
+        for k, r in runners.items():
+            t0 = clock()
+            r.run(feeds)
+            dt = (clock() - t0) * 1e3
+            if i >= args.warmup:
+                best[k] = min(best[k], dt)
+            if k.startswith("ort"):
+                time.sleep(PAUSE_S)
+    for r in runners.values():
+        r.close()
+    ref = best["ort kit"]
+    return {"case": name, "ms": best, "ratio_vs_ort_kit": {k: v / ref for k, v in best.items()}}
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    C.add_common_args(ap, repeat=15)
+    ap.add_argument("--models", default="resnet50,frcnn", help="comma-separated: resnet50, frcnn (default both)")
+    ap.add_argument("--layers", action="store_true", help="also the single DCNv2 layers (the per-node rule)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.repeat, args.warmup = 1, 0
+    import torch
+
+    torch.set_num_threads(args.threads)
+    out = Path(tempfile.mkdtemp())
+    rows = []
+    if args.layers:
+        import bench_ort_deform_conv as b
+
+        for shape in (b.QUICK_SHAPES if args.quick else b.SHAPES):
+            path, feeds, _ = _layer(*shape, out)
+            rows.append(measure("DCNv2 {}x{}x{}x{} s{}".format(*shape), path, feeds, args))
+    builders = {"resnet50": ("ResNet-50-DCN 224", _resnet), "frcnn": ("Faster R-CNN-DCN 320 (fused pooler)", _frcnn)}
+    for key in [m.strip() for m in args.models.split(",") if m.strip()]:
+        if key not in builders:
+            raise SystemExit(f"--models: expected resnet50 or frcnn, got {key!r}")
+        title, build = builders[key]
+        path, feeds, _ = build(args.quick, out)
+        rows.append(measure(title, path, feeds, args))
+    sides = list(rows[0]["ms"]) if rows else []
+    print(f"threads {args.threads}, {args.clock} clock, fastest of {args.repeat} interleaved rounds; "
+          "ratio = time / ort kit's time")
+    C.print_table(["case", *[f"{s} ms" for s in sides], *[f"{s} ratio" for s in sides if s != "ort kit"]],
+                  [[r["case"], *[f"{r['ms'][s]:.2f}" for s in sides],
+                    *[f"{r['ratio_vs_ort_kit'][s]:.2f}" for s in sides if s != "ort kit"]] for r in rows])
+    return C.write_json(args, rows)
+
+
+if __name__ == "__main__":
+    main()

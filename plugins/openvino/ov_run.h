@@ -1,0 +1,28 @@
+// The CPU work of a kit operation: shapes to the core's params (checked), and the core's launcher over OpenVINO's
+// threads (the TBB arena of the inference stream that runs the node) and OpenBLAS.
+#pragma once
+
+#include <vector>
+
+#include "dcnkit/common.h"
+#include "dcnkit/context.h"
+#include "openvino/runtime/tensor.hpp"
+
+namespace dcnkit::ov_ext {
+
+class KitOpBase;
+
+// The output shape of `op` for its inputs' shapes (in the node's input order), checked by the core.
+Status output_shape(const KitOpBase& op, const std::vector<Shape>& inputs, Shape* out);
+
+// The floating types a kit operation accepts: float32, and float16 / bfloat16 (converted to float32 and back around
+// the kernel) where OpenVINO's inference precision hints have converted the graph around the node.
+bool is_kernel_float_type(const ov::element::Type& t);
+
+// Computes `op`'s outputs (shaped here) from `inputs`.
+Status run_cpu(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorVector& inputs);
+
+// The CPU context of a run: OpenVINO's TBB arena (its concurrency) and OpenBLAS, single-threaded per task.
+CpuContext cpu_context();
+
+}  // namespace dcnkit::ov_ext
