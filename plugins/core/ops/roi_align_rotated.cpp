@@ -99,7 +99,8 @@ void variants(const OpDecl* op, std::vector<OpVariant>* out) {
 }  // namespace
 
 DCNKIT_OP(roi_align_rotated, 9, Op,
-          DCNKIT_OP_DEF("roi_align_rotated", "RoIAlignRotated", kInputs, kOutputs, kAttrs, false),
+          DCNKIT_OP_DEF("roi_align_rotated", "RoIAlignRotated", kInputs, kOutputs, kAttrs, false)
+              .with_openvino_type("DcnkitRoIAlignRotated"),  // OpenVINO's CPU plugin has a node named so (op_defs.h)
           "roi_align_rotated(Tensor input, Tensor rois, int pooled_h, int pooled_w, float spatial_scale, "
           "int sampling_ratio, bool aligned, bool clockwise) -> Tensor",
           "_roi_align_rotated_backward(Tensor grad_output, Tensor input, Tensor rois, int pooled_h, int pooled_w, "

@@ -63,6 +63,17 @@ struct OpDef {
   size_t num_attrs;
   bool gemm = false;  // its launchers run a GEMM (GemmFn; cuBLAS on CUDA): only such ops get a cuBLAS handle in
                       // the ONNX Runtime CUDA kernels and the TensorRT plugins
+  // Its type in OpenVINO IR (opset "dcnkit") where onnx_type cannot be: OpenVINO's CPU plugin picks its own node for
+  // an operation whose type name equals one of its node types ignoring case, and some of those nodes take any such
+  // operation for OpenVINO's own (2026.4's rotated RoIAlign node dereferences a failed cast). Null: onnx_type.
+  const char* openvino_type = nullptr;
+
+  constexpr OpDef with_openvino_type(const char* type) const {
+    OpDef d = *this;
+    d.openvino_type = type;
+    return d;
+  }
+  constexpr const char* ir_type() const { return openvino_type ? openvino_type : onnx_type; }
 };
 
 constexpr const char* kOnnxDomain = "dcnkit";
