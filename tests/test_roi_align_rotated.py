@@ -391,3 +391,44 @@ def test_cuda_deterministic_backward_is_bit_identical():
     assert torch.equal(grads[0], grads[1])
     (atomic,) = torch.autograd.grad(roi_align_rotated(x, rois, 7, 1.0, 2), x, g)
     torch.testing.assert_close(atomic, grads[0], rtol=1e-4, atol=1e-4)
+
+
+def _exported(tmp_path):
+    x = torch.randn(2, 3, 10, 12)
+    path = tmp_path / "rotated.onnx"
+    dcnkit.export.to_onnx(_Pool(), (x, rand_rois(5, 2, 20, 24, dtype=torch.float32)), path,
+                          input_names=["x", "rois"], dynamo=False)
+    return path, x.numpy()
+
+
+@pytest.mark.cuda
+def test_ort_cuda_ep_matches_the_reference(tmp_path):
+    from ort_cuda_skip import ort_cuda_or_skip
+
+    ort_cuda_or_skip()
+    from dcnkit.runtime import ort_session
+
+    path, x = _exported(tmp_path)
+    sess = ort_session(str(path), providers=["CUDAExecutionProvider"])
+    for k, seed in ((7, 2), (300, 3)):
+        rois = rand_rois(k, 2, 20, 24, dtype=torch.float32, seed=seed, big=True).numpy()
+        want = R.roi_align_rotated(x.astype(np.float64), rois.astype(np.float64), (3, 2), 0.5, 2, True, False)
+        np.testing.assert_allclose(sess.run(None, {"x": x, "rois": rois})[0], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_tensorrt_plugin_matches_the_reference(precision, tmp_path):
+    from dcnkit.runtime.registry import make_runner
+    from dcnkit.runtime.tensorrt_requirements import tensorrt_reason
+
+    if tensorrt_reason() is not None:
+        pytest.skip(f"tensorrt backend: {tensorrt_reason()}")
+    path, x = _exported(tmp_path)
+    tol = 1e-4 if precision == "fp32" else 2e-2
+    with make_runner(path, backend="tensorrt", precision=precision) as runner:
+        for k, seed in ((7, 2), (300, 3)):
+            rois = rand_rois(k, 2, 20, 24, dtype=torch.float32, seed=seed, big=True).numpy()
+            want = R.roi_align_rotated(x.astype(np.float64), rois.astype(np.float64), (3, 2), 0.5, 2, True, False)
+            got = list(runner.run({"x": x, "rois": rois}).values())[0]
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
