@@ -46,9 +46,11 @@ FEATMAPS = ["0", "1", "2", "3"]
 
 def build(image_size: int = 256, seed: int = 0, fused: bool = True, dcn: bool = True, num_classes: int = 5,
           rpn_top_n: int = 100, detections: int = 100, score_thresh: float = 0.3,
-          cls_scale: float = 0.5) -> torch.nn.Module:
+          cls_scale: float = 0.5, rpn_score_thresh: float = 0.0) -> torch.nn.Module:
     """The detector in eval mode: deterministic for a ``seed``; ``fused`` swaps in dcnkit's pooler, ``dcn``
-    puts DCNv2 in ``layer3``, ``layer4``. ``image_size``: the transform keeps images of that size as they are."""
+    puts DCNv2 in ``layer3``, ``layer4``. ``image_size``: the transform keeps images of that size as they are.
+    ``rpn_score_thresh``: the objectness a proposal needs (torchvision's default 0: every image gets proposals);
+    above what a blank image's anchors reach, such an image yields no proposal and no detection."""
     from torchvision.models.detection import fasterrcnn_resnet50_fpn
 
     import dcnkit.nn
@@ -57,7 +59,7 @@ def build(image_size: int = 256, seed: int = 0, fused: bool = True, dcn: bool = 
     model = fasterrcnn_resnet50_fpn(
         weights=None, weights_backbone=None, num_classes=num_classes, min_size=image_size, max_size=image_size,
         rpn_pre_nms_top_n_test=rpn_top_n, rpn_post_nms_top_n_test=rpn_top_n, box_score_thresh=score_thresh,
-        box_detections_per_img=detections)
+        box_detections_per_img=detections, rpn_score_thresh=rpn_score_thresh)
     with torch.no_grad():  # a tempered classifier: the untrained scores spread over several classes
         model.roi_heads.box_predictor.cls_score.weight.mul_(cls_scale)
     if dcn:
@@ -93,6 +95,24 @@ def make_image(size: int = 256, seed: int = 0) -> np.ndarray:
             img[:, disc] = c[:, None]
     img += rng.normal(0, 0.02, size=img.shape).astype(np.float32)
     return np.clip(img, 0, 1)[None]
+
+
+IMAGE_MEAN = (0.485, 0.456, 0.406)  # torchvision's detection transform normalises this colour to zero
+
+
+def blank_image(size: int = 256) -> np.ndarray:
+    """A blank image (1, 3, size, size): uniform, of the colour the detectors' transform normalises to zero, so
+    that the untrained networks see nothing (every objectness of the example detectors is then sigmoid(0) = 0.5).
+    What a detector must survive: no proposal or no detection, empty outputs, whichever backend runs the exported
+    file (which was traced on an image with detections)."""
+    return np.broadcast_to(np.asarray(IMAGE_MEAN, np.float32)[None, :, None, None], (1, 3, size, size)).copy()
+
+
+def reference_detections(path: Path, image: np.ndarray) -> dict:
+    """The detections of the NumPy reference runner (``dcnkit run --backend reference``) for ``image``."""
+    from dcnkit.runtime.registry import make_runner
+
+    return make_runner(str(path), "reference").run({"images": image})
 
 
 def eager_detections(model, image: np.ndarray) -> dict:

@@ -51,8 +51,9 @@ from torchvision.models.detection.roi_heads import RoIHeads, fastrcnn_loss
 from torchvision.models.detection.rpn import RegionProposalNetwork
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from faster_rcnn_dcn import (OUTPUTS, check_detections, cli_checks, detector_parser,  # noqa: E402,F401
-                             eager_detections, export, graph_summary, make_image, ort_detections)
+from faster_rcnn_dcn import (OUTPUTS, blank_image, check_detections, cli_checks, detector_parser,  # noqa: E402,F401
+                             eager_detections, export, graph_summary, make_image, ort_detections,
+                             reference_detections)
 
 K = 7  # group_size = output_size = part_size of every DeformPSRoIPool (the authors' 7x7 bins)
 STRIDE = 16
@@ -153,11 +154,12 @@ class C4RegionProposalNetwork(RegionProposalNetwork):
 
 def build(image_size: int = 256, seed: int = 0, num_classes: int = 4, rpn_top_n: int = 100, detections: int = 100,
           score_thresh: float = 0.3, nms_thresh: float = 0.3, cls_std: float = 0.1, offset_std: float = 0.1,
-          anchor_sizes=(32, 64, 128)) -> nn.Module:
+          anchor_sizes=(32, 64, 128), rpn_score_thresh: float = 0.0) -> nn.Module:
     """The detector in eval mode, deterministic for a ``seed``: ``num_classes`` counts the background; images of
     ``image_size`` stay at that size. ``cls_std``: standard deviation of the untrained score maps' weights (larger
     than the authors' 0.01, so that the untrained scores spread over the classes); ``offset_std``: of the offset
-    convolutions' weights (DCN layers and both R-FCN offset maps), relative to their fan-in."""
+    convolutions' weights (DCN layers and both R-FCN offset maps), relative to their fan-in. ``rpn_score_thresh``:
+    the objectness a proposal needs (0: every image gets proposals; above a blank image's, it gets none)."""
     from torchvision.models import resnet50
     from torchvision.models._utils import IntermediateLayerGetter
     from torchvision.models.detection.anchor_utils import AnchorGenerator
@@ -181,7 +183,7 @@ def build(image_size: int = 256, seed: int = 0, num_classes: int = 4, rpn_top_n:
     anchors = AnchorGenerator((tuple(anchor_sizes),), ((0.5, 1.0, 2.0),))
     pre, post = dict(training=2000, testing=1000), dict(training=2 * rpn_top_n, testing=rpn_top_n)
     rpn = C4RegionProposalNetwork(anchors, RPNHead(1024, anchors.num_anchors_per_location()[0]), 0.7, 0.3, 256, 0.5,
-                                  pre, post, 0.7)
+                                  pre, post, 0.7, score_thresh=rpn_score_thresh)
     head = RFCNHead(2048, num_classes)
     roi_heads = RFCNRoIHeads(head, fg_iou_thresh=0.5, bg_iou_thresh=0.5, batch_size_per_image=128,
                              positive_fraction=0.25, bbox_reg_weights=None, score_thresh=score_thresh,

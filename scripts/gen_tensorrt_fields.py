@@ -49,7 +49,8 @@ def _names(defs: dict, tensorrt_only: bool) -> list:
     seen, out = set(), []
     for op in defs["ops"]:
         for v in op.get("variants", []):
-            if v["domain"] == defs["domain"] or v["op_type"] in seen or bool(v["tensorrt_only"]) != tensorrt_only:
+            if (v["domain"] == defs["domain"] or v["op_type"] in seen or bool(v["tensorrt_only"]) != tensorrt_only
+                    or v.get("onnx_standard")):  # ONNX's own op: TensorRT's parser imports it natively
                 continue
             if not tensorrt_only and any(w["op_type"] == v["op_type"] and w["tensorrt_only"]
                                          for o in defs["ops"] for w in o.get("variants", [])):

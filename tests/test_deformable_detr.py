@@ -105,3 +105,17 @@ def test_dcnkit_run_compare_and_serve(small, tmp_path, capsys):
     with np.load(tmp_path / "outputs.npz") as d:
         assert sorted(d.files) == ["boxes", "logits"]
 
+
+
+def test_blank_image_on_every_backend(small, tmp_path):
+    """Issue 35: a blank image runs on every backend, equal to eager PyTorch. The detector's outputs are per query
+    (logits and boxes of its queries, no threshold in the graph), so no size of them depends on the image: nothing
+    empties them."""
+    from dcnkit.runtime.registry import make_runner
+
+    model, image, _ = small
+    path = ex.export(model, image, tmp_path / "ddetr.onnx")
+    blank = np.full_like(image, 0.5)
+    want = ex.eager_outputs(model, blank)
+    ex.check_outputs(ex.ort_outputs(path, blank), want)
+    ex.check_outputs(make_runner(str(path), "reference").run({"images": blank}), want)

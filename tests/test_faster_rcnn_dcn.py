@@ -16,11 +16,15 @@ sys.path.insert(0, str(ROOT / "examples"))
 import faster_rcnn_dcn as ex  # noqa: E402
 
 SIZE = 256  # the example's default; 1x3x256x256 keeps the test short
+# Above the objectness of a blank image's anchors (0.5: ex.blank_image) and below that of the example image's 100
+# proposals (>= 0.87): the example image's detections are those of torchvision's default, a blank image gets no
+# proposal.
+RPN_SCORE_THRESH = 0.6
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    model = ex.build(SIZE, seed=0)
+    model = ex.build(SIZE, seed=0, rpn_score_thresh=RPN_SCORE_THRESH)
     image = ex.make_image(SIZE, seed=ex.IMAGE_SEED)
     want = ex.eager_detections(model, image)
     path = ex.export(model, image, tmp_path_factory.mktemp("frcnn") / "frcnn.onnx")
@@ -160,3 +164,20 @@ def test_served_on_tritonserver(exported, tmp_path):
         for k in outputs:
             np.testing.assert_allclose(got[k], direct[k], rtol=1e-5, atol=1e-4)
         assert ex.check_detections(got, want, box_atol=0.05, score_atol=5e-4)["detections"] == len(want["scores"])
+
+
+def test_blank_image_gives_empty_outputs_on_every_backend(exported):
+    """Issue 35: the file exported on an image with detections, fed an image that yields no proposal (so no
+    detection), returns empty outputs in eager PyTorch, ONNX Runtime and the reference runner (ONNX Runtime failed on
+    the box decoding's reshape of zero rows before the exporter made such reshapes explicit)."""
+    model, _, want, path = exported
+    assert len(want["scores"]) > 0
+    blank = ex.blank_image(SIZE)
+    with torch.no_grad():
+        images, _ = model.transform(torch.from_numpy(blank))
+        proposals, _ = model.rpn(images, model.backbone(images.tensors))
+    assert [len(p) for p in proposals] == [0]
+    for backend, got in (("eager", ex.eager_detections(model, blank)), ("ort-cpu", ex.ort_detections(path, blank)),
+                         ("reference", ex.reference_detections(path, blank))):
+        assert {k: (got[k].shape, got[k].dtype) for k in ex.OUTPUTS} == {
+            "boxes": ((0, 4), np.float32), "labels": ((0,), np.int64), "scores": ((0,), np.float32)}, backend

@@ -87,3 +87,17 @@ def test_match_fails_on_moved_or_relabeled_detections(models):
     assert q8.match(want, moved)["matched"] < len(want["scores"])
     relabeled = dict(want, labels=3 - want["labels"])
     assert q8.match(want, relabeled)["matched"] < len(want["scores"])
+
+
+def test_blank_image_gives_empty_outputs_on_every_backend(models):
+    """Issue 35: the fitted detector sees nothing on a blank image (its proposals all score under 0.5): empty outputs
+    in eager PyTorch, for the float32 and the int8 file in ONNX Runtime, and for the int8 file in the reference runner
+    (the float32 detector's reference run is test_faster_rcnn_dcn's)."""
+    model, path, qpath = models
+    blank = q8.ex.blank_image(SIZE)
+    runs = [("eager", q8.ex.eager_detections(model, blank)), ("ort-cpu float32", q8.ex.ort_detections(path, blank)),
+            ("ort-cpu int8", q8.ex.ort_detections(qpath, blank)),
+            ("reference int8", q8.ex.reference_detections(qpath, blank))]
+    for backend, got in runs:
+        assert {k: (got[k].shape, got[k].dtype) for k in q8.ex.OUTPUTS} == {
+            "boxes": ((0, 4), np.float32), "labels": ((0,), np.int64), "scores": ((0,), np.float32)}, backend

@@ -22,11 +22,12 @@ import rfcn_dcn as ex  # noqa: E402
 
 SIZE, TOP_N = 128, 50  # 8x8 maps at stride 16, 50 proposals: a short test
 CLASSES = 4  # with the background
+RPN_SCORE_THRESH = 0.6  # above every objectness of a blank image (0.5: ex.blank_image): it gets no proposal
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    model = ex.build(SIZE, rpn_top_n=TOP_N)
+    model = ex.build(SIZE, rpn_top_n=TOP_N, rpn_score_thresh=RPN_SCORE_THRESH)
     image = ex.make_image(SIZE, seed=ex.IMAGE_SEED)
     want = ex.eager_detections(model, image)
     path = ex.export(model, image, tmp_path_factory.mktemp("rfcn") / "rfcn.onnx")
@@ -213,3 +214,16 @@ def test_dcnkit_run_compare_and_serve(exported, tmp_path, capsys):
     assert report["compare"] == "PASSED"
     for key in ("cli_run", "serve"):
         assert report[key]["detections"] == len(want["scores"])
+
+
+def test_blank_image_gives_empty_outputs_on_every_backend(exported):
+    """Issue 35: the R-FCN file, exported on an image with detections, fed a blank image (no proposal, so no
+    detection): empty outputs in eager PyTorch, ONNX Runtime (which failed at /roi_heads/Reshape, "Input
+    shape:{0,16}, requested shape:{0,-1}", before the exporter made such reshapes explicit) and the reference runner."""
+    model, _, want, path = exported
+    assert len(want["scores"]) > 0
+    blank = ex.blank_image(SIZE)
+    for backend, got in (("eager", ex.eager_detections(model, blank)), ("ort-cpu", ex.ort_detections(path, blank)),
+                         ("reference", ex.reference_detections(path, blank))):
+        assert {k: (got[k].shape, got[k].dtype) for k in ex.OUTPUTS} == {
+            "boxes": ((0, 4), np.float32), "labels": ((0,), np.int64), "scores": ((0,), np.float32)}, backend

@@ -120,6 +120,41 @@ def test_custom_op_model_references_the_library(tmp_path, monkeypatch):
     assert not (d / "libdcnkit_ort.so").exists()
 
 
+def _deform_conv_model(domain="", op_type="DeformConv", in_subgraph=False):
+    """A model with one deformable node: standard DeformConv by default (inside an If branch with ``in_subgraph``)."""
+    f = TensorProto.FLOAT
+    ins = [helper.make_tensor_value_info(n, f, None) for n in ("x", "w", "offset")]
+    out = helper.make_tensor_value_info("y", f, None)
+    node = helper.make_node(op_type, ["x", "w", "offset"], ["y"], domain=domain, pads=[1, 1, 1, 1])
+    opsets = [helper.make_opsetid("", 19)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    if in_subgraph:
+        branch = helper.make_graph([node], "b", [], [out])
+        cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+        node = helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)
+        ins.append(cond)
+    model = helper.make_model(helper.make_graph([node], "g", ins, [out]), opset_imports=opsets)
+    model.ir_version = 9
+    return model
+
+
+@pytest.mark.parametrize("model", [_deform_conv_model(), _deform_conv_model(in_subgraph=True),
+                                   _deform_conv_model("mmdeploy", "MMCVModulatedDeformConv2d")],
+                         ids=["standard", "standard-in-If", "mmdeploy"])
+def test_every_model_with_deformable_nodes_gets_the_library(tmp_path, monkeypatch, model):
+    """Standard DeformConv included (issue 35): the library runs it where the container's ONNX Runtime has no kernel
+    for it (before 1.26); mmdeploy's and mmcv's names are the library's too."""
+    fake_lib = tmp_path / "libdcnkit_ort.so"
+    fake_lib.write_bytes(b"\x7fELF fake")
+    import dcnkit
+
+    monkeypatch.setattr(dcnkit, "ort_library", lambda: str(fake_lib))
+    d = triton.write_repository(model, tmp_path / "repo", name="dcn", max_batch_size=0)
+    assert list(_parse(d).model_operations.op_library_filename) == ["/models/dcn/libdcnkit_ort.so"]
+    assert (d / "libdcnkit_ort.so").is_file()
+    d = triton.write_repository(_roi_model(False), tmp_path / "plain", name="p")  # no deformable node: no library
+    assert not _parse(d).model_operations.op_library_filename and not (d / "libdcnkit_ort.so").exists()
+
+
 def test_real_library_is_copied(tmp_path):
     import dcnkit
 

@@ -8,7 +8,9 @@ CUDA and TensorRT off): what the deployment box runs, and all that the two point
 build is the one CMake uses; the ONNX Runtime library is in the wheel, its headers given by
 DCNKIT_ORT_INCLUDE_DIR in one build and found by the build itself in the other). The deployment venv gets the
 wheel and the light server's part of the ``serve`` extra (not ``nvidia-pytriton``, the Triton engine's: large,
-and not used by ``dcnkit serve``), at the versions of requirements-dev.txt.
+and not used by ``dcnkit serve``), at the versions of requirements-dev.txt; and a second one the same with the
+oldest ONNX Runtime the wheel declares (``onnxruntime>=1.16``: 1.16.3, with NumPy 1 as that release needs), where
+the same three checks run (issue 35).
 
 Marked ``wheel`` (a few minutes): CI runs it; ``-m "not wheel"`` leaves it out locally."""
 from __future__ import annotations
@@ -160,9 +162,16 @@ def test_extras_match_the_jobs(wheels):
 # ---- the deployment box: a fresh venv without torch -------------------------------------------------------
 
 
-def _constraints(path: Path) -> Path:
-    """requirements-dev.txt's pins as a constraints file (constraints take no extras)."""
+# The oldest ONNX Runtime the wheel declares (pyproject.toml) and the NumPy that release is built against.
+FLOOR_PINS = {"onnxruntime": "onnxruntime==1.16.3", "numpy": "numpy==1.26.4"}
+
+
+def _constraints(path: Path, overrides: dict | None = None) -> Path:
+    """requirements-dev.txt's pins as a constraints file (constraints take no extras), with ``overrides``
+    (project name -> requirement) in place of those projects' pins."""
     lines = [re.sub(r"\[[^]]*\]", "", line) for line in (ROOT / "requirements-dev.txt").read_text().splitlines()]
+    for name, req in (overrides or {}).items():
+        lines = [line for line in lines if not re.match(rf"{name}\s*[=<>!~]", line)] + [req]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -191,26 +200,32 @@ def dcn_model(tmp_path_factory) -> tuple[Path, dict, np.ndarray]:
              "mask": rng.uniform(size=(1, 9, 8, 8)).astype(np.float32)}
     m = DCNv2().eval()
     path = tmp_path_factory.mktemp("model") / "dcnv2.onnx"
+    # opset 19 (IR 9): what the oldest ONNX Runtime the wheel declares reads
     dcnkit.export.to_onnx(m, tuple(torch.from_numpy(a) for a in feeds.values()), path, standard_ops=False,
-                          dynamo=False)
+                          dynamo=False, opset=19)
     want = reference.deform_conv2d(feeds["input"], feeds["offset"], m.weight.detach().numpy(),
                                    m.bias.detach().numpy(), padding=(1, 1), mask=feeds["mask"])
     return path, feeds, want
 
 
-@pytest.fixture(scope="module")
-def deploy_venv(wheels, tmp_path_factory) -> tuple[Path, dict]:
-    """A fresh venv holding the (not activated) build's wheel and the light server; no torch."""
-    base = tmp_path_factory.mktemp("deploy")
+@pytest.fixture(scope="module", params=["pinned", "floor"])
+def deploy_venv(wheels, tmp_path_factory, request) -> tuple[Path, dict]:
+    """A fresh venv holding the (not activated) build's wheel and the light server; no torch. ``floor``: with
+    the oldest ONNX Runtime the wheel declares."""
+    base = tmp_path_factory.mktemp(f"deploy-{request.param}")
     venv = base / "venv"
     _run([sys.executable, "-m", "venv", venv], _env(), base)
     wheel = wheels["plain"][0]
     server = [r for r in _requires(wheel)["serve"] if r != "nvidia-pytriton"]
-    _run([venv / "bin" / "python", "-m", "pip", "install", "-q", "-c", _constraints(base / "constraints.txt"),
-          wheel, *server], _env(), base, timeout=900)
+    overrides = FLOOR_PINS if request.param == "floor" else None
+    _run([venv / "bin" / "python", "-m", "pip", "install", "-q", "-c",
+          _constraints(base / "constraints.txt", overrides), wheel, *server], _env(), base, timeout=900)
     env = _env(PATH=f"{venv / 'bin'}{os.pathsep}/usr/bin{os.pathsep}/bin", HOME=str(base))
     p = _run([venv / "bin" / "python", "-c", "import importlib.util as u; print(u.find_spec('torch'))"], env, base)
     assert p.stdout.strip() == "None", "the deployment venv must not have torch"
+    if request.param == "floor":
+        p = _run([venv / "bin" / "python", "-c", "import onnxruntime; print(onnxruntime.__version__)"], env, base)
+        assert p.stdout.strip() == FLOOR_PINS["onnxruntime"].split("==")[1]
     return venv, env
 
 

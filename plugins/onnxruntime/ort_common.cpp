@@ -12,10 +12,54 @@ namespace dcnkit::ort {
 
 namespace {
 const OrtApi* g_api = nullptr;
+uint32_t g_api_version = 0;
+bool g_builtin_deform_conv = false;
 }  // namespace
 
 const OrtApi& api() { return *g_api; }
-void set_api(const OrtApi* a) { g_api = a; }
+uint32_t api_version() { return g_api_version; }
+uint32_t custom_op_version() { return std::min<uint32_t>(g_api_version, ORT_API_VERSION < 17 ? ORT_API_VERSION : 17); }
+bool runtime_has_deform_conv() { return g_builtin_deform_conv; }
+
+bool parse_runtime_version(const char* s, int* major, int* minor) {
+  if (s == nullptr) return false;
+  char* end = nullptr;
+  const long ma = std::strtol(s, &end, 10);
+  if (end == s || *end != '.') return false;
+  const char* m = end + 1;
+  const long mi = std::strtol(m, &end, 10);
+  if (end == m || ma < 0 || mi < 0 || ma > 1000 || mi > 100000) return false;
+  *major = static_cast<int>(ma);
+  *minor = static_cast<int>(mi);
+  return true;
+}
+
+OrtStatus* negotiate_api(const OrtApiBase* base) {
+  const char* version = base->GetVersionString != nullptr ? base->GetVersionString() : nullptr;
+  int major = 0, minor = 0;
+  const bool parsed = parse_runtime_version(version, &major, &minor);
+  if (parsed && major == 1 && minor < static_cast<int>(kApiFloor)) {
+    const OrtApi* v1 = base->GetApi(1);  // every ONNX Runtime has API 1 (CreateStatus)
+    const std::string msg = std::string("dcnkit: this custom-op library needs ONNX Runtime >= 1.") +
+                            std::to_string(kApiFloor) + ".0; found ONNX Runtime " + version;
+    return v1 != nullptr ? v1->CreateStatus(ORT_FAIL, msg.c_str()) : nullptr;
+  }
+  // ONNX Runtime 1.x provides C API versions 1..x. A version string of another form: the floor.
+  const uint32_t want = (parsed && major == 1) ? std::min<uint32_t>(static_cast<uint32_t>(minor), kApiNewestUsed)
+                                               : (parsed && major > 1 ? kApiNewestUsed : kApiFloor);
+  const OrtApi* a = base->GetApi(want);
+  if (a == nullptr) {
+    const OrtApi* v1 = base->GetApi(1);
+    const std::string msg = std::string("dcnkit: this custom-op library needs ONNX Runtime >= 1.") +
+                            std::to_string(kApiFloor) + ".0 (C API " + std::to_string(want) + "); found ONNX Runtime " +
+                            (version ? version : "of unknown version");
+    return v1 != nullptr ? v1->CreateStatus(ORT_FAIL, msg.c_str()) : nullptr;
+  }
+  g_api = a;
+  g_api_version = want;
+  g_builtin_deform_conv = parsed && (major > 1 || minor >= kBuiltinDeformConvMinor);
+  return nullptr;
+}
 
 OrtStatus* to_ort(const Status& s, const std::string& prefix) {
   if (s.ok()) return nullptr;
@@ -184,12 +228,15 @@ void ort_parallel_for(void* self, int64_t n, void (*body)(void*, int64_t, int64_
   auto* run = static_cast<CpuRun*>(self);
   const int64_t max_chunks = static_cast<int64_t>(cpu_task_count()) * run->chunks_per_thread;
   ChunkJob job{n, std::min<int64_t>(n, std::max<int64_t>(max_chunks, 1)), body, body_ctx};
-  if (job.chunks > 1 && run->context != nullptr) {
+#if ORT_API_VERSION >= 17
+  // ONNX Runtime's intra-op pool (C API 17); ONNX Runtime 1.16 gives custom ops none: this thread does the work.
+  if (job.chunks > 1 && run->context != nullptr && api_version() >= 17) {
     OrtStatus* st = api().KernelContext_ParallelFor(run->context, &run_chunk,
                                                     static_cast<size_t>(job.chunks), 0, &job);
     if (st == nullptr) return;
     api().ReleaseStatus(st);  // no thread pool available: run on this thread
   }
+#endif
   body(body_ctx, 0, n);
 }
 
@@ -205,7 +252,7 @@ int cpu_task_count() {
 
 CpuContext cpu_context(CpuRun* run) {
   CpuContext ctx;
-  ctx.num_threads = cpu_task_count();
+  ctx.num_threads = api_version() >= 17 ? cpu_task_count() : 1;  // no thread pool before C API 17 (ort_parallel_for)
   ctx.parallel_for = &ort_parallel_for;
   ctx.parallel_self = run;
   ctx.gemm = &openblas_gemm;

@@ -1,7 +1,10 @@
 // ONNX Runtime front end: the pieces every kernel shares. The library is built against the C API
-// headers only (ORT_API_VERSION 21) and gets the API table from OrtApiBase in RegisterCustomOps, so it
-// loads in any ONNX Runtime at least that new. No exceptions cross the C boundary: every callback
-// returns an OrtStatus*.
+// headers only (no link to libonnxruntime) and asks OrtApiBase in RegisterCustomOps for the lowest C API
+// version whose entries it uses: 16 (ONNX Runtime 1.16.0, the floor). Newer entries (17: the intra-op
+// thread pool, 18: stream-ordered scratch memory) are used only where the running ONNX Runtime has them, and
+// each OrtCustomOp's `version` says which of its fields are filled (custom_op_version()). The build against
+// the floor's API (tests/test_ort_api_floor.py) compiles these sources with ORT_API_VERSION 16, where the
+// newer entries are left out. No exceptions cross the C boundary: every callback returns an OrtStatus*.
 #pragma once
 
 #include <onnxruntime_c_api.h>
@@ -18,9 +21,27 @@
 
 namespace dcnkit::ort {
 
-// The API table handed to RegisterCustomOps.
+// The C API: the floor (ONNX Runtime 1.16.0) and the newest version whose entries the library uses.
+constexpr uint32_t kApiFloor = 16;
+constexpr uint32_t kApiNewestUsed = ORT_API_VERSION < 18 ? ORT_API_VERSION : 18;
+// ONNX Runtime's own DeformConv kernel (CPU and CUDA EP) exists from 1.26.
+constexpr int kBuiltinDeformConvMinor = 26;
+
+// Called by RegisterCustomOps: reads the running ONNX Runtime's version and asks it for the API table of
+// min(its C API version, kApiNewestUsed). An older runtime than the floor gets one line naming the floor and
+// the version found (an error status); nothing else fails.
+OrtStatus* negotiate_api(const OrtApiBase* base);
+// The table and its version, as negotiated (api_version() >= 17: KernelContext_ParallelFor, >= 18:
+// KernelContext_GetScratchBuffer and KernelInfoGetAllocator).
 const OrtApi& api();
-void set_api(const OrtApi* api);
+uint32_t api_version();
+// The `version` of every OrtCustomOp the library registers: the fields it fills go up to GetStartVersion /
+// GetEndVersion (C API 17), and ONNX Runtime refuses an op of a newer version than its own.
+uint32_t custom_op_version();
+// Whether the running ONNX Runtime has its own ONNX-domain DeformConv kernel (decided from its version string).
+bool runtime_has_deform_conv();
+// The parts of an ONNX Runtime version string "1.16.3" (false when it is not of that form).
+bool parse_runtime_version(const char* s, int* major, int* minor);
 
 // Status <-> OrtStatus*. `prefix` names the node ("DeformConv2d node 'conv1': ").
 OrtStatus* to_ort(const Status& s, const std::string& prefix = "");

@@ -41,12 +41,15 @@ Status make_handle(CudaState* s, int device) {
   return Status::Ok();
 }
 
-// The device of the node's default (device) allocator; -1 when ONNX Runtime does not say.
+// The device of the node's default (device) allocator; -1 when ONNX Runtime does not say (C API < 18 has no
+// KernelInfoGetAllocator).
 int kernel_device(const OrtKernelInfo* info) {
+  int id = -1;
+#if ORT_API_VERSION >= 18
   const OrtApi& a = api();
   OrtAllocator* alloc = nullptr;
-  int id = -1;
-  if (from_ort(a.KernelInfoGetAllocator(info, OrtMemTypeDefault, &alloc), "").ok() && alloc != nullptr) {
+  if (api_version() >= 18 && from_ort(a.KernelInfoGetAllocator(info, OrtMemTypeDefault, &alloc), "").ok() &&
+      alloc != nullptr) {
     const OrtMemoryInfo* mem = nullptr;
     if (!from_ort(a.AllocatorGetInfo(alloc, &mem), "").ok() || mem == nullptr ||
         !from_ort(a.MemoryInfoGetId(mem, &id), "").ok()) {
@@ -54,6 +57,9 @@ int kernel_device(const OrtKernelInfo* info) {
     }
     a.ReleaseAllocator(alloc);
   }
+#else
+  (void)info;
+#endif
   return id;
 }
 

@@ -23,6 +23,7 @@ struct Kernel {
   // and the shape each had; empty otherwise.
   std::vector<char> packed[kMaxInputs];
   Shape packed_shape[kMaxInputs];
+  Shape kernel_shape;  // the variant's kernel_shape attribute (OpVariant::kernel_shape_of; empty when absent)
   std::mutex mutex;  // serialises CUDA runs on this node's cuBLAS handle
 };
 

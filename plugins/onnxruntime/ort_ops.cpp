@@ -74,8 +74,21 @@ int64_t numel(const Shape& s) {
 
 }  // namespace
 
+// The variant's kernel_shape attribute (if any) against the last two dims of its input (OpVariant::kernel_shape_of).
+Status check_kernel_shape(const Kernel& k, const NodeInputs& in) {
+  const int i = k.variant->kernel_shape_of;
+  if (i < 0 || k.kernel_shape.empty() || !in.in[i].present() || in.in[i].shape.size() < 2) return Status::Ok();
+  const Shape& w = in.in[i].shape;
+  const Shape want = {w[w.size() - 2], w[w.size() - 1]};
+  if (k.kernel_shape == want) return Status::Ok();
+  return arg_error(k.variant->op_type, "attribute kernel_shape",
+                   std::string("the kernel size of ") + op_of(k).def.inputs[i].name + " " + shape_str(want),
+                   shape_str(k.kernel_shape));
+}
+
 Status prepare_run(const Kernel& k, OrtKernelContext* ctx, Run* r) {
   DCNKIT_RETURN_IF_ERROR(gather_inputs(k, ctx, &r->inputs));
+  DCNKIT_RETURN_IF_ERROR(check_kernel_shape(k, r->inputs));
   OpShapes shapes;
   for (size_t i = 0; i < kMaxInputs; ++i) {
     const TensorView& t = r->inputs.in[i];
@@ -212,11 +225,20 @@ OrtStatusPtr ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*, co
   k->dtype = o.dtype;
   k->cuda = o.cuda;
   const std::string name = node_name(info);
-  k->prefix = std::string(o.variant->domain) + "::" + o.variant->op_type + " node '" + name + "': ";
+  const std::string domain = o.variant->domain;  // "" for ONNX's own DeformConv
+  k->prefix = (domain.empty() ? "" : domain + "::") + o.variant->op_type + " node '" + name + "': ";
   std::vector<AttrValue> values;
   Status s = read_attrs(info, *o.variant, &values);
   if (s.ok()) s = make_op_attrs(*o.variant, std::move(values), &k->attrs);
   if (!s.ok()) return to_ort(s, k->prefix);
+  if (o.variant->kernel_shape_of >= 0) {  // kernel_shape: optional, checked against that input on every run
+    size_t n = 0;
+    const auto get = api().KernelInfoGetAttributeArray_int64;
+    if (from_ort(get(info, "kernel_shape", nullptr, &n), "").ok() && n > 0) {
+      k->kernel_shape.resize(n);
+      if (!from_ort(get(info, "kernel_shape", k->kernel_shape.data(), &n), "").ok()) k->kernel_shape.clear();
+    }
+  }
   if (!o.cuda) pack_constant_inputs(info, k.get());
 #ifdef DCNKIT_ORT_CUDA
   if (k->cuda) create_cuda_state(*k, info);
@@ -269,13 +291,14 @@ OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_char(const OrtCustomOp*
 OrtMemType ORT_API_CALL input_mem(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
 int ORT_API_CALL variadic_min(const OrtCustomOp*) { return 1; }
 int ORT_API_CALL variadic_homog(const OrtCustomOp*) { return 1; }
-int ORT_API_CALL start_version(const OrtCustomOp*) { return 1; }
+// ONNX's DeformConv from its opset 19 (read by ONNX Runtime from C API 17; before, every op starts at 1).
+int ORT_API_CALL start_version(const OrtCustomOp* op) { return self(op).variant->onnx_standard ? 19 : 1; }
 int ORT_API_CALL end_version(const OrtCustomOp*) { return INT_MAX; }
 
 CustomOp make_op(const OpVariant* v, bool cuda, ONNXTensorElementDataType dtype) {
   CustomOp op;
-  std::memset(static_cast<OrtCustomOp*>(&op), 0, sizeof(OrtCustomOp));
-  op.version = ORT_API_VERSION;
+  std::memset(static_cast<OrtCustomOp*>(&op), 0, sizeof(OrtCustomOp));  // unused fields (newer ones too): null
+  op.version = custom_op_version();
   op.CreateKernel = nullptr;
   op.GetName = &get_name;
   op.GetExecutionProviderType = &get_ep;
@@ -294,9 +317,10 @@ CustomOp make_op(const OpVariant* v, bool cuda, ONNXTensorElementDataType dtype)
   op.GetVariadicOutputHomogeneity = &variadic_homog;
   op.CreateKernelV2 = &create_kernel;
   op.KernelComputeV2 = &kernel_compute;
-  op.InferOutputShapeFn = nullptr;
+#if ORT_API_VERSION >= 17
   op.GetStartVersion = &start_version;
   op.GetEndVersion = &end_version;
+#endif
   op.variant = v;
   op.cuda = cuda;
   op.dtype = dtype;
@@ -323,13 +347,17 @@ const Registry& registry() {
   return r;
 }
 
+// Whether this ONNX Runtime gets the variant: not TensorRT's own names, and ONNX's DeformConv only where ONNX Runtime
+// has no kernel for it (before 1.26; from then on its kernel runs, and dcnkit.runtime.ort_session chooses per node).
+bool registered_here(const OpVariant& v) { return !v.tensorrt_only && !(v.onnx_standard && runtime_has_deform_conv()); }
+
 }  // namespace
 
 OrtStatus* register_all(OrtSessionOptions* options) {
   const OrtApi& a = api();
   std::vector<std::string> domains;
   for (const OpVariant& v : op_variants()) {
-    if (v.tensorrt_only) continue;
+    if (!registered_here(v)) continue;
     bool seen = false;
     for (const auto& d : domains) seen = seen || d == v.domain;
     if (!seen) domains.push_back(v.domain);
@@ -338,7 +366,7 @@ OrtStatus* register_all(OrtSessionOptions* options) {
     OrtCustomOpDomain* domain = nullptr;
     if (OrtStatus* st = a.CreateCustomOpDomain(d.c_str(), &domain)) return st;
     for (const auto& op : registry().ops) {
-      if (d != op->variant->domain) continue;
+      if (d != op->variant->domain || !registered_here(*op->variant)) continue;
       if (OrtStatus* st = a.CustomOpDomain_Add(domain, op.get())) return st;
     }
     if (d == "dcnkit") {
@@ -356,11 +384,6 @@ OrtStatus* register_all(OrtSessionOptions* options) {
 extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
 RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   if (api_base == nullptr) return nullptr;
-  const OrtApi* a = api_base->GetApi(ORT_API_VERSION);
-  if (a == nullptr) {  // ONNX Runtime older than the headers we were built with
-    const OrtApi* v1 = api_base->GetApi(1);
-    return v1 ? v1->CreateStatus(ORT_FAIL, "dcnkit: this custom-op library needs ONNX Runtime >= 1.21") : nullptr;
-  }
-  dcnkit::ort::set_api(a);
+  if (OrtStatus* st = dcnkit::ort::negotiate_api(api_base)) return st;  // older than the floor: one line
   return dcnkit::ort::register_all(options);
 }

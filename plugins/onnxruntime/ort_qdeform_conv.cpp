@@ -250,7 +250,7 @@ int ORT_API_CALL end_version(const OrtCustomOp*) { return INT_MAX; }
 std::unique_ptr<QOp> make_qop(ONNXTensorElementDataType qtype) {
   auto op = std::make_unique<QOp>();
   std::memset(static_cast<OrtCustomOp*>(op.get()), 0, sizeof(OrtCustomOp));
-  op->version = ORT_API_VERSION;
+  op->version = custom_op_version();  // ort_common.h
   op->GetName = &get_name;
   op->GetExecutionProviderType = &get_ep;
   op->GetInputType = &input_type;
@@ -267,8 +267,10 @@ std::unique_ptr<QOp> make_qop(ONNXTensorElementDataType qtype) {
   op->GetVariadicOutputHomogeneity = &one;
   op->CreateKernelV2 = &create_kernel;
   op->KernelComputeV2 = &kernel_compute;
+#if ORT_API_VERSION >= 17
   op->GetStartVersion = &one;
   op->GetEndVersion = &end_version;
+#endif
   op->qtype = qtype;
   return op;
 }

@@ -231,7 +231,7 @@ ov::OutputVector convert_onnx_deform_conv(const ov::frontend::NodeContext& ctx) 
 std::vector<ov::Extension::Ptr> extensions() {
   std::vector<ov::Extension::Ptr> ext = op_extensions();
   for (const OpVariant& v : op_variants()) {
-    if (v.tensorrt_only) continue;
+    if (v.tensorrt_only || v.onnx_standard) continue;  // ONNX's own DeformConv: convert_onnx_deform_conv below
     const OpVariant* vp = &v;
     ext.push_back(std::make_shared<ov::frontend::onnx::ConversionExtension>(
         v.op_type, v.domain, [vp](const ov::frontend::NodeContext& ctx) { return convert_variant(*vp, ctx); }));

@@ -71,6 +71,7 @@ struct Creators {
   Creators() {
     std::vector<std::string> seen;
     for (const OpVariant& v : op_variants()) {
+      if (v.onnx_standard) continue;  // ONNX's own DeformConv: TensorRT's ONNX parser imports it natively
       bool dup = false;
       for (const auto& s : seen) dup = dup || s == v.op_type;
       if (dup) continue;

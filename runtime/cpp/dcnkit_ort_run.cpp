@@ -7,10 +7,15 @@
 // from uniform random numbers in [-1, 1) drawn with a fixed seed (symbolic dimensions default to 1 and
 // are set with --dim). Prints every output's shape and checksums (sum, sum of absolute values) and
 // optionally writes the outputs as .npy files.
+//
+// It asks ONNX Runtime for C API 16 (ONNX Runtime 1.16.0) and uses nothing newer, so one build runs against any
+// libonnxruntime.so.1 from 1.16 on (ORT_API_MANUAL_INIT: the C++ API is bound to that table in main).
+#define ORT_API_MANUAL_INIT
 #include <onnxruntime_cxx_api.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iomanip>
@@ -23,6 +28,8 @@
 #include <vector>
 
 namespace {
+
+constexpr uint32_t kApiFloor = 16;  // ONNX Runtime 1.16.0
 
 struct Array {
   ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
@@ -221,6 +228,14 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  const OrtApiBase* base = OrtGetApiBase();
+  const char* found = base->GetVersionString();
+  int major = 0, minor = 0;
+  if (std::sscanf(found, "%d.%d", &major, &minor) != 2 || (major == 1 && minor < static_cast<int>(kApiFloor))) {
+    std::cerr << "dcnkit_ort_run: needs ONNX Runtime >= 1." << kApiFloor << ".0; found ONNX Runtime " << found << "\n";
+    return 1;
+  }
+  Ort::InitApi(base->GetApi(kApiFloor));
   try {
     Ort::Env env(ORT_LOGGING_LEVEL_WARNING, "dcnkit_ort_run");
     Ort::SessionOptions so;

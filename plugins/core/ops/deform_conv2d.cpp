@@ -162,6 +162,22 @@ void variants(const OpDecl* op, std::vector<OpVariant>* out) {
     out->push_back({domain, "MMCVModulatedDeformConv2d", op, modulated, names, true, true});
     out->push_back({domain, "MMCVDeformConv2d", op, plain, names, true, true});
   }
+  // ONNX's DeformConv (opset 19): DeformConv(X, W, offset[, B][, mask]) with strides, pads [t, l, b, r], dilations,
+  // group, offset_group, and kernel_shape checked against W.
+  OpVariant onnx{"",
+                 "DeformConv",
+                 op,
+                 {{kInput, false}, {kWeight, false}, {kOffset, false}, {kBias, true}, {kMask, true}},
+                 {{"strides", kAttrs[kStride].name, -1},
+                  {"pads", kAttrs[kPadding].name, -1},
+                  {"dilations", kAttrs[kDilation].name, -1},
+                  {"group", kAttrs[kGroups].name, -1},
+                  {"offset_group", kAttrs[kDeformGroups].name, -1}},
+                 false,
+                 false};
+  onnx.onnx_standard = true;
+  onnx.kernel_shape_of = kWeight;
+  out->push_back(onnx);
 }
 
 }  // namespace

@@ -100,7 +100,8 @@ std::string variant_json(const OpVariant& v) {
   }
   return s + "], \"loose_attrs\": " + boolean(v.loose_attrs) + ", \"empty_input_is_absent\": " +
          boolean(v.empty_input_is_absent) + ", \"tensorrt_only\": " + boolean(v.tensorrt_only) +
-         ", \"per_head_output\": " + boolean(v.per_head_output) + "}";
+         ", \"per_head_output\": " + boolean(v.per_head_output) + ", \"onnx_standard\": " +
+         boolean(v.onnx_standard) + "}";
 }
 
 std::string build_json() {

@@ -164,7 +164,7 @@ bool as_int(const RawAttr& r, bool loose, int64_t* v) {
 }
 
 Status convert(const char* op, const char* onnx_name, const AttrDef& def, int element, const char* enum_values,
-               bool loose, const RawAttr& r, AttrValue* out) {
+               bool loose, bool onnx_pads, const RawAttr& r, AttrValue* out) {
   const std::string arg = std::string("attribute ") + onnx_name;
   if (enum_values != nullptr) {  // an int naming one value of a canonical string
     int64_t v = 0;
@@ -224,6 +224,13 @@ Status convert(const char* op, const char* onnx_name, const AttrDef& def, int el
         out->ints = r.ints;
         return Status::Ok();
       }
+      if (onnx_pads && r.type == RawAttr::kInts && r.ints.size() == 4) {  // ONNX pads [t, l, b, r]
+        if (r.ints[0] == r.ints[2] && r.ints[1] == r.ints[3]) {
+          out->ints = {r.ints[0], r.ints[1]};
+          return Status::Ok();
+        }
+        return arg_error(op, arg, "symmetric pads [t, l, b, r] with t == b and l == r", raw_attr_str(r));
+      }
       if (loose) {
         int64_t v = 0;
         if (as_int(r, true, &v)) {  // one value for both axes
@@ -263,7 +270,7 @@ Status read_attrs(const OpVariant& variant, const std::function<RawAttr(const ch
     const RawAttr r = lookup(f.name);
     if (r.type == RawAttr::kAbsent) continue;
     DCNKIT_RETURN_IF_ERROR(convert(variant.op_type, f.name, def.attrs[f.canonical], f.element, f.enum_values,
-                                   variant.loose_attrs, r, &(*out)[f.canonical]));
+                                   variant.loose_attrs, variant.onnx_standard, r, &(*out)[f.canonical]));
   }
   return Status::Ok();
 }

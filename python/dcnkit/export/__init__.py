@@ -13,7 +13,7 @@ strict shape inference. ``register_onnx_schemas`` makes onnx itself know the ``d
 Importing this package does not import torch (``dcnkit.export.schemas`` serves the deployment side too);
 the names that need it (``standard_ops`` ...) load on first use, and ``to_onnx`` imports it when called.
 """
-from dcnkit.export._onnx import check_model, to_onnx
+from dcnkit.export._onnx import check_model, lower_ir_version, to_onnx
 from dcnkit.export.schemas import register_onnx_schemas
 
 _LOWERING_NAMES = ("custom_ops_only", "set_standard_ops", "standard_ops", "standard_ops_enabled")
@@ -44,6 +44,7 @@ def domain_opset() -> int:
 __all__ = [
     "to_onnx",
     "check_model",
+    "lower_ir_version",
     "register_onnx_schemas",
     "standard_ops",
     "custom_ops_only",

@@ -140,7 +140,9 @@ def to_onnx(
         output_axes: names of output dims whose size depends on the data, e.g.
             ``{"boxes": {0: "num_detections"}}``, written into the graph's output shapes.
         opset / opset_version: default 20 (give one of the two names); >= 19 is needed for ``DeformConv`` (below that, deform_conv2d
-            is exported as ``dcnkit::DeformConv2d``); the TorchScript exporter supports up to 20.
+            is exported as ``dcnkit::DeformConv2d``); the TorchScript exporter supports up to 20. The file gets the
+            lowest IR version its opsets allow (:func:`lower_ir_version`): opset 19 and 20 give IR 9, which ONNX
+            Runtime reads from 1.16 (opset 19) and 1.17 (opset 20); docs/onnxruntime_versions.md has the table.
         dynamo: True for torch.export-based export (torch's default), False for the TorchScript one.
         kwargs: keyword inputs of ``model``.
         check: run ``onnx.checker`` (full check) and strict shape inference on the result.
@@ -260,6 +262,8 @@ def to_onnx(
         _relabel_outputs(path)
     if out_axes:
         _name_output_dims(path, out_axes)
+    _empty_safe_reshapes(path)
+    lower_ir_version(path)
     if check:
         check_model(path)
     return str(path)
@@ -300,6 +304,64 @@ def _name_output_dims(path: Path, out_axes: dict[str, dict[int, str]]) -> None:
             shape.dim[d].Clear()
             shape.dim[d].dim_param = name
     onnx.save(model, str(path))
+
+
+def _empty_safe_reshapes(path: Path) -> None:
+    """Reshapes whose ``-1`` cannot be inferred on empty tensors (no proposals, no detections) made explicit
+    (:mod:`dcnkit.export._empty_reshape`)."""
+    import onnx
+
+    from dcnkit.export._empty_reshape import rewrite_empty_reshapes
+
+    model = onnx.load(str(path), load_external_data=False)
+    if rewrite_empty_reshapes(model):
+        onnx.save(model, str(path))
+
+
+# The newest tensor element type of each IR version (TensorProto.DataType): IR 9 added the FLOAT8 types, IR 10 INT4 /
+# UINT4, IR 11 FLOAT4E2M1.
+_LAST_TYPE_OF_IR = {8: 16, 9: 20, 10: 22, 11: 23}
+
+
+def _newer_ir_needed(model: Any, ir: int) -> bool:
+    """Whether ``model`` uses what IR version ``ir`` lacks: newer element types, or function overloads (IR 10)."""
+    if ir >= max(_LAST_TYPE_OF_IR) + 1:
+        return False
+    last_type = _LAST_TYPE_OF_IR.get(ir, 16)
+
+    def graph_needs(g) -> bool:
+        values = list(g.input) + list(g.output) + list(g.value_info)
+        if any(v.type.HasField("tensor_type") and v.type.tensor_type.elem_type > last_type for v in values):
+            return True
+        if any(t.data_type > last_type for t in g.initializer):
+            return True
+        for n in g.node:
+            if ir < 10 and n.overload:
+                return True
+            if any(graph_needs(a.g) for a in n.attribute if a.HasField("g")):
+                return True
+            if any(graph_needs(sg) for a in n.attribute for sg in a.graphs):
+                return True
+        return False
+
+    if ir < 10 and any(f.overload or any(n.overload for n in f.node) for f in model.functions):
+        return True
+    return graph_needs(model.graph)
+
+
+def lower_ir_version(path: str | os.PathLike) -> int:
+    """Sets the model file's IR version to the lowest its opsets allow (ONNX's release table) when the exporter wrote a
+    newer one and the model uses nothing of the newer IR; returns the IR version of the file. An opset-19 file is then
+    IR 9, which ONNX Runtime 1.16 reads (torch's dynamo exporter writes IR 10, which ONNX Runtime reads from 1.18)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    want = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    if want >= model.ir_version or _newer_ir_needed(model, want):
+        return model.ir_version
+    model.ir_version = want
+    onnx.save(model, str(path))
+    return want
 
 
 def _relabel_outputs(path: Path) -> None:

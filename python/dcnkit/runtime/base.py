@@ -61,6 +61,31 @@ def uses_custom_ops(model) -> bool:
     return any(n.domain == "dcnkit" for f in m.functions for n in f.node)
 
 
+# The domains of the nodes the kit's ONNX Runtime library serves (plugins/core/src/op_attrs.cpp's variants): its
+# own, mmdeploy's and mmcv's, and those MultiscaleDeformableAttnPlugin_TRT is exported in.
+KIT_LIBRARY_DOMAINS = ("dcnkit", "mmdeploy", "mmcv", "nvidia", "trt", "TRT")
+
+
+def _all_nodes(graph):
+    for n in graph.node:
+        yield n
+        for a in n.attribute:
+            if a.HasField("g"):
+                yield from _all_nodes(a.g)
+            for g in a.graphs:
+                yield from _all_nodes(g)
+
+
+def has_deformable_nodes(model) -> bool:
+    """True when the model has nodes the kit's ONNX Runtime library serves: in its domains (``dcnkit``, mmdeploy's,
+    mmcv's, ...) or a standard ``DeformConv`` (which the library runs where ONNX Runtime has no kernel of its own,
+    before 1.26); subgraphs and local functions included. Such a model wants the library registered."""
+    m = load_model(model)
+    nodes = list(_all_nodes(m.graph)) + [n for f in m.functions for n in f.node]
+    return any(n.domain in KIT_LIBRARY_DOMAINS or (n.op_type == "DeformConv" and n.domain in ("", "ai.onnx"))
+               for n in nodes)
+
+
 def value_infos(values) -> list[TensorInfo]:
     """TensorInfo list from ONNX ``ValueInfoProto`` s (graph inputs / outputs)."""
     from onnx import helper
@@ -161,4 +186,4 @@ class Backend:
 
 
 __all__ = ["Backend", "BackendUnavailable", "Runner", "TensorInfo", "load_model", "uses_custom_ops",
-           "value_infos"]
+           "has_deformable_nodes", "value_infos"]

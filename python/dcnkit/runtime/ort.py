@@ -16,7 +16,9 @@ default on the CPU execution provider, node by node where it is measured faster 
 in-memory copy of the model with those nodes rewritten (:mod:`dcnkit.runtime.ort_rewrite`; identical semantics, the
 file on disk stays standard). On the CUDA execution provider ONNX Runtime's built-in ``DeformConv`` is faster (measured on an H100)
 and is kept (:data:`KIT_DEFORM_CONV_FASTER`, :func:`rewrites_deform_conv`).
-``ort_session(..., kit_kernels=False)`` keeps ONNX Runtime's built-in ``DeformConv``.
+``ort_session(..., kit_kernels=False)`` keeps ONNX Runtime's built-in ``DeformConv``. ONNX Runtime has that kernel
+from 1.26; with an older release (the library loads into 1.16 and later) the library itself registers its kernel for
+the standard ``DeformConv`` too, so such nodes run there either way (docs/onnxruntime_versions.md).
 """
 from __future__ import annotations
 

@@ -16,6 +16,16 @@ rewritten too.
 Which nodes (``ort_session``'s default on the CPU execution provider): each node on the kernel measured faster for its
 shape (:func:`kit_is_faster`): the kit's kernel unless the node's output map is known (ONNX shape inference) to have
 fewer than :data:`KIT_MIN_OUTPUT_POSITIONS` positions, where ONNX Runtime's built-in kernel stays.
+
+The exception to the operator contract this makes (docs/operators.md: offsets or inputs that are NaN or infinite):
+ONNX Runtime's built-in kernel (1.26 and later; before, the kit's library serves standard ``DeformConv`` itself) reads
+a sampling point's neighbours outside the map with weight 0, so an infinite input value next to the map's edge makes
+border outputs that the kit's kernel and torchvision give finite NaN (0 x Inf): a 6x6 map with an Inf at pixel
+(0, 0) and offsets +0.5 / -0.75 has 84 non-finite outputs there against the contract's 18
+(tests/test_ort_border_contract.py). On finite inputs both kernels agree (1e-5). Where the contract matters on every
+node, rewrite them all (``rewrite_deform_conv(model)`` with no rule, then ``ort_session``) or export with
+``standard_ops=False``. The rule stays because the kit's kernel is still slower there (1.1-1.3x the built-in's time
+at C512 10x10 and C1024 8x8, measured in issue 35: docs/onnxruntime_versions.md, with where the time goes).
 """
 from __future__ import annotations
 

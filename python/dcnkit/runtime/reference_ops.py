@@ -99,6 +99,6 @@ def declared_ops(have: set) -> tuple:
         if not _takes_the_table(op):
             continue
         for v in op.get("variants", []):
-            if not v["tensorrt_only"] and (v["domain"], v["op_type"]) not in have:
+            if not v["tensorrt_only"] and not v.get("onnx_standard") and (v["domain"], v["op_type"]) not in have:
                 out.append(_declared_op(op, v))
     return tuple(out)

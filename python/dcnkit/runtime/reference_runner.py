@@ -233,10 +233,22 @@ class RoiAlign(OpRun):
         return (np.asarray(out).astype(X.dtype, copy=False),)
 
 
+class Flatten(OpRun):
+    """ONNX ``Flatten`` with explicit sizes: onnx.reference reshapes to (d, -1), which NumPy refuses for an empty
+    tensor (a detector's head on an image that yields no proposal)."""
+
+    op_domain = ""
+
+    def _run(self, x, **_):
+        axis = int(_attr(self, "axis", 1))
+        axis = axis + x.ndim if axis < 0 else axis
+        return (x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), int(np.prod(x.shape[axis:], dtype=np.int64))),)
+
+
 # The ops written here: those whose reference does not take the op table's canonical attributes (deform_conv2d infers
-# its groups from the shapes; deform_psroi_pool has no no_trans), the quantized one, TensorRT's per-head attention
-# and the standard-domain replacements. Every other name of the op table: reference_ops.declared_ops.
-CUSTOM_OPS = (DeformConv2d, QDeformConv2d, DeformPSRoIPool, DeformConv, RoiAlign) + TRT_MSDA_OPS
+# its groups from the shapes; deform_psroi_pool has no no_trans), the quantized one, TensorRT's per-head attention,
+# the standard-domain replacements and Flatten. Every other name of the op table: reference_ops.declared_ops.
+CUSTOM_OPS = (DeformConv2d, QDeformConv2d, DeformPSRoIPool, DeformConv, RoiAlign, Flatten) + TRT_MSDA_OPS
 
 
 def reference_evaluator(model, verbose: int = 0) -> ReferenceEvaluator:

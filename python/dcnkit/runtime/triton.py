@@ -11,7 +11,9 @@ writes::
       dcn/
         config.pbtxt          # platform "onnxruntime_onnx", inputs/outputs, max_batch_size, dynamic_batching,
                               # model_operations { op_library_filename: "/models/dcn/libdcnkit_ort.so" }
-        libdcnkit_ort.so      # the kit's ONNX Runtime custom-op library (only when the model uses dcnkit ops),
+        libdcnkit_ort.so      # the kit's ONNX Runtime custom-op library (when the model has deformable nodes:
+                              # dcnkit, mmdeploy or mmcv ops, or a standard DeformConv, which the library runs
+                              # where the container's ONNX Runtime has no kernel for it, before 1.26),
         libscipy_openblas.so  # the private libraries it needs (the kit's libraries search $ORIGIN first)
         1/model.onnx
 
@@ -96,8 +98,9 @@ def write_repository(
     """Writes ``output_dir/<name>/{config.pbtxt, 1/model.onnx[, libdcnkit_ort.so]}``; returns the model dir.
 
     ``model`` is an ONNX path, bytes or ``onnx.ModelProto``; ``name`` defaults to the file's stem. When the
-    model has ``dcnkit``-domain nodes the kit's ONNX Runtime library is copied next to the config and
-    referenced as ``<container_repository>/<name>/libdcnkit_ort.so`` (or ``library_path`` verbatim, then
+    model has deformable nodes (``dcnkit``, mmdeploy or mmcv ops, or a standard ``DeformConv``:
+    :func:`dcnkit.runtime.base.has_deformable_nodes`) the kit's ONNX Runtime library is copied next to the config
+    and referenced as ``<container_repository>/<name>/libdcnkit_ort.so`` (or ``library_path`` verbatim, then
     nothing is copied).
 
     ``backend="tensorrt"``: a ``tensorrt_plan`` model (:mod:`dcnkit.runtime.triton_tensorrt`): ``engine`` (a
@@ -111,7 +114,7 @@ def write_repository(
     """
     import onnx
 
-    from dcnkit.runtime.base import load_model, uses_custom_ops
+    from dcnkit.runtime.base import has_deformable_nodes, load_model
 
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -158,7 +161,7 @@ def write_repository(
             instance_kind=instance_kind, instance_count=instance_count,
         ), runner_backend, kit_kernels)
         return write_python_repository(m, _fresh_model_dir(output_dir, name, overwrite), cfg, version=version)
-    custom = uses_custom_ops(m)
+    custom = has_deformable_nodes(m)  # standard DeformConv too: the library runs it where ORT has no kernel
     libs: list[str] = []
     lib_src = None
     if custom:

@@ -82,6 +82,12 @@ struct OpVariant {
   bool tensorrt_only = false;      // a TensorRT plugin name only (domain ""): the ONNX Runtime library skips it
   bool per_head_output = false;    // MultiScaleDeformableAttention: output (N, Lq, M, D), not (N, Lq, M*D)
                                    // (TensorRT's MultiscaleDeformableAttnPlugin_TRT; the same memory)
+  bool onnx_standard = false;      // ONNX's own op (domain ""): 4-element paddings are ONNX pads [t, l, b, r]
+                                   // (symmetric only); the ONNX Runtime library registers it where ONNX Runtime
+                                   // has no kernel of its own (from its opset 19), TensorRT's parser and
+                                   // OpenVINO's importer take it natively
+  int kernel_shape_of = -1;        // >= 0: an optional `kernel_shape` attribute (ONNX's DeformConv) must equal the
+                                   // last two dims of this canonical input (W), checked on every run
 };
 
 // The canonical input slots of an op (its own order, optional and variadic as declared).
