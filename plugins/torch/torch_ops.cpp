@@ -281,17 +281,33 @@ void on_device(const Registered& r, const at::Tensor& x, const OpCall& call, con
 #endif
 }
 
+// The arguments as the launchers take them (float32 for CPU 16-bit features, contiguous), the call and the output
+// shapes; returns the features tensor.
+at::Tensor prepare(const Registered& r, Args* a, const Features& x0, Call* c, Shape* shapes) {
+  if (computes_in_float32(x0.t)) to_float32(a);
+  make_contiguous(r.decl->def, a);
+  make_call(r, *a, c);
+  throw_if_error(r.decl->entry.outputs(c->call, shapes));
+  return features_of(r.decl->def, *a).t;
+}
+
+// The input pointers of the call and its types.
+OpTypes bind_inputs(const OpDef& def, const Args& a, const at::Tensor& x, OpBuffers* b) {
+  for (size_t i = 0; i < def.num_inputs; ++i) b->in[i] = a.in[i].defined() ? a.in[i].const_data_ptr() : nullptr;
+  for (const at::Tensor& t : a.variadic) b->variadic.push_back(t.const_data_ptr());
+  OpTypes types;
+  types.dtype = dtype_of_tensor(x);
+  types.rois = types.dtype;
+  return types;
+}
+
 void forward(const Registered& r, Args a, const Features& x0, torch::jit::Stack* stack) {
   const OpDef& def = r.decl->def;
   const at::ScalarType st = x0.t.scalar_type();
-  if (computes_in_float32(x0.t)) to_float32(&a);
-  make_contiguous(def, &a);
-  const at::Tensor x = features_of(def, a).t;
-  c10::DeviceGuard guard(x.device());
   Call c;
-  make_call(r, a, &c);
   Shape shapes[kMaxOutputs];
-  throw_if_error(r.decl->entry.outputs(c.call, shapes));
+  const at::Tensor x = prepare(r, &a, x0, &c, shapes);
+  c10::DeviceGuard guard(x.device());
   std::vector<at::Tensor> outputs;
   bool empty = true;
   OpBuffers b;
@@ -301,11 +317,7 @@ void forward(const Registered& r, Args a, const Features& x0, torch::jit::Stack*
     empty = empty && outputs.back().numel() == 0;
   }
   if (!empty) {
-    for (size_t i = 0; i < def.num_inputs; ++i) b.in[i] = a.in[i].defined() ? a.in[i].const_data_ptr() : nullptr;
-    for (const at::Tensor& t : a.variadic) b.variadic.push_back(t.const_data_ptr());
-    OpTypes types;
-    types.dtype = dtype_of_tensor(x);
-    types.rois = types.dtype;
+    const OpTypes types = bind_inputs(def, a, x, &b);
     on_device(r, x, c.call, types, Pass::kForward, &b, [&](auto fn, const OpDevice& dev) {
       return fn(c.call, types, b, dev);
     });
@@ -316,14 +328,10 @@ void forward(const Registered& r, Args a, const Features& x0, torch::jit::Stack*
 void backward(const Registered& r, Args a, const Features& x0, torch::jit::Stack* stack) {
   const OpDef& def = r.decl->def;
   const at::ScalarType st = x0.t.scalar_type();
-  if (computes_in_float32(x0.t)) to_float32(&a);
-  make_contiguous(def, &a);
-  const at::Tensor x = features_of(def, a).t;
-  c10::DeviceGuard guard(x.device());
   Call c;
-  make_call(r, a, &c);
   Shape shapes[kMaxOutputs];
-  throw_if_error(r.decl->entry.outputs(c.call, shapes));
+  const at::Tensor x = prepare(r, &a, x0, &c, shapes);
+  c10::DeviceGuard guard(x.device());
   OpBuffers b;
   bool empty = true;
   for (size_t o = 0; o < def.num_outputs; ++o) {
@@ -367,11 +375,7 @@ void backward(const Registered& r, Args a, const Features& x0, torch::jit::Stack
     if (det == nullptr || !det(c.call, dtype_of_tensor(x))) alert_atomic_cuda_backward(r.name.c_str(), x);
   }
   if (!empty && grad_elements > 0) {
-    for (size_t i = 0; i < def.num_inputs; ++i) b.in[i] = a.in[i].defined() ? a.in[i].const_data_ptr() : nullptr;
-    for (const at::Tensor& t : a.variadic) b.variadic.push_back(t.const_data_ptr());
-    OpTypes types;
-    types.dtype = dtype_of_tensor(x);
-    types.rois = types.dtype;
+    const OpTypes types = bind_inputs(def, a, x, &b);
     on_device(r, x, c.call, types, Pass::kBackward, &b, [&](auto fn, const OpDevice& dev) {
       TORCH_CHECK(fn != nullptr, r.name, ": the op has no backward");
       return fn(c.call, types, b, dev);
