@@ -101,10 +101,7 @@ struct Op {
   // The columns take (images) x Cin x kh x kw x Ho x Wo elements; a checked call has the offset's spatial dims as
   // (Ho, Wo), so the offset's maxima bound them whatever the input's maxima say.
   static size_t workspace_bound(const OpCall& c, const OpTypes& t) {
-    const auto dim = [&](int i, size_t k) {
-      const Shape* s = c.shapes.in[i];
-      return s != nullptr && k < s->size() && (*s)[k] > 0 ? (*s)[k] : int64_t(0);
-    };
+    const auto dim = [&](int i, size_t k) { return known_dim(c, i, k); };
     Params p;
     p.attrs = attrs_of(c.attrs);
     p.batch = dim(kInput, 0);

@@ -89,10 +89,7 @@ struct Op {
   // With float32 RoIs the launcher reads a float32 copy of trans (K, 2 * classes, part, part): the product of the
   // trans maxima bounds it.
   static size_t workspace_bound(const OpCall& c, const OpTypes& t) {
-    const auto dim = [&](int i, size_t k) {
-      const Shape* s = c.shapes.in[i];
-      return s != nullptr && k < s->size() && (*s)[k] > 0 ? (*s)[k] : int64_t(0);
-    };
+    const auto dim = [&](int i, size_t k) { return known_dim(c, i, k); };
     Params p;
     p.attrs = attrs_of(c.attrs);
     p.batch = dim(kInput, 0);

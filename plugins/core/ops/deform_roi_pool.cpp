@@ -47,24 +47,14 @@ struct Op {
   }
   static void outputs(const OpCall&, const Params& p, Shape* out) { out[0] = p.output_shape(); }
   static Status output_dims(const OpCall& c, DimArith& a, OpDims* d) {
-    if (d->rank[kInput] != 4) return arg_error(c.op, "input", "4-D tensor", std::to_string(d->rank[kInput]) + "-D");
-    if (d->rank[kRois] != 2) return arg_error(c.op, "rois", "2-D tensor", std::to_string(d->rank[kRois]) + "-D");
-    d->out_rank[0] = 4;
-    d->out[0][0] = d->in[kRois][0];
-    d->out[0][1] = d->in[kInput][1];
-    d->out[0][2] = a.constant(c.attrs[kSize].at(0));
-    d->out[0][3] = a.constant(c.attrs[kSize].at(1));
-    return Status::Ok();
+    return roi_pool_output_dims(c, kInput, kRois, c.attrs[kSize].at(0), c.attrs[kSize].at(1), a, d);
   }
   static size_t workspace_cuda(const Params& p, Pass pass, const OpTypes& t, const CudaContext&) {
     return pass == Pass::kForward ? deform_roi_pool_workspace_cuda(p)
                                   : deform_roi_pool_backward_workspace_cuda(p, t.dtype);
   }
   static size_t workspace_bound(const OpCall& c, const OpTypes&) {
-    const auto dim = [&](int i, size_t k) {
-      const Shape* s = c.shapes.in[i];
-      return s != nullptr && k < s->size() && (*s)[k] > 0 ? (*s)[k] : int64_t(0);
-    };
+    const auto dim = [&](int i, size_t k) { return known_dim(c, i, k); };
     Params p;
     p.attrs = attrs_of(c.attrs);
     p.batch = dim(kInput, 0);

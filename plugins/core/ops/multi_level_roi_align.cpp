@@ -84,16 +84,7 @@ struct Op {
   }
   static void outputs(const OpCall&, const Params& p, Shape* out) { out[0] = p.output_shape(); }
   static Status output_dims(const OpCall& c, DimArith& a, OpDims* d) {
-    if (d->rank[kFeatures] != 4) {
-      return arg_error(c.op, "features", "4-D tensor", std::to_string(d->rank[kFeatures]) + "-D");
-    }
-    if (d->rank[kRois] != 2) return arg_error(c.op, "rois", "2-D tensor", std::to_string(d->rank[kRois]) + "-D");
-    d->out_rank[0] = 4;
-    d->out[0][0] = d->in[kRois][0];
-    d->out[0][1] = d->in[kFeatures][1];
-    d->out[0][2] = a.constant(c.attrs[kSize].at(0));
-    d->out[0][3] = a.constant(c.attrs[kSize].at(1));
-    return Status::Ok();
+    return roi_pool_output_dims(c, kFeatures, kRois, c.attrs[kSize].at(0), c.attrs[kSize].at(1), a, d);
   }
   static size_t workspace_cuda(const Params& p, Pass pass, const OpTypes& t, const CudaContext&) {
     return pass == Pass::kForward ? multi_level_roi_align_workspace_cuda(p)

@@ -45,14 +45,7 @@ struct Op {
   }
   static void outputs(const OpCall&, const Params& p, Shape* out) { out[0] = p.output_shape(); }
   static Status output_dims(const OpCall& c, DimArith& a, OpDims* d) {
-    if (d->rank[kInput] != 4 || d->rank[kRois] != 2) return arg_error(c.op, "input, rois", "4-D and 2-D", "other");
-    const RoIAlignRotatedAttrs at = attrs_of(c.attrs);
-    d->out_rank[0] = 4;
-    d->out[0][0] = d->in[kRois][0];
-    d->out[0][1] = d->in[kInput][1];
-    d->out[0][2] = a.constant(at.pooled_h);
-    d->out[0][3] = a.constant(at.pooled_w);
-    return Status::Ok();
+    return roi_pool_output_dims(c, kInput, kRois, c.attrs[kSize].at(0), c.attrs[kSize].at(1), a, d);
   }
   static size_t workspace_cuda(const Params& p, Pass pass, const OpTypes& t, const CudaContext&) {
     return pass == Pass::kBackward ? roi_align_rotated_backward_workspace_cuda(p, t.dtype) : 0;

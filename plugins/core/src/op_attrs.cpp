@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 namespace dcnkit {
 
@@ -297,6 +298,22 @@ Status make_op_attrs(const OpVariant& variant, std::vector<AttrValue> values, Op
     }
   }
   return names.empty() ? s : Status(s.code(), m + " (attribute " + names + ")");
+}
+
+Status roi_pool_output_dims(const OpCall& c, int features, int rois, int64_t oh, int64_t ow, DimArith& a,
+                            OpDims* d) {
+  const OpDef& def = c.decl->def;
+  for (const auto& [i, rank] : {std::pair<int, int>{features, 4}, {rois, 2}}) {
+    if (d->rank[i] != rank) {
+      return arg_error(c.op, def.inputs[i].name, std::to_string(rank) + "-D tensor", std::to_string(d->rank[i]) + "-D");
+    }
+  }
+  d->out_rank[0] = 4;
+  d->out[0][0] = d->in[rois][0];
+  d->out[0][1] = d->in[features][1];
+  d->out[0][2] = a.constant(oh);
+  d->out[0][3] = a.constant(ow);
+  return Status::Ok();
 }
 
 }  // namespace dcnkit

@@ -159,6 +159,17 @@ struct OpDims {
   int out_rank[kMaxOutputs] = {};
 };
 
+// Dim k of canonical input i of the call where it is known and positive, else 0 (the per-dimension maxima that
+// workspace_bound gets may be anything).
+inline int64_t known_dim(const OpCall& c, int i, size_t k) {
+  const Shape* s = c.shapes.in[i];
+  return s != nullptr && k < s->size() && (*s)[k] > 0 ? (*s)[k] : int64_t(0);
+}
+
+// The output dims of a RoI pooling op, (K, C, oh, ow), from its 4-D feature map and 2-D RoIs (canonical inputs).
+Status roi_pool_output_dims(const OpCall& c, int features, int rois, int64_t oh, int64_t ow, DimArith& a,
+                            OpDims* d);
+
 // ---------------------------------------------------------------------------------------------
 // The declaration
 
