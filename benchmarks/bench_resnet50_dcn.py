@@ -55,6 +55,11 @@ def resnet50_dcn(quick: bool = False):
     return model.eval(), count
 
 
+def resnet50_dcn_model(quick: bool = False):
+    """:func:`resnet50_dcn`'s model alone: a ``dcnkit export`` factory (benchmarks/onnx_writers.py)."""
+    return resnet50_dcn(quick)[0]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     C.add_common_args(ap, repeat=10)

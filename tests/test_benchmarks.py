@@ -123,10 +123,15 @@ def test_bench_int8_quick(tmp_path):
     assert "int8 / fp32" in stdout
     from dcnkit.runtime.quantize_qdeform import qdeform_available
 
-    # With oneDNN, int8 runs QDeformConv2d and the float DCN between Q/DQ is measured beside it.
-    extra = {"ResNet-50-DCN int8 float-DCN"} if qdeform_available() else set()
-    assert set(res["ms"]) == {"ResNet-50-DCN fp32", "ResNet-50-DCN int8"} | extra
+    # One row per writer (--quick: dcnkit export and TorchScript opset 17); with oneDNN, int8 runs QDeformConv2d and
+    # the float DCN between Q/DQ is measured beside it.
+    extra = {"ResNet-50-DCN dcnkit int8 float-DCN"} if qdeform_available() else set()
+    assert set(res["ms"]) == {f"ResNet-50-DCN {w} {v}" for w in ("dcnkit", "ts17") for v in ("fp32", "int8")} | extra
     assert all(0.9 < c <= 1.0 + 1e-9 for c in res["cosine_min"].values())
+    nodes = res["int8_nodes"]  # the same int8 graph from both writers
+    assert nodes["ResNet-50-DCN ts17"] == nodes["ResNet-50-DCN dcnkit"]
+    assert nodes["ResNet-50-DCN dcnkit"]["Conv"] > 0 and set(res["writer_ratio"]) == {"dcnkit", "ts17"}
+    assert "int8 / fp32 across 2 writers" in stdout
 
 
 def test_bench_serve_quick(tmp_path):

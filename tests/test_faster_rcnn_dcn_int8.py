@@ -42,7 +42,7 @@ def test_quantized_model_keeps_the_pooler_and_the_box_arithmetic_float(models):
     _, path, qpath = models
     m = onnx.load(str(qpath), load_external_data=False)
     q_inputs = {n.input[0] for n in m.graph.node if n.op_type == "QuantizeLinear"}
-    assert len(q_inputs) > 100  # backbone, FPN, heads
+    assert len(q_inputs) > 90  # backbone, FPN, heads (the BatchNorms after the DCNs are folded into them first)
     producers = {o: n for n in m.graph.node for o in n.output}
     quantized = {producers[t].name for t in q_inputs if t in producers}
     assert any(n.startswith("/backbone/body/layer4") for n in quantized)

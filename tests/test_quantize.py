@@ -245,7 +245,10 @@ def test_cli_quantize_then_run(exported, tmp_path):
     p = _cli("quantize", src, "-o", out, "--calibration", npz, "--calibration", npz, "--no-qdeformconv")
     assert p.returncode == 0, p.stderr
     assert "QuantizeLinear nodes, calibrated on 2 feeds (minmax" in p.stdout
-    assert "float between DequantizeLinear/QuantizeLinear: dcnkit::DeformConv2d" in p.stdout
+    # the last line: what became int8, and why the rest stayed float
+    assert p.stdout.strip().splitlines()[-1] == (
+        "int8: 2 of 4 Conv/MatMul/DeformConv nodes (1 Conv, 1 MatMul); "
+        "float: 2 excluded (offset predictor: node_conv2d_1 | QDeformConv2d off: node_deform_conv2d)")
     inputs = tmp_path / "x.npz"
     np.savez(inputs, **{_name(src): _digits(3, 6)})
     r = _cli("run", out, "--inputs", inputs)

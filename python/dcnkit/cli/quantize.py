@@ -32,10 +32,11 @@ def cmd_quantize(args) -> int:
             raise CliError("--calibration", f"{path}: {str(e).split(': ', 1)[1]}") from None
     t0 = time.perf_counter()
     try:
-        dq.quantize(args.model, out, feeds, method=args.method, per_channel=not args.per_tensor,
-                    exclude_op_types=args.exclude_op_type, exclude_nodes=args.exclude_node, threads=args.threads,
-                    reduce_range=not args.full_range, quantize_offsets=args.quantize_offsets,
-                    qdeform=False if args.no_qdeformconv else None)
+        _, summary = dq.quantize_with_summary(
+            args.model, out, feeds, method=args.method, per_channel=not args.per_tensor,
+            exclude_op_types=args.exclude_op_type, exclude_nodes=args.exclude_node, threads=args.threads,
+            reduce_range=not args.full_range, quantize_offsets=args.quantize_offsets,
+            qdeform=False if args.no_qdeformconv else None, preprocess=not args.no_preprocess)
     except ValueError as e:
         arg, _, msg = str(e).partition(": ")
         raise CliError({"exclude_nodes": "--exclude-node"}.get(arg, arg), msg) from None
@@ -43,17 +44,9 @@ def cmd_quantize(args) -> int:
 
     proto = onnx.load(str(out), load_external_data=False)
     nq = sum(n.op_type == "QuantizeLinear" for n in proto.graph.node)
-    nqd = sum((n.domain, n.op_type) == ("dcnkit", "QDeformConv2d") for n in proto.graph.node)
-    deform = ("DeformConv", "DeformConv2d", "MMCVModulatedDeformConv2d", "MMCVDeformConv2d")
-    float_kit = sorted({f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in proto.graph.node
-                        if n.op_type != "QDeformConv2d"
-                        and (n.op_type in deform or n.domain in ("dcnkit", "mmdeploy", "mmcv"))})
     print(f"wrote {out}: {nq} QuantizeLinear nodes, calibrated on {len(feeds)} feeds ({args.method}, "
           f"{'per-tensor' if args.per_tensor else 'per-channel'} int8 weights) in {time.perf_counter() - t0:.1f} s")
-    if nqd:
-        print(f"quantized deformable convolutions (dcnkit::QDeformConv2d): {nqd}")
-    if float_kit:
-        print(f"float between DequantizeLinear/QuantizeLinear: {', '.join(float_kit)}")
+    print(summary.line())
     return 0
 
 
@@ -83,6 +76,9 @@ def register(sub) -> None:
     p.add_argument("--no-qdeformconv", action="store_true", help="leave deformable convolutions float between "
                    "DequantizeLinear/QuantizeLinear (default: one dcnkit::QDeformConv2d each where the kit's library "
                    "runs it, i.e. finds oneDNN)")
+    p.add_argument("--no-preprocess", action="store_true", help="quantize the graph as it is (default: normalise "
+                   "it first: shape inference with the kit's ops, constant and BatchNorm folding, computed weights and "
+                   "biases as initializers, so that every exporter's file quantizes alike)")
     p.add_argument("--exclude-op-type", action="append", default=[], metavar="OP",
                    help="leave every node of this operator type in float (repeatable)")
     p.add_argument("--exclude-node", action="append", default=[], metavar="NAME",

@@ -9,7 +9,8 @@ the kit's library: a model with a ``dcnkit::DeformConv2d`` (or an mmdeploy / mmc
 by :func:`dcnkit.runtime.ort_session` (the kit's library registered, standard ``DeformConv`` on the kit's kernel
 where that is the faster one), so the models the kit runs are the models it quantizes.
 
-What is quantized is ONNX Runtime's choice of operators (Conv, MatMul, Gemm, Add, ...): weights int8 (per output
+Before calibration the graph is normalised (:mod:`dcnkit.runtime.quantize_prep`, ``preprocess``), so that files of
+one model written by different exporters quantize alike. What is quantized is ONNX Runtime's choice of operators (Conv, MatMul, Gemm, Add, ...): weights int8 (per output
 channel by default), activations uint8, QDQ format. The kit's nodes (and standard ``DeformConv``) are left float by
 the tool, between a DequantizeLinear and a QuantizeLinear where their neighbours are quantized; a deformable
 convolution there then becomes one ``dcnkit::QDeformConv2d`` (:mod:`dcnkit.runtime.quantize_qdeform`; ``qdeform``).
@@ -25,14 +26,20 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["quantize", "calibration_feeds", "offset_branch_nodes", "QuantizationError", "CALIBRATION_METHODS"]
+__all__ = ["quantize", "quantize_with_summary", "calibration_feeds", "offset_branch_nodes", "QuantizationError",
+           "QuantizationWarning", "CALIBRATION_METHODS"]
 
 # CLI / API name -> onnxruntime.quantization.CalibrationMethod member
 CALIBRATION_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 
 
 class QuantizationError(RuntimeError):
-    """ONNX Runtime's quantization tool could not quantize the model (the message says why)."""
+    """ONNX Runtime's quantization tool could not quantize the model, or nothing in it became int8 (the message
+    says why)."""
+
+
+class QuantizationWarning(UserWarning):
+    """The pre-processing could not normalise the model: some nodes stay float (the message names them)."""
 
 
 _patch_lock = threading.Lock()
@@ -40,7 +47,7 @@ _patch_lock = threading.Lock()
 
 class _NoPreprocessHint(logging.Filter):
     """Drops the tool's "Please consider (to run) pre-processing" hint: its pre-processing opens plain ONNX Runtime
-    sessions, which cannot load models with the kit's nodes."""
+    sessions, which cannot load models with the kit's nodes; the kit runs its own (``preprocess``)."""
 
     def filter(self, record):
         return "pre-process" not in record.getMessage()
@@ -174,7 +181,7 @@ def calibration_feeds(model: str, arrays: dict, arg: str = "calibration") -> lis
 def quantize(model, output, calibration, *, method: str = "minmax", per_channel: bool = True,
              exclude_op_types=(), exclude_nodes=(), providers=None, threads: int | None = None,
              reduce_range: bool = True, symmetric_activations: bool = False,
-             quantize_offsets: bool = False, qdeform: bool | None = None) -> Path:
+             quantize_offsets: bool = False, qdeform: bool | None = None, preprocess: bool = True) -> Path:
     """Quantize ``model`` (an ONNX path) statically to INT8 QDQ, write ``output`` and return its path.
 
     ``calibration``: feed dicts (input name -> array), or one dict whose arrays :func:`calibration_feeds` cuts
@@ -187,17 +194,25 @@ def quantize(model, output, calibration, *, method: str = "minmax", per_channel:
     convolutions' offsets and masks (:func:`offset_branch_nodes`), which otherwise stay float. ``qdeform``: write
     each deformable convolution left between DequantizeLinear and QuantizeLinear as one ``dcnkit::QDeformConv2d``
     (True), leave it float (False), or (None, the default) do so where the kit's library here runs that op (it
-    needs oneDNN). ``providers``: of the calibration sessions (default: the CPU EP).
+    needs oneDNN). ``preprocess`` (default True): normalise the graph before calibration
+    (:mod:`dcnkit.runtime.quantize_prep`: shape inference with the kit's rules, constant folding, BatchNorm folding,
+    computed weights and biases as initializers), so that files of one model from any exporter quantize alike; a
+    file it cannot normalise gets one :class:`QuantizationWarning` naming the nodes that stay float and why.
+    ``providers``: of the calibration sessions (default: the CPU EP).
     Raises ValueError for bad arguments (naming the argument) and :class:`QuantizationError` when ONNX Runtime's
-    tool cannot quantize the model.
+    tool cannot quantize the model or when no Conv / MatMul / deformable convolution became int8
+    (:func:`quantize_with_summary` gives what did).
     """
-    import onnx
-    from onnxruntime import quantization as q
+    return quantize_with_summary(
+        model, output, calibration, method=method, per_channel=per_channel, exclude_op_types=exclude_op_types,
+        exclude_nodes=exclude_nodes, providers=providers, threads=threads, reduce_range=reduce_range,
+        symmetric_activations=symmetric_activations, quantize_offsets=quantize_offsets, qdeform=qdeform,
+        preprocess=preprocess)[0]
 
-    src = Path(os.fspath(model))
+
+def _check_arguments(src: Path, dst: Path, method: str, threads, calibration) -> list:
     if not src.is_file():
         raise ValueError(f"model: expected an existing ONNX file, got {str(src)!r}")
-    dst = Path(os.fspath(output))
     if dst.is_dir():
         raise ValueError(f"output: expected a file path, got the directory {str(dst)!r}")
     if method not in CALIBRATION_METHODS:
@@ -213,12 +228,68 @@ def quantize(model, output, calibration, *, method: str = "minmax", per_channel:
     for i, f in enumerate(feeds):
         if not isinstance(f, dict):
             raise ValueError(f"calibration: expected dicts of input arrays, got {type(f).__name__} at {i}")
-
     if method != "minmax":
         shapes = {tuple((k, np.shape(v)) for k, v in sorted(f.items())) for f in feeds}
         if len(shapes) > 1:
             raise ValueError(f"calibration: the {method} method needs feeds of one shape (its histograms stack "
                              f"them), got {len(shapes)} different shapes; use equal batches or method 'minmax'")
+    return feeds
+
+
+def _warn_not_normalised(src: Path, report, summary) -> None:
+    """One warning where the pre-processing could not normalise the file: the steps that could not run, and the
+    nodes that stay float (not constant, or an unsupported pattern when a step failed) and why."""
+    import warnings
+
+    stay = list(summary.float.get("not constant", []))
+    if report.problems:
+        stay += summary.float.get("unsupported pattern", [])
+    if not report.problems and not stay:
+        return
+    names = "; ".join(f"{n}: {why}" for n, why in stay) or "none"
+    warnings.warn(f"dcnkit quantize: {str(src)!r} could not be fully normalised before calibration "
+                  f"({'; '.join(report.problems) or 'every step ran'}); nodes that stay float: {names}",
+                  QuantizationWarning, stacklevel=3)
+
+
+def _warn_fused_exclusions(original, proto, exclude_nodes) -> None:
+    """A warning for the excluded nodes the pre-processing fused into the convolution or matrix product before them
+    (a BatchNormalization, a Mul or Add into a Conv): that node is quantized now. Excluded nodes folded into
+    constants are gone with nothing to quantize."""
+    from dcnkit.runtime.quantize_prep import weight_inputs
+
+    names = {n.name for n in proto.graph.node}
+    producer = {o: n for n in original.graph.node for o in n.output}
+    by_name = {n.name: n for n in original.graph.node}
+    fused = []
+    for name in exclude_nodes:
+        node = by_name[name]
+        if name in names or node.op_type not in ("BatchNormalization", "Mul", "Add") or not node.input:
+            continue
+        before = producer.get(node.input[0])
+        if before is not None and (weight_inputs(before) or before.op_type == "MatMul") and before.name in names:
+            fused.append(f"{name} (into {before.name})")
+    if fused:
+        import warnings
+
+        warnings.warn(f"exclude_nodes: the pre-processing fused {', '.join(fused)}: exclude the node it went "
+                      "into, or use preprocess=False (--no-preprocess)", QuantizationWarning, stacklevel=3)
+
+
+def quantize_with_summary(model, output, calibration, *, method: str = "minmax", per_channel: bool = True,
+                          exclude_op_types=(), exclude_nodes=(), providers=None, threads: int | None = None,
+                          reduce_range: bool = True, symmetric_activations: bool = False,
+                          quantize_offsets: bool = False, qdeform: bool | None = None, preprocess: bool = True):
+    """:func:`quantize`, returning ``(path, summary)``: the summary
+    (:class:`dcnkit.runtime.quantize_report.QuantizeSummary`) counts the Conv / MatMul / deformable convolution
+    nodes that became int8 and says which stayed float and why (``summary.line()``)."""
+    import onnx
+    from onnxruntime import quantization as q
+
+    from dcnkit.runtime.quantize_report import summarize
+
+    src, dst = Path(os.fspath(model)), Path(os.fspath(output))
+    feeds = _check_arguments(src, dst, method, threads, calibration)
     proto = onnx.load(str(src))
     for i, n in enumerate(proto.graph.node):  # the tool excludes nodes by name
         if not n.name:
@@ -227,11 +298,19 @@ def quantize(model, output, calibration, *, method: str = "minmax", per_channel:
     unknown = [n for n in exclude_nodes if n not in node_names]
     if unknown:
         raise ValueError(f"exclude_nodes: expected node names of the model, got unknown {unknown}")
-    excluded = set(exclude_nodes) | {n.name for n in proto.graph.node if n.op_type in set(exclude_op_types)}
-    if not quantize_offsets:
-        excluded |= offset_branch_nodes(proto)
 
     import dcnkit.export.schemas  # noqa: F401  (the kit's ONNX schemas: shape inference through its nodes)
+
+    report = None
+    if preprocess:
+        from dcnkit.runtime.quantize_prep import preprocess as normalise
+
+        original = proto
+        proto, report = normalise(proto)
+        _warn_fused_exclusions(original, proto, exclude_nodes)
+    excluded_user = set(exclude_nodes) | {n.name for n in proto.graph.node if n.op_type in set(exclude_op_types)}
+    offsets = set() if quantize_offsets else offset_branch_nodes(proto) - excluded_user
+    excluded = excluded_user | offsets
 
     providers = list(providers) if providers else ["CPUExecutionProvider"]
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -249,7 +328,9 @@ def quantize(model, output, calibration, *, method: str = "minmax", per_channel:
                     per_channel=per_channel, reduce_range=reduce_range,
                     calibrate_method=getattr(q.CalibrationMethod, CALIBRATION_METHODS[method]),
                     nodes_to_exclude=sorted(excluded), calibration_providers=providers,
-                    extra_options={"ActivationSymmetric": bool(symmetric_activations)},
+                    extra_options={"ActivationSymmetric": bool(symmetric_activations),
+                                   # a BatchNormalization's scale is a vector: its channels are axis 0
+                                   "QDQOpTypePerChannelSupportToAxis": {"BatchNormalization": 0}},
                 )
         except Exception as e:  # noqa: BLE001 - any failure of the tool: one message naming the model
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -257,14 +338,21 @@ def quantize(model, output, calibration, *, method: str = "minmax", per_channel:
                 f"ONNX Runtime cannot quantize {str(src)!r}: {type(e).__name__}: {first}") from e
         finally:
             logging.getLogger().removeFilter(hint)
-    if qdeform is None:
-        from dcnkit.runtime.quantize_qdeform import qdeform_available
+    from dcnkit.runtime.quantize_qdeform import fuse_qdeform_conv, qdeform_available
 
-        qdeform = qdeform_available()
-    if qdeform:
-        from dcnkit.runtime.quantize_qdeform import fuse_qdeform_conv
-
-        out = onnx.load(str(dst))
-        if fuse_qdeform_conv(out, reduce_range=reduce_range):
-            onnx.save(out, str(dst))
-    return dst
+    kernel = qdeform_available() if qdeform is not False else True
+    qdeform_on = kernel if qdeform is None else bool(qdeform)
+    out = onnx.load(str(dst))
+    if qdeform_on and fuse_qdeform_conv(out, reduce_range=reduce_range):
+        onnx.save(out, str(dst))
+    summary = summarize(proto, out, excluded_user=excluded_user, offset_nodes=offsets,
+                        qdeform_on=qdeform is not False, qdeform_kernel=kernel,
+                        not_constant=report.not_constant if report else None)
+    if report is not None:
+        _warn_not_normalised(src, report, summary)
+    if not summary.int8_total:
+        dst.unlink(missing_ok=True)
+        what = (f"float: {summary.float_text()}" if summary.total
+                else "it has no Conv, MatMul, Gemm or deformable convolution")
+        raise QuantizationError(f"nothing in {str(src)!r} was quantized to int8 ({what})")
+    return dst, summary

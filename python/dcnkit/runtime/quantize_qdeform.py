@@ -22,12 +22,12 @@ import functools
 
 import numpy as np
 
-__all__ = ["fuse_qdeform_conv", "qdeform_available", "quantize_weight_per_channel", "QDEFORM_OP"]
+__all__ = ["fuse_qdeform_conv", "qdeform_available", "quantize_weight_per_channel", "QDEFORM_OP", "DEFORM_INPUTS"]
 
 QDEFORM_OP = ("dcnkit", "QDeformConv2d")
 
 # domain, op type -> positions of input, offset, weight, bias, mask; and how to read its attributes
-_DEFORM = {
+DEFORM_INPUTS = {
     ("dcnkit", "DeformConv2d"): (0, 1, 2, 3, 4),
     ("", "DeformConv"): (0, 2, 1, 3, 4), ("ai.onnx", "DeformConv"): (0, 2, 1, 3, 4),
     ("mmdeploy", "MMCVModulatedDeformConv2d"): (0, 1, 3, 4, 2), ("mmcv", "MMCVModulatedDeformConv2d"): (0, 1, 3, 4, 2),
@@ -127,7 +127,7 @@ def fuse_qdeform_conv(proto, reduce_range: bool = True) -> int:
 
     fused, remove, before, new_inits, stale = 0, set(), {}, [], set()
     for node in nodes:
-        pos = _DEFORM.get((node.domain, node.op_type))
+        pos = DEFORM_INPUTS.get((node.domain, node.op_type))
         if pos is None:
             continue
         ii, io, iw, ib, im = pos
