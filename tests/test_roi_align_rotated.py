@@ -323,6 +323,9 @@ def test_onnx_schema_inference_and_precision_keep_rois_float32():
         opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("dcnkit", 1)])
     out = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0].type.tensor_type
     assert [d.dim_param or d.dim_value for d in out.shape.dim] == ["K", 4, 3, 2]
+    from dcnkit.runtime.quantize_shapes import infer  # the quantizer's shape walk reads the same declaration
+
+    assert infer(model).dims["y"] == ["K", 4, 3, 2]
     bad = helper.make_model(
         helper.make_graph([node], "g", [helper.make_tensor_value_info("x", f, [1, 4, 8, 8]),
                                         helper.make_tensor_value_info("rois", f, [3, 5])],

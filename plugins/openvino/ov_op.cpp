@@ -89,6 +89,7 @@ class DimensionArith final : public DimArith {
   Value add(Value x, Value y) override { return of(dim(x) + dim(y)); }
   Value sub(Value x, Value y) override { return of(dim(x) - dim(y)); }
   Value mul(Value x, Value y) override { return of(dim(x) * dim(y)); }
+  Value either(Value x, Value y) override { return dim(x).is_dynamic() && dim(y).is_static() ? y : x; }
   Value floor_div(Value x, Value y) override {
     const ov::Dimension &a = dim(x), &b = dim(y);
     if (!a.is_static() || !b.is_static() || b.get_length() <= 0) return of(ov::Dimension::dynamic());

@@ -466,6 +466,10 @@ class ExprArith final : public DimArith {
   Value sub(Value x, Value y) override { return op(DimensionOperation::kSUB, x, y); }
   Value mul(Value x, Value y) override { return op(DimensionOperation::kPROD, x, y); }
   Value floor_div(Value x, Value y) override { return op(DimensionOperation::kFLOOR_DIV, x, y); }
+  Value either(Value x, Value y) override {
+    const auto constant = [](Value v) { return v != nullptr && static_cast<const IDimensionExpr*>(v)->isConstant(); };
+    return !constant(x) && constant(y) ? y : x;
+  }
 
  private:
   Value op(DimensionOperation o, Value x, Value y) {

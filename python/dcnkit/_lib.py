@@ -92,6 +92,10 @@ def op_output_dims(op_type: str, attrs: list, inputs: list, variadic: list) -> l
     ``attrs``: the canonical attribute values in the table's order; ``inputs``: per canonical input None or its dims;
     ``variadic``: the dims of each tensor of a variadic last input. A dim is an int, a name or None. Returns one dims
     list per output (None: the op declares no rule), or raises ValueError with the core's message.
+
+    With ``op_type`` ``"<domain>::<op type>"`` (any name of an op, as a model writes it): ``attrs`` the node's
+    attributes as ``[name, kind, value]`` (kind ``"int"``, ``"float"``, ``"string"``, ``"ints"``, ``"floats"``),
+    ``inputs`` its inputs' dims in node order, ``variadic`` empty.
     """
     import ctypes
 

@@ -78,6 +78,10 @@ struct Op {
     d->out[0][1] = w[0];
     d->out[0][2] = deform_conv2d_out_size_rule(a, x[2], w[2], at.stride_h, at.pad_h, at.dilation_h);
     d->out[0][3] = deform_conv2d_out_size_rule(a, x[3], w[3], at.stride_w, at.pad_w, at.dilation_w);
+    if (d->rank[kOffset] == 4) {  // a checked call's offsets are (N, 2 * dg * kh * kw, Ho, Wo)
+      d->out[0][2] = a.either(d->out[0][2], d->in[kOffset][2]);
+      d->out[0][3] = a.either(d->out[0][3], d->in[kOffset][3]);
+    }
     return Status::Ok();
   }
   // The ONNX Runtime CPU kernels: a constant float32 (Cout, Cin/groups, kh, kw) weight in the launcher's layout.

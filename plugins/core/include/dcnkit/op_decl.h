@@ -148,6 +148,9 @@ struct DimArith {
   virtual Value sub(Value x, Value y) = 0;
   virtual Value mul(Value x, Value y) = 0;
   virtual Value floor_div(Value x, Value y) = 0;  // y > 0
+  // One dim found two ways that a checked call has equal (a rule's result, an input's dim the contract ties to it):
+  // x where its value is known, else y where that is (or, for the ONNX schemas, named), else x.
+  virtual Value either(Value x, Value /*y*/) { return x; }
 };
 
 // Input dims for the rules (canonical order; rank -1: absent).
