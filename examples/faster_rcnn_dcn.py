@@ -202,7 +202,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_and_query(path: Path, image: np.ndarray, timeout: float = 120.0, name: str = "frcnn") -> dict:
+def serve_and_query(path: Path, image: np.ndarray, timeout: float = 120.0, name: str = "frcnn",
+                    input_name: str = "images") -> dict:
     """Starts ``dcnkit serve`` on a free port, sends the image as a v2 (KServe / Triton) JSON request, returns
     the outputs by name and stops the server (served as model ``name``)."""
     port = _free_port()
@@ -225,7 +226,7 @@ def serve_and_query(path: Path, image: np.ndarray, timeout: float = 120.0, name:
             if time.monotonic() > deadline:
                 raise RuntimeError("dcnkit serve did not become ready")
             time.sleep(0.3)
-        body = json.dumps({"inputs": [{"name": "images", "shape": list(image.shape), "datatype": "FP32",
+        body = json.dumps({"inputs": [{"name": input_name, "shape": list(image.shape), "datatype": "FP32",
                                        "data": image.ravel().tolist()}]}).encode()
         req = urllib.request.Request(f"{base}/v2/models/{name}/infer", data=body,
                                      headers={"Content-Type": "application/json"})

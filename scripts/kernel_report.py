@@ -22,18 +22,15 @@ charged as such. Other loops (outside the element loop, neither holding it nor i
 count `other_trip` times (once unless a kernel's Spec says otherwise: the fused backward's shuffle reduction over
 its slices, up to log2(32) = 5 steps). Checked by hand on the DCN gather (float, int32 indices, 3x3, mask, sm_90,
 2026-11-25): a 16-channel work item executes ~191 instructions up to the channel loop, 4 x 69 in it and ~8 after
-it, ~30 per element; the model gives 31.9 (it also charges the 1-channel tail loop and the cold paths). Until then
-the element loop could be an outer loop whose own body issued a few markers -- the old gather's grid-stride loop,
-with the 1-3 channel remainder of its 4-channel loop -- which charged the whole per-thread setup to those 3
-elements and the 4-channel loop once per 3 elements: 130 SASS per element where the executed path was about 37
-(~200 setup, ~24 preheader, 4 x 90 loop, ~8 after, / 16); and the prologue was only the instructions before the
-element loop.
+it, ~30 per element; the model gives 31.9 (it also charges the 1-channel tail loop and the cold paths).
 
 Gates (issue 25 item 6): 0 spill and 0 stack frame in every kernel; for the hot kernels (GATED below, float,
 half and bfloat16 instantiations) <= 48 registers, no CALL and no 64-bit int<->float conversion inside loops,
 and the SASS per element under the kernel's bound. A gated kernel missing from the sources is reported as
 "kernel absent" and fails nothing. PENDING lists kernels known to break a gate, with the reason; they are
 reported and do not fail the run, but one that passes every gate fails it (take it off the list).
+Issue 37 item 7: "all loops" counts CALLs and conversions in every loop; LOOP_CLEAN kernels (every instantiation)
+must have none, and NOT_PER_ELEMENT says, for the kernels that have some, why those loops do not run per element.
 """
 from __future__ import annotations
 
@@ -111,6 +108,20 @@ GATED = {
 # Kernels known to break a gate, with the reason.
 PENDING: dict[str, str] = {}
 
+# Kernels whose every loop (not only the hot ones) is free of integer-division CALLs and 64-bit int<->float
+# conversions, in every instantiation: their loops run per element (a sampling point, a pixel, an output).
+LOOP_CLEAN = {"deform_conv2d_plan_kernel", "deform_conv2d_pixel_gather_kernel", "multi_level_roi_align_plan_backward_kernel",
+              "roi_align_plan_backward_kernel", "roi_gather_kernel"}
+# Kernels with CALLs or conversions in some loop, and why those loops are not per element.
+NOT_PER_ELEMENT = {
+    "visit": "the bounded visit of grids too large to plan (a fallback): bisections and runs per bin, not per output",
+    "roi_gather_footprint_kernel": "one iteration per RoI (the deterministic backward's footprints)",
+    "roi_gather_table_kernel": "one iteration per table entry: a bisection over one bin's samples along one axis, "
+                               "shared by every channel and pixel of that row",
+    "roi_gather_argmax_kernel": "max mode's arg-max per (RoI, channel, bin): the forward's bounded visit",
+    "deform_psroi_pool_trans_grad_kernel": "one iteration per trans entry, summing its outputs' bins (bisections)",
+}
+
 _DTYPES = {"f": "float", "d": "double", "6__half": "half", "13__nv_bfloat16": "bfloat16"}
 
 
@@ -143,6 +154,8 @@ class Kernel:
     loops: list = field(default_factory=list)  # [(start, end, static count)]
     call_in_loops: int = 0
     conv64_in_loops: int = 0
+    call_all_loops: int = 0
+    conv64_all_loops: int = 0
     sass_per_element: float | None = None
     failures: list = field(default_factory=list)
     status: str = ""
@@ -272,6 +285,8 @@ def sass_per_element(instrs, loops, spec: Spec):
     # other_trip times.
     others = [q for q in loops if q != lp and not _inside(q, lp) and not _inside(lp, q) and q[1] < end]
     others = [q for q in others if not any(_inside(q, r) for r in others)]
+    # Those issuing the marker are the element loop's alternatives (a border point's scatter): charged once.
+    others = [q for q in others if count(q[0], q[1], marker) == 0]
     # A block head that one thread computes (`if (threadIdx.x == 0) {...}`: the RoI kernels' plan head) is issued
     # by one warp of the block, not by every thread: charged once per block's elements, i.e. divided by its warps.
     lo, hi = one_thread_region(instrs)
@@ -319,11 +334,16 @@ def analyse(kernel: Kernel, instrs) -> None:
     if spec is not None:
         kernel.sass_per_element, lp = sass_per_element(instrs, loops, spec)
         hot = [q for q in loops if lp is not None and (q == lp or _inside(q, lp) or _inside(lp, q))]
-    in_loop = set()
-    for a, b in hot:
-        in_loop.update(range(a, b + 1))
-    kernel.call_in_loops = integer_division_calls(instrs, sorted(in_loop))
-    kernel.conv64_in_loops = sum(1 for i in in_loop if is_conv64(instrs[i][1]))
+    for which, lps in (("hot", hot), ("all", loops)):
+        in_loop = set()
+        for a, b in lps:
+            in_loop.update(range(a, b + 1))
+        calls = integer_division_calls(instrs, sorted(in_loop))
+        conv = sum(1 for i in in_loop if is_conv64(instrs[i][1]))
+        if which == "hot":
+            kernel.call_in_loops, kernel.conv64_in_loops = calls, conv
+        else:
+            kernel.call_all_loops, kernel.conv64_all_loops = calls, conv
 
 
 def gate(kernel: Kernel) -> None:
@@ -332,6 +352,8 @@ def gate(kernel: Kernel) -> None:
         f.append(f"stack frame {kernel.stack} B (expected 0)")
     if kernel.spill_stores or kernel.spill_loads:
         f.append(f"spills {kernel.spill_stores}/{kernel.spill_loads} B (expected 0)")
+    if kernel.name in LOOP_CLEAN and (kernel.call_all_loops or kernel.conv64_all_loops):
+        f.append(f"{kernel.call_all_loops} CALL / {kernel.conv64_all_loops} 64-bit conversions in its loops (expected 0)")
     spec = GATED.get(kernel.name)
     if spec is not None and kernel.dtype != "double":
         if kernel.registers > MAX_REGISTERS:
@@ -429,8 +451,9 @@ def report(sources: list[Path], jobs: int) -> list[Kernel]:
 
 
 def table(kernels: list[Kernel]) -> str:
-    head = "| source | kernel | dtype | regs | stack | spill | SASS | loops (static SASS) | CALL div/I2F64 in (hot) loops | SASS/elem | gate |"
-    rows = [head, "|" + "---|" * 11]
+    head = ("| source | kernel | dtype | regs | stack | spill | SASS | loops (static SASS) | CALL div/I2F64 in (hot) loops "
+            "| all loops | SASS/elem | gate |")
+    rows = [head, "|" + "---|" * 12]
     for k in kernels:
         loops = ", ".join(str(n) for _, _, n in k.loops[:6]) + (" ..." if len(k.loops) > 6 else "")
         spec = GATED.get(k.name)
@@ -438,11 +461,15 @@ def table(kernels: list[Kernel]) -> str:
         per = f"{k.sass_per_element:.0f}" if shown else ""
         rows.append(f"| {k.source} | {k.name} | {k.dtype} | {k.registers} | {k.stack} | "
                     f"{k.spill_stores}/{k.spill_loads} | {k.sass} | {loops} | {k.call_in_loops}/{k.conv64_in_loops} | "
-                    f"{per} | {k.status} |")
+                    f"{k.call_all_loops}/{k.conv64_all_loops} | {per} | {k.status} |")
     present = {k.name for k in kernels}
     for name, spec in GATED.items():
         if name not in present:
-            rows.append(f"| | {name} | | | | | | | | | kernel absent ({spec.note}) |")
+            rows.append(f"| | {name} | | | | | | | | | | kernel absent ({spec.note}) |")
+    rows.append("\nKernels with a CALL or a 64-bit conversion in some loop (all loops), and why it is not per element:")
+    for name in sorted({k.name for k in kernels if k.call_all_loops or k.conv64_all_loops}):
+        why = NOT_PER_ELEMENT.get(name) or ("visit" in name and NOT_PER_ELEMENT["visit"]) or "(not examined)"
+        rows.append(f"  {name}: {why}")
     return "\n".join(rows)
 
 

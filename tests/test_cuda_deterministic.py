@@ -1,8 +1,9 @@
-"""torch.use_deterministic_algorithms on CUDA: DeformConv2d's and RoIAlign's CUDA backwards then take their atomic-free
-paths (a sorted plan and a pixel gather, deform_conv2d_sorted.h and roi_align_sorted.h) and are bit-identical from
-run to run; every other CUDA backward of the kit scatters with atomic adds, so under deterministic mode it raises
-torch's standard error (never silently differs), warns with warn_only=True, and the forward (no atomics) still runs.
-On the CPU the kit's backward is deterministic and runs in that mode."""
+"""torch.use_deterministic_algorithms on CUDA: the CUDA backwards of DeformConv2d (a sorted plan and a pixel gather,
+deform_conv2d_sorted.h) and of the RoI operators -- RoIAlign, MultiLevelRoIAlign, DeformRoIPool, DeformPSRoIPool (the
+tile gather, roi_gather.h) -- then take their atomic-free paths and are bit-identical from run to run; the other CUDA
+backwards of the kit (DCNv3 / DCNv4, MSDA) scatter with atomic adds, so under deterministic mode they raise torch's
+standard error (never silently differ), warn with warn_only=True, and the forward (no atomics) still runs. On the CPU
+the kit's backward is deterministic and runs in that mode."""
 import pytest
 import torch
 
@@ -27,7 +28,9 @@ def test_cpu_backward_runs_in_deterministic_mode(deterministic, name):
             assert torch.equal(ga, gb)  # bit for bit
 
 
-_DETERMINISTIC_ON_CUDA = [n for n in CASE_NAMES if n.startswith(("deform_conv2d", "roi_align"))]
+_DETERMINISTIC_ON_CUDA = [n for n in CASE_NAMES
+                          if n.startswith(("deform_conv2d", "roi_align", "deform_roi_pool", "deform_psroi_pool",
+                                           "multi_level_roi_align"))]
 
 
 @pytest.mark.cuda

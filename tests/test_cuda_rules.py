@@ -6,11 +6,16 @@
    arguments is searched for an f64 -> f32/f16/bf16 ``cvt``. Skipped only when nvcc is absent.
 2. No launcher synchronises: no ``cudaStreamSynchronize`` / ``cudaDeviceSynchronize``, no blocking
    ``cudaMemcpy(``, no device-to-host copy anywhere under ``plugins/`` (comments ignored).
+3. Launch errors name the right op: every public CUDA launcher of plugins/core (``Status <name>_cuda...(``) calls
+   ``cuda_clear_stale_error("<name>...")`` first, before any launch, so that another layer's pending error is not
+   reported under its name (cuda_utils.cuh). On a GPU (skipped without one), an earlier kernel's fault is reported
+   as an earlier error, not as the op's launch failing.
 """
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -237,3 +242,62 @@ def test_no_synchronising_cuda_call_under_plugins():
                 for p in sorted(files) for ln, what, line in sync_calls(p.read_text())]
     assert not problems, "synchronising CUDA calls (launchers must stay asynchronous and capturable):\n" + \
         "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Launch errors name the right op
+
+_LAUNCHER = re.compile(r"^Status (\w+_cuda\w*)\([^{;]*\)\s*\{", re.M | re.S)
+
+
+def launchers_without_clear(src):
+    """Public launchers (Status f_cuda...(...) {) whose body does not start by clearing a stale error under its name."""
+    code = strip_comments(src)
+    bad = []
+    for m in _LAUNCHER.finditer(code):
+        body = code[m.end():]
+        first = body.lstrip().split(";", 1)[0]
+        if f'cuda_clear_stale_error("{m.group(1)}")' not in first:
+            bad.append(m.group(1))
+    return bad
+
+
+def test_the_clear_scan_sees_launchers():
+    src = ('Status a_cuda(int x) {\n  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("a_cuda"));\n  k<<<1, 1>>>();\n}\n'
+           'Status b_cuda(int x,\n              int y) {\n  k<<<1, 1>>>();\n  return cuda_clear_stale_error("b_cuda");\n}\n'
+           'Status c_cuda_f32_rois(int x) {\n  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("a_cuda"));\n}\n'
+           'size_t d_workspace_cuda(int x) { return 0; }\n')
+    assert launchers_without_clear(src) == ["b_cuda", "c_cuda_f32_rois"]
+
+
+def test_every_cuda_launcher_clears_a_stale_error_first():
+    srcs = sorted((ROOT / "plugins" / "core" / "src").glob("*.cu"))
+    found = sum(len(_LAUNCHER.findall(strip_comments(p.read_text()))) for p in srcs)
+    assert found >= 17, f"only {found} launchers found"
+    bad = [f"{p.name}: {name}" for p in srcs for name in launchers_without_clear(p.read_text())]
+    assert not bad, "launchers that do not clear a stale CUDA error first (their launch status would be another " \
+                    "layer's):\n" + "\n".join(bad)
+
+
+_STICKY_CHILD = """
+import time, torch
+import dcnkit
+from dcnkit.ops import roi_align
+x = torch.zeros(4, device="cuda")
+x[torch.tensor([10], device="cuda")] = 1.0  # another layer's kernel faults (device-side assert), asynchronously
+time.sleep(2)
+try:
+    roi_align(torch.randn(1, 2, 8, 8, device="cuda"), torch.tensor([[0, 1.0, 1.0, 6.0, 6.0]], device="cuda"), 2)
+    print("no error")
+except RuntimeError as e:
+    print("error:", e)
+"""
+
+
+@pytest.mark.cuda
+def test_an_earlier_fault_is_not_reported_as_the_ops_launch_failing():
+    r = subprocess.run([sys.executable, "-c", _STICKY_CHILD], capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    # Either the kit's launcher reports the earlier error as such, or torch reports it first (its own API calls in
+    # the op see the lost context); never "roi_align_forward_cuda: <error>" as if the op's launch had failed.
+    assert "roi_align_forward_cuda: device-side assert" not in out, out[-3000:]

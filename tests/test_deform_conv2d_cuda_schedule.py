@@ -9,7 +9,9 @@ adapter's aten_gemm, the function the CUDA path uses too), in one child process,
 * the torch adapter's GEMM writes straight into C (issue 25 item 4): torch.profiler's memory
   events show no allocation inside any "dcnkit::aten_gemm" scope over a bias-free forward (beta 0) and a backward
   (column-gradient GEMM with beta 0, grad_weight GEMM with beta 1);
-* sizes past the gather's 32-bit coordinates (H + 2*pad_h >= 2^31 here) are refused with a clear error."""
+* sizes past the gather's 32-bit coordinates (H + 2*pad_h >= 2^31 here) are refused with a clear error;
+* every launch of the launcher's own tiling is checked against CUDA's limits (issue 37 item 2): at fp32 with bias,
+  C = 64, 1x1 kernel and maps, N = 70,000 the forward runs and equals torchvision's."""
 
 import json
 import os
@@ -88,6 +90,19 @@ _CHILD = textwrap.dedent("""
         out["bounds_error"] = ""
     except ValueError as e:
         out["bounds_error"] = str(e)
+
+    # CUDA's launch limits (issue 37 item 2): fp32, bias, C = 64, a 1x1 kernel on 1x1 maps, N = 70,000. The CPU
+    # schedule checks every launch of the launcher's own tiling (a tile of 65,536 images gave the bias kernel
+    # gridDim.z = 65,536 and the GEMMs as many batches); the result equals torchvision's.
+    x = torch.randn(70000, 64, 1, 1, generator=g)
+    w = torch.randn(64, 64, 1, 1, generator=g) * 0.1
+    b = torch.randn(64, generator=g)
+    off = torch.randn(70000, 2, 1, 1, generator=g) * 0.3
+    try:
+        y = deform_conv2d(x, off, w, b, 1, 0, 1, None)
+        out["n70000_err"] = (y - torchvision.ops.deform_conv2d(x, off, w, b)).abs().max().item()
+    except Exception as e:  # noqa: BLE001 - reported by the test
+        out["n70000_err"] = str(e)
     print(json.dumps(out))
 """)
 
@@ -118,3 +133,7 @@ def test_sizes_past_32_bit_coordinates_are_refused(child):
     assert child["bounds_error"].startswith("deform_conv2d_cuda: input: expected an input plane H*W, H + 2*pad_h, "
                                             "W + 2*pad_w and a column row below 2^31 elements, got H*W 16, "
                                             "H + 2*pad_h 2147483652"), child["bounds_error"]
+
+
+def test_launches_within_cuda_limits_at_70000_images(child):
+    assert isinstance(child["n70000_err"], float) and child["n70000_err"] < 1e-4, child["n70000_err"]

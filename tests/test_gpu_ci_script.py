@@ -122,3 +122,27 @@ def test_dcn_memory_child_measures_dcnkit_where_torchvision_lacks_the_dtype():
     assert rows is not None and len(rows) == 1, rows
     assert "not implemented for 'BFloat16'" in rows[0]["torchvision_unsupported"]
     assert "torchvision_fwdbwd_bytes" not in rows[0] and isinstance(rows[0]["dcnkit_fwdbwd_bytes"], int)
+
+
+def test_gpu_ci_runs_the_sanitizers_and_the_fuzz_first():
+    text = (ROOT / ".ci" / "gpu").read_text()
+    first = text.index("compute-sanitizer")
+    assert first < text.index('pytest -m cuda tests -q') and first < text.index("benchmarks/gpu_report.py --out")
+    assert '--tool "$tool"' in text and "for tool in memcheck racecheck" in text
+    assert "scripts/cuda_fuzz.py --cases 10000" in text
+
+
+def test_cuda_fuzz_without_a_gpu_says_so_and_its_cases_run_on_the_cpu():
+    import torch
+
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "cuda_fuzz.py"), "--cases", "3"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    if not torch.cuda.is_available():
+        assert "no CUDA device usable" in r.stdout
+    # the generator's cases are valid calls of the ops: 150 of them forward and backward on the CPU
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "cuda_fuzz.py"), "--cpu-check", "150"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert "150 cases of ['deform_conv2d', 'deform_psroi_pool', 'deform_roi_pool', 'multi_level_roi_align', " \
+           "'roi_align'] ran on the CPU" in r.stdout

@@ -125,6 +125,24 @@ def test_a_block_head_of_thread_zero_is_charged_once_per_block():
     assert kr.sass_per_element(instrs, kr.find_loops(instrs), spec)[0] == pytest.approx(6 + 8 / spec.elements_per_thread)
 
 
+def test_an_alternative_marker_loop_is_charged_once_and_a_reduction_loop_other_trip_times():
+    # The element loop [2, 10] (4 loads, 4 REDs: one element), a border point's loop [11, 13] (1 load, 1 RED: an
+    # alternative path) and a shuffle loop [14, 15] after them: the alternative once, the shuffle loop 5 times.
+    body = ["S2R R0, SR_TID.X", "MOV R1, R2",
+            "LDG.E R5, [R6]", "LDG.E R7, [R6+0x4]", "LDG.E R8, [R6+0x8]", "LDG.E R9, [R6+0xc]",
+            "RED.E.ADD.F32 [R10], R5", "RED.E.ADD.F32 [R10+0x4], R7", "RED.E.ADD.F32 [R10+0x8], R8",
+            "RED.E.ADD.F32 [R10+0xc], R9", "@P0 BRA 0x20",
+            "LDG.E R5, [R6]", "RED.E.ADD.F32 [R10], R5", "@P1 BRA 0xb0",
+            "SHFL.DOWN PT, R1, R2, R3, R4", "@P2 BRA 0xe0", "EXIT"]
+    spec = kr.Spec(60, marker="RED", per_element=4, other_trip=5, elements_per_thread=32)
+    instrs = kr.parse_sass(_sass(PLAN, body))[PLAN]
+    loops = kr.find_loops(instrs)
+    assert loops == [(2, 10), (11, 13), (14, 15)], loops
+    value, loop = kr.sass_per_element(instrs, loops, spec)
+    assert loop == (2, 10)
+    assert value == pytest.approx(9 + (2 + 3 + 2 * 5 + 1) / 32)  # before, head 2; the alternative 3; shuffle 2 x 5
+
+
 def _gated(ptxas_regs=40, body=ELEMENT_NEST, name=PLAN, stack=0):
     k = kr.Kernel("x.cu", name, *kr.kernel_name(name), registers=ptxas_regs, stack=stack)
     kr.analyse(k, kr.parse_sass(_sass(name, body))[name])
@@ -154,6 +172,25 @@ def test_gates_pass_and_fail():
     assert "SASS per element (expected <= 250)" in k.status, k.status
     # no element loop at all: the model cannot be applied, which is a failure, not a pass
     assert "element loop was not found" in _gated(body=["MOV R1, R2", "EXIT"]).status
+
+
+def test_loop_clean_kernels_fail_on_a_conversion_in_any_loop_of_any_instantiation():
+    # Issue 37 item 7: deform_conv2d_plan_kernel (not gated) with a 64-bit conversion in a loop that is not its hot
+    # one, in its double instantiation: counted in "all loops" and failing, as it is a LOOP_CLEAN kernel; the same
+    # body under another, unlisted name only reports the count.
+    plan = "_ZN6dcnkit12_GLOBAL__N_125deform_conv2d_plan_kernelIdliLi3ELi3ELb1EEEvNS_18DeformConv2dParamsE"
+    body = ["S2R R0, SR_TID.X", "I2F.S64 R2, R3", "@P2 BRA 0x10"] + ELEMENT_NEST[2:]
+    body[10] = "@P0 BRA 0x50"  # the element nest, one instruction later: its loops start at 0x30 and 0x50
+    body[12] = "@P1 BRA 0x30"
+    k = _gated(body=body, name=plan)
+    assert k.name == "deform_conv2d_plan_kernel" and k.dtype == "double"
+    assert (k.call_all_loops, k.conv64_all_loops) == (0, 1)
+    assert "1 64-bit conversions in its loops (expected 0)" in k.status and kr.failed(k)
+    other = _gated(body=body, name=OTHER)
+    assert other.conv64_all_loops == 1 and not kr.failed(other)
+    assert "other_kernel: (not examined)" in kr.table([other])
+    visit = "_ZN6dcnkit12_GLOBAL__N_130roi_align_visit_forward_kernelIffEEvNS_14RoIAlignParamsEPKT_S5_PS3_b"
+    assert "the bounded visit of grids too large to plan" in kr.table([_gated(body=body, name=visit)])
 
 
 def test_pending_kernels_are_reported_and_must_still_break_a_gate(monkeypatch):

@@ -150,8 +150,9 @@ def _requires(wheel: Path) -> dict[str, list[str]]:
 
 def test_extras_match_the_jobs(wheels):
     req = _requires(wheels["plain"][0])
-    assert set(req) == {"", "serve", "torch", "tools", "test", "openvino"}
+    assert set(req) == {"", "serve", "torch", "tools", "test", "openvino", "transformers"}
     assert req["openvino"] == ["openvino"]
+    assert req["transformers"] == ["transformers"]  # dcnkit.integrations.transformers
     assert {"onnxruntime", "onnx", "numpy", "scipy-openblas32"} <= set(req[""])
     assert {"fastapi", "uvicorn", "prometheus-client", "nvidia-pytriton"} <= set(req["serve"])
     assert {"torch", "torchvision"} <= set(req["torch"]) and "polygraphy" in req["tools"]

@@ -3,8 +3,9 @@
 // A plugin with a GEMM (DeformConv2d) takes a reference in attachToContext and drops it when TensorRT destroys
 // the instance; the first reference creates the handle, the last destroys it. So N deformable layers in M
 // contexts make M handles (not N x M), and the cublasDestroy that synchronises the device runs once per
-// context teardown. enqueue only binds the call's stream to the handle (cublas_gemm does, per GEMM); it never
-// creates one.
+// context teardown. enqueue binds the call's stream to the handle (cublas_gemm does, per GEMM). An instance that
+// TensorRT enqueues without attaching it (timing during the build) acquires a handle on its first enqueue, keyed by
+// the instance itself, and releases it when it is destroyed.
 //
 // The key is the IPluginResourceContext TensorRT passes to attachToContext: TensorRT guarantees a different
 // one for each execution context. The context's GPU allocator is not a key of its own (one runtime's contexts

@@ -359,7 +359,10 @@ int32_t PluginBase::enqueue(const PluginTensorDesc* input_desc, const PluginTens
         s = Status::Invalid("enqueue: workspace: expected " + std::to_string(need) + " bytes, got " +
                             std::to_string(workspace_bound_) + " (getWorkspaceSize of dims below these)");
       } else if (needs_blas() && gemm_ == nullptr) {
-        s = Status::Invalid("enqueue: no cuBLAS handle: the plugin was not attached to an execution context");
+        // Not attached to an execution context (TensorRT may time a plugin while it builds): a handle of this
+        // instance's own, taken once and released with the instance (trt_blas.h, keyed by the instance).
+        gemm_ = acquire_context_gemm(this, &s);
+        if (s.ok()) gemm_key_ = this;
       }
     }
     if (s.ok()) s = run(ci, t, outputs, workspace, stream);

@@ -187,7 +187,8 @@ class PluginBase : public nvinfer1::IPluginV3,
   OpAttrs attrs_;
   std::string name_;
   // The GEMM of the execution context this instance is attached to (ops with a GEMM only, see trt_blas.h):
-  // shared with the context's other instances, taken in attachToContext, released with the instance.
+  // shared with the context's other instances, taken in attachToContext, released with the instance. An instance
+  // that enqueues unattached (TensorRT timing it during the build) takes one of its own on its first enqueue.
   CublasGemm* gemm_ = nullptr;
   const void* gemm_key_ = nullptr;
   int32_t nb_inputs_ = -1;  // the layer's input count, from onShapeChange (enqueue does not pass it)

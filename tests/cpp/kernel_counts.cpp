@@ -250,6 +250,116 @@ void count_shape(int64_t N, int64_t C, int64_t H, int64_t W, int64_t k, int64_t 
   gate(b.stores == 3 * points, "backward offset/mask stores per point", b.stores / points, 3);
 }
 
+// Issue 37 item 4: a point outside the map issues no atomic (the fused backward used to add 0 four times on the window
+// clamped to pixel (0, 0): a hot spot under large offsets or padding) and reads nothing. Offsets in [-4, 4] with
+// padding put points across the border and outside: the atomics counted must be 4 per channel of each point inside
+// (-1, H) x (-1, W) (dcn_taps, bilinear.h, the S_dcn rule: its 2 x 2 window lies in the map) and none for the others;
+// with every point pushed far outside, 0 atomics and 0 loads of the column gradient.
+void out_of_map_atomics() {
+  const DeformConv2dParams p = make_params(2, 8, 6, 7, 3, 2, 1);
+  const int64_t K = p.kernel_size(), P = p.out_spatial(), Gd = p.attrs.deformable_groups, N = p.batch;
+  const DcnTiling tl = deform_conv2d_cuda_tiling(p, DType::kFloat32);
+  std::vector<CT> input = random_array(N * p.in_channels * p.height * p.width, -1, 1, 4);
+  std::vector<CT> mask = random_array(N * Gd * K * P, 0, 1, 6);
+  std::vector<CT> cols(deform_conv2d_tile_bytes(p, tl, sizeof(float)) / sizeof(float) + 1, CT{1.0});
+  std::vector<CT> grad_input(input.size());
+  for (double spread : {4.0, 100.0}) {
+    std::vector<CT> offset = random_array(N * 2 * Gd * K * P, spread == 4.0 ? -4 : 100, spread, 5);
+    double expected = 0, outside = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t g = 0; g < Gd; ++g)
+        for (int64_t k = 0; k < K; ++k)
+          for (int64_t pos = 0; pos < P; ++pos) {
+            const int64_t row = (n * Gd + g) * 2 * K + 2 * k;
+            const double py = double(pos / p.out_w - 1 + k / 3) + offset[row * P + pos].v;
+            const double px = double(pos % p.out_w - 1 + k % 3) + offset[(row + 1) * P + pos].v;
+            const bool inside = dcn_taps(py, px, p.height, p.width).inside;
+            expected += inside ? 4.0 * double(p.in_channels / Gd) : 0.0;
+            outside += inside ? 0.0 : 1.0;
+          }
+    counts::c = counts::Counters{};
+    counts::input_r = {input.data(), input.data() + input.size()};
+    counts::offset_r = {offset.data(), offset.data() + offset.size()};
+    counts::mask_r = {mask.data(), mask.data() + mask.size()};
+    counts::gcol_r = {cols.data(), cols.data() + cols.size()};
+    const Status st = for_each_dcn_tile(p, tl, tl.bwd_slices, [&](const DcnTile& t) {
+      for (uint32_t i = 0; i < t.threads; ++i)
+        deform_conv2d_sampling_backward<CA, CT, int32_t, 3, 3, true>(
+            p, t, input.data(), offset.data(), mask.data(), cols.data(), i, true, grad_input.data(),
+            [](CT* dst, CA v) { ++counts::c.atomics; dst->v += v.v; });
+      return Status::Ok();
+    });
+    std::printf("\nfused backward, offsets in [%g, %g]: %.0f points outside the map; %.0f atomics, %.0f expected; %.0f "
+                "column-gradient loads\n", spread == 4.0 ? -4.0 : 100.0, spread, outside, counts::c.atomics, expected,
+                counts::c.loads_gcol);
+    if (spread == 4.0) {
+      gate(st.ok() && outside > 0 && counts::c.atomics == expected && counts::c.loads_gcol == expected / 4,
+           "atomics: 4 per point inside, 0 outside", counts::c.atomics, expected);
+    } else {
+      gate(st.ok() && counts::c.atomics == 0 && counts::c.loads_gcol == 0, "atomics and loads of points outside",
+           counts::c.atomics + counts::c.loads_gcol, 0);
+    }
+  }
+}
+
+// Issue 37 item 2: CUDA's launch limits (launch_limits.h) and the launches of the DCN schedule at a size that broke
+// them: fp32 with bias, C = 64, a 1x1 kernel on 1x1 maps, N = 70,000 (the tile held 65,536 images: the bias kernel's
+// gridDim.z and the GEMMs' batch count).
+void launch_limits() {
+  std::printf("\nlaunch limits\n");
+  LaunchDims d;
+  d.kernel = "k";
+  d.grid[2] = 65536;
+  const bool z = !check_launch(d).ok();
+  d.grid[2] = 65535;
+  const bool z_ok = check_launch(d).ok();
+  d.block = 1025;
+  const bool block = !check_launch(d).ok();
+  d.block = 256;
+  d.smem = 48 * 1024 + 1;
+  const bool smem = !check_launch(d).ok();
+  d.smem_opt_in = true;
+  const bool opt_in = check_launch(d).ok();
+  gate(z && z_ok && block && smem && opt_in, "check_launch refuses z > 65535, 1025 threads, 48 KiB + 1", 0, 0);
+  const DeformConv2dParams p = make_params(70000, 64, 1, 1, 1, 1, 0);
+  const DcnTiling tl = deform_conv2d_cuda_tiling(p, DType::kFloat32);
+  const Status fwd = check_deform_conv2d_cuda_launches<float>(p, DType::kFloat32, true, true, false, false);
+  std::vector<float> g(1);
+  const Status bwd = check_deform_conv2d_cuda_launches<float>(p, DType::kFloat32, true, true, true, false, g.data(),
+                                                              g.data(), g.data(), g.data(), g.data());
+  std::printf("  N=70000, C=64, 1x1 maps and kernel: %lld images per tile; forward %s; backward %s.\n",
+              (long long)tl.images, fwd.ok() ? "ok" : fwd.message().c_str(), bwd.ok() ? "ok" : bwd.message().c_str());
+  gate(tl.images <= kCudaMaxGridYZ && fwd.ok() && bwd.ok(), "DCN launches at N=70000 within CUDA's limits",
+       double(tl.images), double(kCudaMaxGridYZ));
+  // A batch of 70,000 GEMMs runs as 65,535 + 4,465, each moved by its strides.
+  GemmArgs ga;
+  ga.batch = 70000;
+  ga.stride_a = 3;
+  ga.stride_b = 5;
+  ga.stride_c = 7;
+  std::vector<std::pair<int64_t, int64_t>> calls;
+  const Status st = gemm_in_batches(ga, [&](const GemmArgs& x) {
+    calls.push_back({x.batch, static_cast<const char*>(x.c) - static_cast<const char*>(ga.c)});
+    return Status::Ok();
+  });
+  gate(st.ok() && calls.size() == 2 && calls[0].first == 65535 && calls[1].first == 4465 &&
+           calls[1].second == int64_t(65535) * 7 * 4,
+       "GEMM batches of 70000 split at 65535", double(calls.size()), 2);
+}
+
+// Issue 37 item 3: the backward's workspace holds the deterministic plan only in deterministic mode. With deformable
+// groups = channels the plan of a tile is about 40x its columns (640 MB in fp16 at full tiles).
+void workspace_plan(DType dt) {
+  const DeformConv2dParams p = make_params(8, 64, 64, 64, 3, 64, 1);
+  const double mib = 1 << 20;
+  const double plain = deform_conv2d_cuda_workspace_bytes(p, dt, true, false) / mib;
+  const double det = deform_conv2d_cuda_workspace_bytes(p, dt, true, true) / mib;
+  const double plan = deform_conv2d_plan_bytes(p, deform_conv2d_cuda_tiling(p, dt), dt) / mib;
+  std::printf("\nbackward workspace (8,64,64,64), deformable groups 64, %s: %.1f MiB, deterministic %.1f MiB "
+              "(plan %.1f MiB)\n", dtype_name(dt), plain, det, plan);
+  gate(det - plain == plan && plain < plan, "plan MiB only in deterministic mode", plain, plan);
+}
+
 // Largest divisor of n that is at most 32 (torchvision's n_parallel_imgs).
 int64_t torchvision_images(int64_t n) {
   for (int64_t d = std::min<int64_t>(32, n); d > 1; --d)
@@ -319,6 +429,10 @@ int main() {
   count_shape(1, 16, 12, 12, 5, 1);
   memory(8, 64, 64, DType::kFloat32);
   memory(8, 64, 64, DType::kFloat16);
+  workspace_plan(DType::kFloat32);
+  workspace_plan(DType::kFloat16);
+  out_of_map_atomics();
+  launch_limits();
   std::printf("\nmodel (issue 25's GPU model; predictions, not measurements):\n");
   model(1, 64, 64);
   model(4, 256, 32);

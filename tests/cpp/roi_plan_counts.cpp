@@ -37,8 +37,10 @@ Counted from_acc<Counted, double>(double v) {
 }
 }  // namespace dcnkit
 
+#include "dcnkit/multi_level_roi_align_kernels.h"
 #include "dcnkit/psroi_plan.h"
 #include "dcnkit/roi_plan.h"
+#include "dcnkit/roi_plan_serial.h"
 
 int main() {
   using namespace dcnkit;
@@ -70,8 +72,8 @@ int main() {
     std::vector<Counted> output(outputs, Counted{0.0});
     g_roi_loads = g_other_loads = g_stores = 0;
     int64_t planned = 0;
-    roi_block_schedule_serial<double>(
-        p, [&](int64_t k) { return roi_plan_head<double>(p, rois.data(), k); }, 256,
+    const Status st = roi_block_schedule_serial<double>(
+        p, p.height * p.width, [&](int64_t k) { return roi_plan_head<double>(p, rois.data(), k); }, 256,
         [&](const RoIPlanHead<double>& h, int64_t k, int64_t c0, int64_t nc, const RoIPlanEntry<double>* plan,
             int tid) {
           if (plan == nullptr) return;
@@ -79,6 +81,10 @@ int main() {
           roi_plan_forward_items<double, Counted>(p, h, plan, input.data(), k, c0, nc, tid, 256, output.data(),
                                                   mode == PoolMode::kMax);
         });
+    if (!st.ok()) {
+      std::printf("FAIL: %s\n", st.message().c_str());
+      ok = false;
+    }
     const double roi = double(g_roi_loads) / outputs, taps = double(g_other_loads) / outputs,
                  stores = double(g_stores) / outputs;
     std::printf("| %s | %.4f | %.2f | %.3f |\n", pool_mode_name(mode), roi, taps, stores);
@@ -116,8 +122,8 @@ int main() {
     std::vector<Counted> output(outputs, Counted{0.0});
     g_roi_loads = g_other_loads = g_stores = 0;
     int64_t planned = 0;
-    roi_block_schedule_serial<double>(
-        dp, [&](int64_t k) { return deform_roi_plan_head<double>(dp, rois.data(), k); }, 256,
+    const Status st = roi_block_schedule_serial<double>(
+        dp, dp.height * dp.width, [&](int64_t k) { return deform_roi_plan_head<double>(dp, rois.data(), k); }, 256,
         [&](const RoIPlanHead<double>& h, int64_t k, int64_t c0, int64_t nc, const RoIPlanEntry<double>* plan,
             int tid) {
           if (plan == nullptr) return;
@@ -126,6 +132,10 @@ int main() {
                                                   false);
         },
         [&](int64_t k) { return DeformRoIOrigin<Counted>{dp, offset.data(), k}; });
+    if (!st.ok()) {
+      std::printf("FAIL: deform: %s\n", st.message().c_str());
+      ok = false;
+    }
     const double roi = double(g_roi_loads) / outputs, taps = double(g_other_loads) / outputs,
                  stores = double(g_stores) / outputs;
     std::printf("| deform avg | %.4f | %.2f | %.3f |\n", roi, taps, stores);
@@ -189,6 +199,54 @@ int main() {
     // 16 samples of 4 taps, and 2 trans loads per plan entry over 16 output channels
     if (!(taps <= 4 * 16 + 2 * 16 / 16.0)) {
       std::printf("FAIL: psroi: tap and trans loads per output %.2f (expected <= %g)\n", taps, 4 * 16 + 2.0);
+      ok = false;
+    }
+  }
+  // MultiLevelRoIAlign with a finest level of 2^31 pixels (too large to plan: the launcher runs only the visit
+  // kernel) and RoIs on a small level, whose own heads would be planned: every block must still be served (the visit
+  // kernel serves every RoI when no plan kernel runs; roi_visit_head), and every output written. The huge level is
+  // never read (no RoI is on it).
+  {
+    MultiLevelRoIAlignParams mp;
+    mp.batch = 1;
+    mp.channels = 3;
+    mp.num_rois = 4;
+    mp.attrs.pooled_h = mp.attrs.pooled_w = 2;
+    mp.attrs.sampling_ratio = 2;
+    mp.attrs.num_levels = 2;
+    mp.attrs.finest_scale = 1;
+    mp.attrs.aligned = true;
+    mp.heights[0] = 65536;
+    mp.widths[0] = 32768;
+    mp.heights[1] = mp.widths[1] = 8;
+    mp.spatial_scales[0] = 1.0;
+    mp.spatial_scales[1] = 0.125;
+    std::vector<double> small(3 * 64, 1.0), out(4 * 3 * 4, -1.0), mrois;
+    for (int64_t k = 0; k < mp.num_rois; ++k) {
+      for (double v : {0.0, 1.0 + k, 2.0, 40.0 + 2 * k, 44.0}) mrois.push_back(v);
+    }
+    const double* maps[2] = {nullptr, small.data()};
+    int64_t served = 0, on_small = 0, planned = 0;
+    const Status st = roi_block_schedule_serial<double>(
+        mp, multi_level_max_pixels(mp), [&](int64_t k) { return multi_level_plan_head<double>(mp, mrois.data(), k); },
+        256, [&](const RoIPlanHead<double>& h, int64_t k, int64_t c0, int64_t nc, const RoIPlanEntry<double>* plan,
+                 int tid) {
+          served += tid == 0;
+          on_small += tid == 0 && h.level == 1 && h.stride != 0;
+          planned += tid == 0 && plan != nullptr;  // no plan kernel runs: the visit kernel serves them all
+          if (plan != nullptr) {
+            roi_plan_forward_items<double, double>(mp, h, plan, maps[h.level], k, c0, nc, tid, 256, out.data(), false);
+          } else {
+            roi_visit_forward_items<double, double>(mp, h, h.H, h.W, maps[h.level], k, c0, nc, tid, 256, out.data());
+          }
+        });
+    bool written = true;
+    for (double v : out) written = written && v == 1.0;
+    std::printf("| multi-level, finest level 2^31 pixels | %lld of %lld blocks served, outputs %s |\n",
+                (long long)served, (long long)mp.num_rois, written ? "written" : "NOT written");
+    if (!st.ok() || served != mp.num_rois || on_small != mp.num_rois || planned != 0 || !written) {
+      std::printf("FAIL: multi-level: %s, %lld of %lld RoIs on the small level served\n",
+                  st.ok() ? "ok" : st.message().c_str(), (long long)on_small, (long long)mp.num_rois);
       ok = false;
     }
   }

@@ -3,8 +3,9 @@
 // libraries -- createPlugin(kBUILD) from the parser's fields, getOutputShapes (checked against the manifest's
 // output dims), configurePlugin, getWorkspaceSize, then the runtime side: createPlugin(kRUNTIME) from
 // getFieldsToSerialize, attachToContext (the library takes a real cuBLAS handle), onShapeChange and enqueue on
-// a CUDA stream over cudaMalloc'ed buffers. The inputs come from raw files; the outputs are written back to raw
-// files, which the Python side compares with the torch op. Build: g++ -std=c++17 with TensorRT's and CUDA's
+// a CUDA stream over cudaMalloc'ed buffers; then the build-phase instance enqueued unattached (as TensorRT times a
+// plugin while it builds), which must give the same bits. The inputs come from raw files; the outputs are written
+// back to raw files, which the Python side compares with the torch op. Build: g++ -std=c++17 with TensorRT's and CUDA's
 // headers, -lcudart -ldl.
 //
 // Usage: tensorrt_enqueue_cuda libdcnkit_trt.so manifest.txt [--plan]
@@ -218,19 +219,10 @@ bool read_file(const TensorSpec& t, std::vector<char>* data, std::string* why) {
   return true;
 }
 
-// The runtime side on the device: what a deserialized engine does per call.
-std::string device_side(IPluginCreatorV3One* creator, const Manifest& m, size_t workspace) {
-  Collection fc(m.fields);
-  std::unique_ptr<IPluginV3> built(creator->createPlugin(m.label.c_str(), &fc.fc, TensorRTPhase::kBUILD));
-  const PluginFieldCollection* saved =
-      cap<IPluginV3OneRuntime>(built.get(), PluginCapabilityType::kRUNTIME)->getFieldsToSerialize();
-  std::unique_ptr<IPluginV3> loaded(creator->createPlugin(m.label.c_str(), saved, TensorRTPhase::kRUNTIME));
-  if (!loaded) return "createPlugin(kRUNTIME) from getFieldsToSerialize";
-  TestResourceContext context;
-  std::unique_ptr<IPluginV3> attached(
-      cap<IPluginV3OneRuntime>(loaded.get(), PluginCapabilityType::kRUNTIME)->attachToContext(&context));
-  if (!attached) return "attachToContext";
-  auto* rt = cap<IPluginV3OneRuntime>(attached.get(), PluginCapabilityType::kRUNTIME);
+// onShapeChange and enqueue of runtime instance `p` on a CUDA stream over cudaMalloc'ed buffers (the inputs from
+// their raw files, the outputs preset to NaN), then the outputs back to the host.
+std::string enqueue_on_device(IPluginV3* p, const Manifest& m, size_t workspace, std::vector<std::vector<char>>* got) {
+  auto* rt = cap<IPluginV3OneRuntime>(p, PluginCapabilityType::kRUNTIME);
   auto in = descs(m.in), out = descs(m.out);
   const auto nin = static_cast<int32_t>(m.in.size()), nout = static_cast<int32_t>(m.out.size());
   if (rt->onShapeChange(in.data(), nin, out.data(), nout) != 0) return "onShapeChange";
@@ -264,12 +256,41 @@ std::string device_side(IPluginCreatorV3One* creator, const Manifest& m, size_t 
   cudaStreamDestroy(stream);
   if (rc != 0) return "enqueue returned " + std::to_string(rc) + " (see the log line above)";
   if (!why.empty()) return why;
+  got->assign(m.out.size(), {});
   for (size_t o = 0; o < m.out.size(); ++o) {
-    std::vector<char> host(m.out[o].bytes());
-    why = cuda_error("cudaMemcpy out", cudaMemcpy(host.data(), outs[o], host.size(), cudaMemcpyDeviceToHost));
+    (*got)[o].resize(m.out[o].bytes());
+    why = cuda_error("cudaMemcpy out", cudaMemcpy((*got)[o].data(), outs[o], m.out[o].bytes(), cudaMemcpyDeviceToHost));
     if (!why.empty()) return why;
+  }
+  return "";
+}
+
+// The runtime side on the device: what a deserialized engine does per call (createPlugin(kRUNTIME) from
+// getFieldsToSerialize, attachToContext, onShapeChange, enqueue), the outputs written to their raw files; then what
+// TensorRT does when it times a plugin while it builds: the build-phase instance enqueued without attachToContext
+// (DeformConv2d then takes a cuBLAS handle of its own), whose outputs must equal the attached instance's bit for bit.
+std::string device_side(IPluginCreatorV3One* creator, const Manifest& m, size_t workspace) {
+  Collection fc(m.fields);
+  std::unique_ptr<IPluginV3> built(creator->createPlugin(m.label.c_str(), &fc.fc, TensorRTPhase::kBUILD));
+  const PluginFieldCollection* saved =
+      cap<IPluginV3OneRuntime>(built.get(), PluginCapabilityType::kRUNTIME)->getFieldsToSerialize();
+  std::unique_ptr<IPluginV3> loaded(creator->createPlugin(m.label.c_str(), saved, TensorRTPhase::kRUNTIME));
+  if (!loaded) return "createPlugin(kRUNTIME) from getFieldsToSerialize";
+  TestResourceContext context;
+  std::unique_ptr<IPluginV3> attached(
+      cap<IPluginV3OneRuntime>(loaded.get(), PluginCapabilityType::kRUNTIME)->attachToContext(&context));
+  if (!attached) return "attachToContext";
+  std::vector<std::vector<char>> got, unattached;
+  std::string why = enqueue_on_device(attached.get(), m, workspace, &got);
+  if (!why.empty()) return why;
+  for (size_t o = 0; o < m.out.size(); ++o) {
     std::ofstream f(m.out[o].path, std::ios::binary);
-    if (!f.write(host.data(), static_cast<std::streamsize>(host.size()))) return "cannot write " + m.out[o].path;
+    if (!f.write(got[o].data(), static_cast<std::streamsize>(got[o].size()))) return "cannot write " + m.out[o].path;
+  }
+  why = enqueue_on_device(built.get(), m, workspace, &unattached);
+  if (!why.empty()) return "unattached (build-phase) instance: " + why;
+  for (size_t o = 0; o < m.out.size(); ++o) {
+    if (unattached[o] != got[o]) return "unattached (build-phase) instance: output " + std::to_string(o) + " differs";
   }
   return "";
 }

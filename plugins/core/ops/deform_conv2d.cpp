@@ -98,9 +98,9 @@ struct Op {
     return pass == Pass::kForward ? deform_conv2d_forward_workspace_cpu(p, t.dtype, ctx)
                                   : deform_conv2d_backward_workspace_cpu(p, t.dtype, ctx);
   }
-  static size_t workspace_cuda(const Params& p, Pass pass, const OpTypes& t, const CudaContext&) {
+  static size_t workspace_cuda(const Params& p, Pass pass, const OpTypes& t, const CudaContext& ctx) {
     return pass == Pass::kForward ? deform_conv2d_forward_workspace_cuda(p, t.dtype)
-                                  : deform_conv2d_backward_workspace_cuda(p, t.dtype);
+                                  : deform_conv2d_backward_workspace_cuda(p, t.dtype, ctx.deterministic);
   }
   // The columns take (images) x Cin x kh x kw x Ho x Wo elements; a checked call has the offset's spatial dims as
   // (Ho, Wo), so the offset's maxima bound them whatever the input's maxima say.

@@ -82,8 +82,8 @@ struct Op {
     }
     return Status::Ok();
   }
-  static size_t workspace_cuda(const Params& p, Pass pass, const OpTypes& t, const CudaContext&) {
-    if (pass == Pass::kBackward) return deform_psroi_pool_backward_workspace_cuda(p, t.dtype);
+  static size_t workspace_cuda(const Params& p, Pass pass, const OpTypes& t, const CudaContext& ctx) {
+    if (pass == Pass::kBackward) return deform_psroi_pool_backward_workspace_cuda(p, t.dtype, ctx.deterministic);
     return deform_psroi_pool_workspace_cuda(p) + (t.rois != t.dtype ? deform_psroi_pool_workspace_cuda_f32_rois(p) : 0);
   }
   // With float32 RoIs the launcher reads a float32 copy of trans (K, 2 * classes, part, part): the product of the
@@ -105,6 +105,9 @@ struct Op {
     }
     return deform_psroi_pool_workspace_cuda(p) + (t.rois != t.dtype ? deform_psroi_pool_workspace_cuda_f32_rois(p) : 0);
   }
+
+  // Under torch.use_deterministic_algorithms the CUDA backward takes its atomic-free path (psroi_gather.h).
+  static bool deterministic(const Params&, DType) { return true; }
 
   static Status forward_cpu(const Params& p, const OpTypes& t, const OpBuffers& b, const OpDevice& dev) {
     return dispatch_cpu(t.dtype, [&](auto z) {

@@ -86,9 +86,9 @@ struct Op {
   static Status output_dims(const OpCall& c, DimArith& a, OpDims* d) {
     return roi_pool_output_dims(c, kFeatures, kRois, c.attrs[kSize].at(0), c.attrs[kSize].at(1), a, d);
   }
-  static size_t workspace_cuda(const Params& p, Pass pass, const OpTypes& t, const CudaContext&) {
+  static size_t workspace_cuda(const Params& p, Pass pass, const OpTypes& t, const CudaContext& ctx) {
     return pass == Pass::kForward ? multi_level_roi_align_workspace_cuda(p)
-                                  : multi_level_roi_align_backward_workspace_cuda(p, t.dtype);
+                                  : multi_level_roi_align_backward_workspace_cuda(p, t.dtype, ctx.deterministic);
   }
   static size_t workspace_bound(const OpCall& c, const OpTypes&) {
     Params p;
@@ -108,6 +108,9 @@ struct Op {
     }
     return multi_level_roi_align_workspace_cuda(p);
   }
+
+  // Under torch.use_deterministic_algorithms the CUDA backward takes its atomic-free path (roi_gather.h).
+  static bool deterministic(const Params&, DType) { return true; }
 
   static Status forward_cpu(const Params& p, const OpTypes& t, const OpBuffers& b, const OpDevice& dev) {
     return dispatch_cpu(t.dtype, [&](auto z) {

@@ -14,8 +14,8 @@ constexpr TensorDef kInputs[] = {
     TensorDef{"value", false, "(N, S, M, D), S = sum of H_l*W_l"}.with_grad(),
     TensorDef{"spatial_shapes", false, "(L, 2) int64 rows (H_l, W_l)"}.as_index(),
     TensorDef{"level_start_index", false, "(L) int64, first row of each level in value"}.as_index(),
-    TensorDef{"sampling_locations", false, "(N, Lq, M, L, P, 2) as (x, y) in [0, 1]"}.with_grad(),
-    TensorDef{"attention_weights", false, "(N, Lq, M, L, P)"}.with_grad(),
+    TensorDef{"sampling_locations", false, "(N, Lq, M, L, P, 2) as (x, y) in [0, 1]"}.with_grad().cast_to_first(),
+    TensorDef{"attention_weights", false, "(N, Lq, M, L, P)"}.with_grad().cast_to_first(),
 };
 constexpr TensorDef kOutputs[] = {TensorDef{"output", false, "(N, Lq, M*D)"}.with_grad()};
 constexpr int kValue = DCNKIT_INDEX(kInputs, "value"), kShapes = DCNKIT_INDEX(kInputs, "spatial_shapes"),

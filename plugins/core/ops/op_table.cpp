@@ -79,7 +79,7 @@ std::string tensors_json(const TensorDef* t, size_t n) {
     s += "{\"name\": " + quoted(t[i].name) + ", \"optional\": " + boolean(t[i].optional) +
          ", \"doc\": " + quoted(t[i].doc) + ", \"variadic\": " + boolean(t[i].variadic) +
          ", \"int64\": " + boolean(t[i].int64) + ", \"rois\": " + boolean(t[i].rois) +
-         ", \"grad\": " + boolean(t[i].grad) + "}";
+         ", \"grad\": " + boolean(t[i].grad) + ", \"cast\": " + boolean(t[i].cast) + "}";
   }
   return s + "]";
 }

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cuda_schedule_cpu.h"
+#include "dcnkit/launch_limits.h"
 #include "dcnkit/dcnv3.h"
 #include "dcnkit/dcnv3_kernels.h"
 
@@ -134,6 +135,8 @@ template <typename T>
 Status dcnv3_forward_cpu(const Dcnv3Params& p, const T* input, const T* offset, const T* mask, T* output,
                          const CpuContext& ctx) {
   if (cuda_schedule_on_cpu()) {  // dcnv3_forward_cuda's grid, serially
+    // CUDA's limits
+    DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("dcnv3_forward_kernel", dcnv3_thread_count<kDcnv3ForwardChunk>(p))));
     for (int64_t i = 0; i < dcnv3_thread_count<kDcnv3ForwardChunk>(p); ++i) {
       dcnv3_forward_thread<T, T>(p, input, offset, mask, output, i);
     }
@@ -158,6 +161,8 @@ Status dcnv3_backward_cpu(const Dcnv3Params& p, const T* grad_output, const T* i
   std::fill(grad_offset, grad_offset + sites(p) * p.offset_row, T(0));
   if (!p.fused) std::fill(grad_mask, grad_mask + sites(p) * p.mask_row, T(0));
   if (cuda_schedule_on_cpu()) {  // dcnv3_backward_cuda's grid, serially (DCNv4: weights' gradient in grad_offset)
+    // CUDA's limits
+    DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("dcnv3_backward_kernel", dcnv3_thread_count<kDcnv3BackwardChunk>(p))));
     T* gm = p.fused ? grad_offset : grad_mask;
     for (int64_t i = 0; i < dcnv3_thread_count<kDcnv3BackwardChunk>(p); ++i) {
       dcnv3_backward_thread<T, T>(p, grad_output, input, offset, mask, grad_input, grad_offset, gm, i, PlainAdd{});

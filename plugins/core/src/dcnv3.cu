@@ -39,6 +39,7 @@ size_t dcnv3_backward_workspace_cuda(const Dcnv3Params& p, DType dtype) {
 
 Status dcnv3_forward_cuda(const Dcnv3Params& p, DType dtype, const void* input, const void* offset, const void* mask,
                           void* output, const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("dcnv3_forward_cuda"));
   const int64_t n = dcnv3_thread_count<kDcnv3ForwardChunk>(p);
   if (n == 0) return Status::Ok();
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
@@ -54,6 +55,7 @@ Status dcnv3_forward_cuda(const Dcnv3Params& p, DType dtype, const void* input, 
 Status dcnv3_backward_cuda(const Dcnv3Params& p, DType dtype, const void* grad_output, const void* input,
                            const void* offset, const void* mask, void* grad_input, void* grad_offset, void* grad_mask,
                            void* workspace, const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("dcnv3_backward_cuda"));
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);

@@ -237,9 +237,8 @@ struct CudaExec {
     });
   }
   Status bias_fill(const DcnTile& t) {
-    const dim3 grid(static_cast<unsigned>((t.pt + kCudaThreads - 1) / kCudaThreads),
-                    static_cast<unsigned>(std::min<int64_t>(p.out_channels, 65535)), static_cast<unsigned>(t.nb));
-    deform_conv2d_bias_kernel<T><<<grid, kCudaThreads, 0, stream>>>(p, t, bias, output);
+    const LaunchDims d = dcn_bias_launch(p, t);
+    deform_conv2d_bias_kernel<T><<<launch_grid(d), d.block, 0, stream>>>(p, t, bias, output);
     return cuda_launch_status("deform_conv2d_cuda: bias");
   }
   Status sampling_backward(const DcnTile& t, const T* grad_columns, bool scatter) {
@@ -277,8 +276,8 @@ struct CudaExec {
     const int64_t N = p.batch, P = p.out_spatial(), Cout = p.out_channels;
     if (Cout == 0) return Status::Ok();
     if (N * P == 0) return zero(grad_bias, Cout);
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(Cout, 65535));
-    bias_grad_kernel<T><<<blocks, kDcnBiasGradThreads, 0, stream>>>(p, grad_output, grad_bias);
+    const LaunchDims d = dcn_bias_grad_launch(p);
+    bias_grad_kernel<T><<<launch_grid(d), d.block, 0, stream>>>(p, grad_output, grad_bias);
     return cuda_launch_status("deform_conv2d_cuda: bias grad");
   }
   Status zero(T* dst, int64_t count) {
@@ -286,7 +285,10 @@ struct CudaExec {
     return cuda_status(cudaMemsetAsync(dst, 0, sizeof(T) * static_cast<size_t>(count), stream),
                        "deform_conv2d_cuda: memset");
   }
-  Status gemm(const GemmArgs& ga) { return ctx.run_gemm(ga); }
+  // Batches of at most 65535 (gemm_in_batches: cuBLAS puts the batch on gridDim.z).
+  Status gemm(const GemmArgs& ga) {
+    return gemm_in_batches(ga, [&](const GemmArgs& g) { return ctx.run_gemm(g); });
+  }
   // float, double: C += A x B^T in place. 16-bit types: the image's product into weight_tmp, added to the
   // float32 accumulator (a 16-bit running sum over images would round at every image).
   Status weight_gemm(const GemmArgs& ga) {
@@ -324,18 +326,23 @@ Status backward_impl(const DeformConv2dParams& p, const T* grad_output, const T*
   T* weight_tmp = (!in_place && grad_weight != nullptr) ? reinterpret_cast<T*>(extra) : nullptr;
   if (!in_place) extra += align_up(static_cast<size_t>(weight_elements(p)) * sizeof(T));
   const DcnTiling tl = deform_conv2d_cuda_tiling(p, dtype_enum<T>());
-  const size_t entries = static_cast<size_t>(deform_conv2d_plan_entries(p, tl));
-  uint32_t* plan_u32[4];
-  for (auto& q : plan_u32) {
-    q = reinterpret_cast<uint32_t*>(extra);
-    extra += align_up(entries * sizeof(uint32_t));
+  // The sorted path's plan only where it runs (deform_conv2d_sorted_grad_input; deform_conv2d_cuda_workspace_bytes).
+  const bool sorted = grad_input != nullptr && deform_conv2d_sorted_grad_input(p, ctx.deterministic);
+  const size_t entries = sorted ? static_cast<size_t>(deform_conv2d_plan_entries(p, tl)) : 0;
+  uint32_t* plan_u32[4] = {nullptr, nullptr, nullptr, nullptr};
+  Acc* weights = nullptr;
+  if (sorted) {
+    for (auto& q : plan_u32) {
+      q = reinterpret_cast<uint32_t*>(extra);
+      extra += align_up(entries * sizeof(uint32_t));
+    }
+    weights = reinterpret_cast<Acc*>(extra);
+    extra += align_up(entries * sizeof(Acc));
   }
-  Acc* weights = reinterpret_cast<Acc*>(extra);
-  extra += align_up(entries * sizeof(Acc));
   CudaExec<T> ex{p, ctx, stream, input, offset, mask, nullptr, grad_output, nullptr, grad_offset, grad_bias,
                  mask ? grad_mask : nullptr, gin, gw, weight_tmp, deform_conv2d_index32(p, tl), ctx.deterministic,
-                 plan_u32[0], plan_u32[1], plan_u32[2], plan_u32[3], weights, extra,
-                 sort_scratch_bytes(static_cast<int64_t>(entries))};
+                 plan_u32[0], plan_u32[1], plan_u32[2], plan_u32[3], weights, sorted ? extra : nullptr,
+                 sorted ? sort_scratch_bytes(static_cast<int64_t>(entries)) : 0};
   // In place (float, double) the schedule zeroes grad_input / grad_weight itself; the float32
   // accumulators of 16-bit types are zeroed here and rounded into the gradients after the schedule.
   if (!in_place) {
@@ -355,9 +362,11 @@ size_t deform_conv2d_forward_workspace_cuda(const DeformConv2dParams& p, DType d
   return deform_conv2d_cuda_workspace_bytes(p, dtype, false);
 }
 
-size_t deform_conv2d_backward_workspace_cuda(const DeformConv2dParams& p, DType dtype) {
-  return deform_conv2d_cuda_workspace_bytes(p, dtype, true) +
-         sort_scratch_bytes(deform_conv2d_plan_entries(p, deform_conv2d_cuda_tiling(p, dtype)));
+size_t deform_conv2d_backward_workspace_cuda(const DeformConv2dParams& p, DType dtype, bool deterministic) {
+  const size_t sort = deform_conv2d_sorted_grad_input(p, deterministic)
+                          ? sort_scratch_bytes(deform_conv2d_plan_entries(p, deform_conv2d_cuda_tiling(p, dtype)))
+                          : 0;
+  return deform_conv2d_cuda_workspace_bytes(p, dtype, true, deterministic) + sort;
 }
 
 size_t deform_conv2d_forward_workspace_cuda_bound(const DeformConv2dParams& max_params, DType dtype) {
@@ -373,6 +382,7 @@ Status deform_conv2d_forward_cuda(const DeformConv2dParams& p, DType dtype, cons
                                   const void* offset, const void* weight, const void* bias,
                                   const void* mask, void* output, void* workspace,
                                   const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("deform_conv2d_forward_cuda"));
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     return forward_impl<T>(p, static_cast<const T*>(input), static_cast<const T*>(offset),
@@ -386,6 +396,7 @@ Status deform_conv2d_backward_cuda(const DeformConv2dParams& p, DType dtype, con
                                    const void* mask, void* grad_input, void* grad_offset,
                                    void* grad_weight, void* grad_bias, void* grad_mask,
                                    void* workspace, const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("deform_conv2d_backward_cuda"));
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     return backward_impl<T>(p, static_cast<const T*>(grad_output), static_cast<const T*>(input),

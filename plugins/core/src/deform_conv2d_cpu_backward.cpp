@@ -179,6 +179,9 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
   const int64_t nt = std::max(1, ctx.num_threads);
   if (!mask) grad_mask = nullptr;
   if (cuda_schedule_path()) {
+    DCNKIT_RETURN_IF_ERROR(check_deform_conv2d_cuda_launches<T>(
+        p, dt, false, mask != nullptr, true, cpu_path() == CpuPath::kCudaScheduleDeterministic, grad_input,
+        grad_offset, grad_weight, grad_bias, grad_mask));
     std::vector<T> columns = cuda_schedule_columns<T>(p);
     CpuScheduleExec<T> ex{p, ctx, input, offset, mask, nullptr, grad_output,
                           nullptr, grad_input, grad_offset, grad_bias, grad_mask};

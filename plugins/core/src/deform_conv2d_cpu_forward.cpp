@@ -22,6 +22,8 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
     return Status::Ok();
   }
   if (cuda_schedule_path()) {
+    DCNKIT_RETURN_IF_ERROR(check_deform_conv2d_cuda_launches<T>(p, dtype_of_t<T>(), bias != nullptr, mask != nullptr,
+                                                                false, false));
     std::vector<T> columns = cuda_schedule_columns<T>(p);
     CpuScheduleExec<T> ex{p, ctx, input, offset, mask, bias, nullptr, output, nullptr, nullptr, nullptr, nullptr};
     return deform_conv2d_forward_schedule<T>(p, dtype_of_t<T>(), cuda_schedule_tiling(p), weight, bias != nullptr,

@@ -56,7 +56,9 @@ inline DcnTiling cuda_schedule_tiling(const DeformConv2dParams& p) {
 
 // The executor of the CUDA schedule on the CPU: each "kernel" is a serial loop over its per-thread body in
 // the order of the CUDA grid; the scatter is a plain += (one thread); the backward's per-point reduction
-// over slices runs the same fixed tree as the kernel's warp shuffles (dcn_slice_tree).
+// over slices runs the same fixed tree as the kernel's warp shuffles (dcn_slice_tree). Every launch it emulates is
+// checked against CUDA's limits (check_launch, with the CUDA executor's launch shapes); the drivers also check the
+// launcher's own tiling first (check_deform_conv2d_cuda_launches).
 template <typename T>
 struct CpuScheduleExec {
   const DeformConv2dParams& p;
@@ -67,6 +69,7 @@ struct CpuScheduleExec {
   bool deterministic = cpu_path() == CpuPath::kCudaScheduleDeterministic;
 
   Status gather(const DcnTile& t, T* columns) {
+    DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("deform_conv2d_gather_kernel", t.threads)));
     return dispatch_dcn_variant(p, index32, mask != nullptr, [&](auto it, auto kt, auto mt) {
       using I = typename decltype(it)::type;
       for (uint32_t i = 0; i < t.threads; ++i)
@@ -76,6 +79,7 @@ struct CpuScheduleExec {
     });
   }
   Status bias_fill(const DcnTile& t) {
+    DCNKIT_RETURN_IF_ERROR(check_launch(dcn_bias_launch(p, t)));
     for (int64_t b = 0; b < t.nb; ++b)
       for (int64_t co = 0; co < p.out_channels; ++co)
         for (int64_t pl = 0; pl < t.pt; ++pl) deform_conv2d_bias_fill(p, t, bias, b, co, pl, output);
@@ -84,6 +88,7 @@ struct CpuScheduleExec {
   Status sampling_backward(const DcnTile& t, const T* grad_columns, bool scatter) {
     T* gi = scatter ? grad_input : nullptr;
     const bool want = grad_offset != nullptr || grad_mask != nullptr;
+    DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("deform_conv2d_sampling_backward_kernel", t.threads)));
     return dispatch_dcn_variant(p, index32, mask != nullptr, [&](auto it, auto kt, auto mt) {
       using I = typename decltype(it)::type;
       constexpr int KH = decltype(kt)::KH, KW = decltype(kt)::KW;
@@ -102,6 +107,8 @@ struct CpuScheduleExec {
   }
   // Plan, stable sort of (key, slot) -- the order of the CUDA radix sort -- and the pixel gather.
   Status input_grad_sorted(const DcnTile& plan, const DcnPixelGrid& pg, const T* grad_columns) {
+    DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("deform_conv2d_plan_kernel", plan.threads)));
+    DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("deform_conv2d_pixel_gather_kernel", pg.threads)));
     std::vector<uint32_t> keys(pg.entries), slots(pg.entries);
     std::vector<T> weights(pg.entries);
     DCNKIT_RETURN_IF_ERROR(dispatch_dcn_variant(p, index32, mask != nullptr, [&](auto it, auto kt, auto mt) {
@@ -124,6 +131,7 @@ struct CpuScheduleExec {
     return Status::Ok();
   }
   Status bias_grad() {
+    DCNKIT_RETURN_IF_ERROR(check_launch(dcn_bias_grad_launch(p)));
     std::vector<T> part(kDcnBiasGradThreads);
     for (int64_t co = 0; co < p.out_channels; ++co) {
       for (int lane = 0; lane < kDcnBiasGradThreads; ++lane)
@@ -138,14 +146,21 @@ struct CpuScheduleExec {
     std::fill(dst, dst + count, T(0));
     return Status::Ok();
   }
-  Status gemm(const GemmArgs& ga) { return ctx.run_gemm(ga); }
+  // The CUDA executor's GEMMs: batches of at most 65535 (gemm_in_batches), each checked.
+  Status gemm(const GemmArgs& ga) {
+    return gemm_in_batches(ga, [&](const GemmArgs& g) {
+      DCNKIT_RETURN_IF_ERROR(check_gemm_batch("deform_conv2d GEMM", g.batch));
+      return ctx.run_gemm(g);
+    });
+  }
   // The int32 run adds in place (the float and double route on CUDA); the int64 run takes the route of the
   // 16-bit types: the image's product into a temporary, then the per-element sum into grad_weight.
   Status weight_gemm(const GemmArgs& ga) {
-    if (index32) return ctx.run_gemm(ga);
+    if (index32) return gemm(ga);
     const int64_t n = p.out_channels * p.in_per_group() * p.kernel_size();
+    DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("accumulate_kernel", n)));
     std::vector<T> tmp(static_cast<size_t>(n));
-    DCNKIT_RETURN_IF_ERROR(ctx.run_gemm(weight_gemm_to(ga, tmp.data())));
+    DCNKIT_RETURN_IF_ERROR(gemm(weight_gemm_to(ga, tmp.data())));
     for (int64_t i = 0; i < n; ++i) deform_conv2d_weight_accumulate<T, T>(tmp.data(), i, static_cast<T*>(ga.c));
     return Status::Ok();
   }

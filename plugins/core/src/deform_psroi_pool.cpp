@@ -1,10 +1,13 @@
 // DeformPSRoIPool: params, checks and CPU launchers. The math is in psroi_kernels.h.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "dcnkit/deform_psroi_pool.h"
 #include "dcnkit/psroi_kernels.h"
+#include "dcnkit/psroi_gather.h"
 #include "dcnkit/psroi_plan.h"
+#include "dcnkit/roi_plan_serial.h"
 
 namespace dcnkit {
 
@@ -87,12 +90,12 @@ Status deform_psroi_pool_forward_cpu(const DeformPSRoIPoolParams& p, const T* in
   const int64_t C = p.channels, H = p.height, W = p.width, D = p.attrs.output_dim;
   const int64_t P = p.attrs.output_size, spp = p.attrs.sample_per_part;
   if (p.attrs.no_trans) trans = nullptr;
-  if (roi_cuda_schedule_path() && psroi_plan_fits<T>(p)) {  // the CUDA launcher's planned blocks, run serially
-    psroi_schedule_serial<T>(p, rois, trans, 256, [&](const PSRoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
-                                                      const RoIPlanEntry<T>* plan, int tid) {
+  const bool schedule = roi_cuda_schedule_path() || roi_cuda_schedule_deterministic_path();
+  if (schedule && psroi_plan_fits<T>(p)) {  // the CUDA launcher's planned blocks, run serially
+    return psroi_schedule_serial<T>(p, rois, trans, 256, [&](const PSRoIPlanHead<T>& h, int64_t k, int64_t c0,
+                                                             int64_t nc, const RoIPlanEntry<T>* plan, int tid) {
       psroi_plan_forward_items<T, T>(p, h, plan, input, k, c0, nc, tid, 256, output, count);
     });
-    return Status::Ok();
   }
   parallel_for(ctx, p.num_rois * D, [&](int64_t begin, int64_t end) {
     for (int64_t kd = begin; kd < end; ++kd) {
@@ -125,13 +128,38 @@ Status deform_psroi_pool_backward_cpu(const DeformPSRoIPoolParams& p, const T* g
   if (p.attrs.no_trans) trans = nullptr;
   // grad_input: one task per input channel c (owns grad_input[:, c]); c is read by the outputs
   // (k, ctop, ph, pw) with ctop = c / G^2 whose (gh, gw) match c.
+  if (roi_cuda_schedule_deterministic_path()) {  // the deterministic mode's grids (psroi_gather.h), serially
+    if (grad_input != nullptr) {
+      if (!psroi_gather_supported(p)) {
+        return arg_error("deform_psroi_pool", "output_size", "output_size and group_size within 32-bit indices",
+                         std::to_string(p.attrs.output_size));
+      }
+      const int64_t outputs = p.num_rois * D * P * P;
+      DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("deform_psroi_pool_scale_kernel", outputs)));
+      std::vector<T> scale(static_cast<size_t>(outputs));
+      for (int64_t o = 0; o < outputs; ++o) scale[static_cast<size_t>(o)] = psroi_gather_scale<T>(grad_output, count, o);
+      const PSRoIGather<T, T> g = PSRoIGather<T, T>::make(p, rois, trans, scale.data());
+      DCNKIT_RETURN_IF_ERROR(roi_gather_serial(g, p.num_rois, roi_gather_grid(N, C, H, W), grad_input));
+    }
+    const int64_t m = p.num_rois * p.num_classes * p.attrs.part_size * p.attrs.part_size;
+    if (grad_trans != nullptr && trans != nullptr) {
+      DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("deform_psroi_pool_trans_grad_kernel", m)));
+      for (int64_t i = 0; i < m; ++i) {
+        psroi_trans_grad_entry<T, T>(p, grad_output, input, rois, trans, count, i, grad_trans);
+      }
+    } else if (grad_trans != nullptr) {
+      std::fill(grad_trans, grad_trans + 2 * m, T(0));
+    }
+    return Status::Ok();
+  }
   if (grad_input != nullptr && roi_cuda_schedule_path() && psroi_plan_fits<T>(p)) {  // the CUDA launcher's blocks
     std::fill(grad_input, grad_input + N * C * H * W, T(0));
     const auto add_at = [grad_input](int64_t at) { return CpuAdd<T>{grad_input + at}; };
-    psroi_schedule_serial<T>(p, rois, trans, 256, [&](const PSRoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
-                                                      const RoIPlanEntry<T>* plan, int tid) {
-      psroi_plan_backward_items<T, T>(p, h, plan, grad_output, count, k, c0, nc, tid, 256, add_at);
-    });
+    DCNKIT_RETURN_IF_ERROR(psroi_schedule_serial<T>(
+        p, rois, trans, 256, [&](const PSRoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
+                                 const RoIPlanEntry<T>* plan, int tid) {
+          psroi_plan_backward_items<T, T>(p, h, plan, grad_output, count, k, c0, nc, tid, 256, add_at);
+        }));
   } else if (grad_input != nullptr) {
     parallel_for(ctx, C, [&](int64_t begin, int64_t end) {
       for (int64_t c = begin; c < end; ++c) {

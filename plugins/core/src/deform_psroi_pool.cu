@@ -1,11 +1,14 @@
 // DeformPSRoIPool CUDA launchers: the forward and grad_input on RoIAlign's block schedule where the geometry allows
-// (psroi_plan.h), else, and for grad_trans, grid-stride kernels over the per-element functions of psroi_kernels.h.
+// (psroi_plan.h), else, and for grad_trans, grid-stride kernels over the per-element functions of psroi_kernels.h;
+// deterministic mode: grad_input by the tile gather, grad_trans one thread per entry (psroi_gather.h).
 // float32, float64, float16, bfloat16, forward and backward (the accumulation type follows the data; 16-bit
 // grad_input and grad_trans accumulate in float32 workspace buffers). A RoI whose batch index is outside
 // [0, N) gives zeros.
 #include "dcnkit/cuda_utils.cuh"
 #include "dcnkit/psroi_kernels.h"
+#include "dcnkit/psroi_gather.h"
 #include "dcnkit/psroi_plan.h"
+#include "dcnkit/roi_gather_cuda.cuh"
 #include "dcnkit/roi_plan_cuda.cuh"
 
 namespace dcnkit {
@@ -101,6 +104,24 @@ __global__ void deform_psroi_pool_backward_kernel(DeformPSRoIPoolParams p, const
   }
 }
 
+// Deterministic grad_trans: one thread per (RoI, class, part) writing its two entries (psroi_trans_grad_entry). The
+// double instantiation may take all the registers a 256-thread block leaves (it spilled with the default budget).
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kCudaThreads, sizeof(Acc) == 8 ? 1 : 0)
+    deform_psroi_pool_trans_grad_kernel(DeformPSRoIPoolParams p, const T* grad_output, const T* input, const T* rois,
+                                        const T* trans, const T* count, int64_t n, T* grad_trans) {
+  DCNKIT_CUDA_KERNEL_LOOP(i, n) {
+    psroi_trans_grad_entry<Acc, T>(p, grad_output, input, rois, trans, count, i, grad_trans);
+  }
+}
+
+// Deterministic grad_input's per-output factor g / count (psroi_gather_scale).
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kCudaThreads)
+    deform_psroi_pool_scale_kernel(const T* grad_output, const T* count, int64_t n, Acc* scale) {
+  DCNKIT_CUDA_KERNEL_LOOP(o, n) { scale[o] = psroi_gather_scale<Acc>(grad_output, count, o); }
+}
+
 int64_t output_elements(const DeformPSRoIPoolParams& p) {
   return p.num_rois * p.attrs.output_dim * p.attrs.output_size * p.attrs.output_size;
 }
@@ -109,11 +130,25 @@ int64_t trans_elements(const DeformPSRoIPoolParams& p) {
   return p.num_rois * 2 * p.num_classes * p.attrs.part_size * p.attrs.part_size;
 }
 
+// The deterministic backward's workspace (roi_gather.h).
+RoIGatherSizes gather_sizes(const DeformPSRoIPoolParams& p, DType dtype) {
+  RoIGatherSizes s;
+  s.num_rois = p.num_rois;
+  s.table_entries = (p.attrs.no_trans ? 1 : p.num_classes) * p.attrs.output_size * p.attrs.output_size *
+                    (p.height + p.width);
+  s.partial = is_16bit(dtype) ? input_elements(p) : 0;
+  s.scale = output_elements(p);
+  s.acc_bytes = dtype == DType::kFloat64 ? 8 : 4;
+  return s;
+}
+
 }  // namespace
 
 size_t deform_psroi_pool_workspace_cuda(const DeformPSRoIPoolParams&) { return 0; }
 
-size_t deform_psroi_pool_backward_workspace_cuda(const DeformPSRoIPoolParams& p, DType dtype) {
+size_t deform_psroi_pool_backward_workspace_cuda(const DeformPSRoIPoolParams& p, DType dtype, bool deterministic) {
+  RoIGatherBuffers b;
+  if (deterministic) return roi_gather_carve(gather_sizes(p, dtype), nullptr, &b);
   return grad_acc_bytes(dtype, input_elements(p)) + grad_acc_bytes(dtype, trans_elements(p));
 }
 
@@ -121,6 +156,7 @@ Status deform_psroi_pool_forward_cuda(const DeformPSRoIPoolParams& p, DType dtyp
                                       const void* input, const void* rois, const void* trans,
                                       void* output, void* count, void* /*workspace*/,
                                       const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("deform_psroi_pool_forward_cuda"));
   const int64_t n = output_elements(p);
   if (n == 0) return Status::Ok();
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
@@ -149,12 +185,47 @@ Status deform_psroi_pool_backward_cuda(const DeformPSRoIPoolParams& p, DType dty
                                        const void* rois, const void* trans_, const void* count,
                                        void* grad_input, void* grad_trans, void* workspace,
                                        const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("deform_psroi_pool_backward_cuda"));
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   const int64_t n = output_elements(p);
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     using Acc = typename AccType<T>::type;
     const T* trans = p.attrs.no_trans ? nullptr : static_cast<const T*>(trans_);
+    if (ctx.deterministic) {
+      // grad_input by the tile gather (psroi_gather.h), grad_trans one entry per thread: each element written once,
+      // in a fixed order.
+      const T *go = static_cast<const T*>(grad_output), *r = static_cast<const T*>(rois);
+      const T* cnt = static_cast<const T*>(count);
+      if (grad_input != nullptr) {
+        if (!psroi_gather_supported(p)) {
+          return arg_error("deform_psroi_pool_backward_cuda", "output_size",
+                           "output_size and group_size within 32-bit indices", std::to_string(p.attrs.output_size));
+        }
+        RoIGatherBuffers b;
+        roi_gather_carve(gather_sizes(p, dtype), static_cast<char*>(workspace), &b);
+        Acc* scale = static_cast<Acc*>(b.scale);
+        if (n > 0) {
+          const LaunchDims d = stride_launch("deform_psroi_pool_scale_kernel", n);
+          deform_psroi_pool_scale_kernel<T, Acc><<<launch_grid(d), d.block, 0, s>>>(go, cnt, n, scale);
+          DCNKIT_RETURN_IF_ERROR(cuda_launch_status("deform_psroi_pool_backward_cuda: deterministic scale"));
+        }
+        const PSRoIGather<Acc, T> g = PSRoIGather<Acc, T>::make(p, r, trans, scale);
+        DCNKIT_RETURN_IF_ERROR(roi_gather_cuda<T>("deform_psroi_pool_backward_cuda: deterministic gather", g,
+                                                  p.num_rois, roi_gather_grid(p.batch, p.channels, p.height, p.width),
+                                                  r, p.batch, false, b, static_cast<T*>(grad_input), s));
+      }
+      if (grad_trans == nullptr) return Status::Ok();
+      const int64_t m = trans_elements(p) / 2;
+      if (trans == nullptr || m == 0) {
+        return cuda_status(cudaMemsetAsync(grad_trans, 0, sizeof(T) * static_cast<size_t>(2 * m), s),
+                           "deform_psroi_pool_backward_cuda: memset");
+      }
+      const LaunchDims d = stride_launch("deform_psroi_pool_trans_grad_kernel", m);
+      deform_psroi_pool_trans_grad_kernel<T, Acc><<<launch_grid(d), d.block, 0, s>>>(
+          p, go, static_cast<const T*>(input), r, trans, cnt, m, static_cast<T*>(grad_trans));
+      return cuda_launch_status("deform_psroi_pool_backward_cuda: deterministic grad_trans");
+    }
     char* ws = static_cast<char*>(workspace);
     const GradAcc<T> gin = grad_acc(static_cast<T*>(grad_input), input_elements(p), &ws);
     const GradAcc<T> gtr = grad_acc(static_cast<T*>(grad_trans), trans_elements(p), &ws);

@@ -4,7 +4,8 @@
 
 #include "dcnkit/deform_roi_pool.h"
 #include "dcnkit/roi_cpu_drivers.h"
-#include "dcnkit/roi_plan.h"
+#include "dcnkit/roi_gather_ops.h"
+#include "dcnkit/roi_plan_serial.h"
 
 namespace dcnkit {
 
@@ -37,13 +38,14 @@ Status make_deform_roi_pool_params(const char* op, const Shape& input, const Sha
 namespace {
 
 // DCNKIT_ROI_CPU_PATH=cuda-schedule (roi_cuda_schedule_path): the CUDA launchers' block schedule of the output and
-// grad_input (roi_plan.h: the plan with each bin's offsets applied, or the bounded visit) run serially.
+// grad_input (roi_plan.h: the plan with each bin's offsets applied, or the bounded visit) run serially;
+// cuda-schedule-deterministic: grad_input by the deterministic mode's tile gather.
 constexpr int kCudaScheduleThreads = 256;
 
 template <typename T, typename Block>
-void deform_roi_cuda_schedule(const DeformRoIPoolParams& p, const T* rois, const T* offset, const Block& block) {
-  roi_block_schedule_serial<T>(
-      p, [&](int64_t k) { return deform_roi_plan_head<T>(p, rois, k); }, kCudaScheduleThreads,
+Status deform_roi_cuda_schedule(const DeformRoIPoolParams& p, const T* rois, const T* offset, const Block& block) {
+  return roi_block_schedule_serial<T>(
+      p, p.height * p.width, [&](int64_t k) { return deform_roi_plan_head<T>(p, rois, k); }, kCudaScheduleThreads,
       [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc, const RoIPlanEntry<T>* plan, int tid) {
         block(h, k, c0, nc, plan, tid, DeformRoIOrigin<T>{p, offset, k});
       },
@@ -51,10 +53,10 @@ void deform_roi_cuda_schedule(const DeformRoIPoolParams& p, const T* rois, const
 }
 
 template <typename T>
-void deform_roi_forward_cuda_schedule(const DeformRoIPoolParams& p, const T* input, const T* rois, const T* offset,
-                                      T* output) {
-  deform_roi_cuda_schedule<T>(p, rois, offset, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
-                                                   const RoIPlanEntry<T>* plan, int tid, const auto& origin) {
+Status deform_roi_forward_cuda_schedule(const DeformRoIPoolParams& p, const T* input, const T* rois, const T* offset,
+                                        T* output) {
+  return deform_roi_cuda_schedule<T>(p, rois, offset, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
+                                                          const RoIPlanEntry<T>* plan, int tid, const auto& origin) {
     if (plan != nullptr) {
       roi_plan_forward_items<T, T>(p, h, plan, input, k, c0, nc, tid, kCudaScheduleThreads, output, false);
     } else {
@@ -65,13 +67,17 @@ void deform_roi_forward_cuda_schedule(const DeformRoIPoolParams& p, const T* inp
 }
 
 template <typename T>
-void deform_roi_grad_input_cuda_schedule(const DeformRoIPoolParams& p, const T* grad_output, const T* rois,
-                                         const T* offset, T* grad_input) {
+Status deform_roi_grad_input_cuda_schedule(const DeformRoIPoolParams& p, const T* grad_output, const T* rois,
+                                           const T* offset, T* grad_input) {
+  if (roi_cuda_schedule_deterministic_path()) {  // the deterministic mode's footprints and tile gather (roi_gather.h)
+    const DeformRoIGather<T, T> g{p, rois, offset, grad_output, 0, nullptr};
+    return roi_gather_serial(g, p.num_rois, roi_gather_grid(p.batch, p.channels, p.height, p.width), grad_input);
+  }
   std::fill(grad_input, grad_input + p.batch * p.channels * p.height * p.width, T(0));
   const auto add_at = [grad_input](int64_t at) { return CpuAddTo<T>{grad_input + at}; };
   const T* none = nullptr;
-  deform_roi_cuda_schedule<T>(p, rois, offset, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
-                                                   const RoIPlanEntry<T>* plan, int tid, const auto& origin) {
+  return deform_roi_cuda_schedule<T>(p, rois, offset, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
+                                                          const RoIPlanEntry<T>* plan, int tid, const auto& origin) {
     if (plan != nullptr) {
       roi_plan_backward_items<T, T>(p, h, plan, grad_output, none, k, c0, nc, tid, kCudaScheduleThreads, add_at,
                                     false);
@@ -89,9 +95,8 @@ Status deform_roi_pool_forward_cpu(const DeformRoIPoolParams& p, const T* input,
                                    const T* offset, T* output, const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("deform_roi_pool", rois, p.num_rois, p.batch));
   if (!p.has_offset) offset = nullptr;
-  if (roi_cuda_schedule_path()) {
-    deform_roi_forward_cuda_schedule(p, input, rois, offset, output);
-    return Status::Ok();
+  if (roi_cuda_schedule_path() || roi_cuda_schedule_deterministic_path()) {
+    return deform_roi_forward_cuda_schedule(p, input, rois, offset, output);
   }
   auto box_of = [&](const T* roi) { return deform_roi_pool_box<T>(p, roi); };
   auto origin_of = [&](int64_t k, const RoIAlignBox<T>& box, int64_t ph, int64_t pw, T* y0, T* x0) {
@@ -114,8 +119,8 @@ Status deform_roi_pool_backward_cpu(const DeformRoIPoolParams& p, const T* grad_
   auto origin_of = [&](int64_t k, const RoIAlignBox<T>& box, int64_t ph, int64_t pw, T* y0, T* x0) {
     deform_roi_pool_origin<T, T>(p, box, offset, k, ph, pw, y0, x0);
   };
-  if (grad_input != nullptr && roi_cuda_schedule_path()) {
-    deform_roi_grad_input_cuda_schedule(p, grad_output, rois, offset, grad_input);
+  if (grad_input != nullptr && (roi_cuda_schedule_path() || roi_cuda_schedule_deterministic_path())) {
+    DCNKIT_RETURN_IF_ERROR(deform_roi_grad_input_cuda_schedule(p, grad_output, rois, offset, grad_input));
   } else if (grad_input != nullptr) {
     roi_pool_backward_cpu(ctx, p.num_rois, N, C, H, W, oh, ow, false, grad_output, input, rois,
                           grad_input, box_of, origin_of);

@@ -1,9 +1,11 @@
-// DeformRoIPool CUDA launchers: RoIAlign's block schedule for the output and grad_input (roi_plan.h), a grid-stride
-// kernel over the per-element functions of roi_kernels.h for grad_offset.
+// DeformRoIPool CUDA launchers: RoIAlign's block schedule for the output and grad_input (roi_plan.h; deterministic
+// mode: grad_input by the tile gather of roi_gather.h), a grid-stride kernel over the per-element functions of
+// roi_kernels.h for grad_offset (no atomics in either mode).
 // float32, float64, float16, bfloat16, forward and backward (the accumulation type follows the data; a 16-bit
 // grad_input accumulates in a float32 workspace buffer). A RoI whose batch index is outside [0, N) gives zeros.
 #include "dcnkit/cuda_utils.cuh"
 #include "dcnkit/roi_kernels.h"
+#include "dcnkit/roi_gather_cuda.cuh"
 #include "dcnkit/roi_plan_cuda.cuh"
 
 namespace dcnkit {
@@ -34,11 +36,12 @@ __global__ void __launch_bounds__(kCudaThreads)
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(kCudaThreads, 1)
     deform_roi_pool_visit_forward_kernel(DeformRoIPoolParams p, const T* input, const T* rois, const T* offset,
-                                         T* output) {
+                                         T* output, bool all) {
   __shared__ RoIPlanHead<Acc> head;
-  roi_block_head<Acc>([&](int64_t k) { return deform_roi_plan_head<Acc>(p, rois, k); }, rois, p.batch, false,
+  roi_block_head<Acc>([&](int64_t k) { return roi_visit_head(deform_roi_plan_head<Acc>(p, rois, k), all); },
+                      rois, p.batch, false,
                       &head);
-  if (head.stride != 0) return;  // the plan kernel's RoI
+  if (head.stride != 0) return;  // the plan kernel's RoI (none when `all`: roi_visit_head)
   const int64_t g = blockIdx.y;
   roi_visit_forward_items<Acc, T>(p, head, p.height, p.width, input, blockIdx.x, g * kRoIPlanChannels,
                                   roi_group_channels(p.channels, g), threadIdx.x, blockDim.x, output,
@@ -72,9 +75,10 @@ __global__ void __launch_bounds__(kCudaThreads)
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(kCudaThreads, 1)
     deform_roi_pool_visit_grad_input_kernel(DeformRoIPoolParams p, const T* grad_output, const T* rois,
-                                            const T* offset, Acc* grad_input) {
+                                            const T* offset, Acc* grad_input, bool all) {
   __shared__ RoIPlanHead<Acc> head;
-  roi_block_head<Acc>([&](int64_t k) { return deform_roi_plan_head<Acc>(p, rois, k); }, rois, p.batch, false,
+  roi_block_head<Acc>([&](int64_t k) { return roi_visit_head(deform_roi_plan_head<Acc>(p, rois, k), all); },
+                      rois, p.batch, false,
                       &head);
   if (head.stride != 0) return;
   const int64_t g = blockIdx.y;
@@ -123,17 +127,30 @@ __global__ void deform_roi_pool_grad_offset_kernel(DeformRoIPoolParams p, const 
 
 int64_t input_elements(const DeformRoIPoolParams& p) { return p.batch * p.channels * p.height * p.width; }
 
+// The deterministic backward's workspace (roi_gather.h).
+RoIGatherSizes gather_sizes(const DeformRoIPoolParams& p, DType dtype) {
+  RoIGatherSizes s;
+  s.num_rois = p.num_rois;
+  s.table_entries = p.attrs.pooled_h * p.attrs.pooled_w * (p.height + p.width);
+  s.partial = is_16bit(dtype) ? input_elements(p) : 0;
+  s.acc_bytes = dtype == DType::kFloat64 ? 8 : 4;
+  return s;
+}
+
 }  // namespace
 
 size_t deform_roi_pool_workspace_cuda(const DeformRoIPoolParams&) { return 0; }
 
-size_t deform_roi_pool_backward_workspace_cuda(const DeformRoIPoolParams& p, DType dtype) {
+size_t deform_roi_pool_backward_workspace_cuda(const DeformRoIPoolParams& p, DType dtype, bool deterministic) {
+  RoIGatherBuffers b;
+  if (deterministic) return roi_gather_carve(gather_sizes(p, dtype), nullptr, &b);
   return grad_acc_bytes(dtype, input_elements(p));
 }
 
 Status deform_roi_pool_forward_cuda(const DeformRoIPoolParams& p, DType dtype, const void* input,
                                     const void* rois, const void* offset, void* output,
                                     void* /*workspace*/, const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("deform_roi_pool_forward_cuda"));
   const int64_t n = p.num_rois * p.channels * p.attrs.pooled_h * p.attrs.pooled_w;
   if (n == 0) return Status::Ok();
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
@@ -150,7 +167,9 @@ Status deform_roi_pool_forward_cuda(const DeformRoIPoolParams& p, DType dtype, c
         [&](auto, size_t smem) {
           deform_roi_pool_plan_forward_kernel<T, Acc><<<grid, kCudaThreads, smem, s>>>(p, x, r, off, y);
         },
-        [&] { deform_roi_pool_visit_forward_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, x, r, off, y); });
+        [&](bool all) {
+          deform_roi_pool_visit_forward_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, x, r, off, y, all);
+        });
   });
 }
 
@@ -158,13 +177,24 @@ Status deform_roi_pool_backward_cuda(const DeformRoIPoolParams& p, DType dtype,
                                      const void* grad_output, const void* input, const void* rois,
                                      const void* offset_, void* grad_input, void* grad_offset,
                                      void* workspace, const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("deform_roi_pool_backward_cuda"));
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     using Acc = typename AccType<T>::type;
     const T* offset = p.has_offset ? static_cast<const T*>(offset_) : nullptr;
     const int64_t n = p.num_rois * p.channels * p.attrs.pooled_h * p.attrs.pooled_w;
-    if (grad_input != nullptr) {
+    if (grad_input != nullptr && ctx.deterministic) {
+      // The tile gather (roi_gather.h): every grad_input element written once, in a fixed order.
+      RoIGatherBuffers b;
+      roi_gather_carve(gather_sizes(p, dtype), static_cast<char*>(workspace), &b);
+      const DeformRoIGather<Acc, T> g{p, static_cast<const T*>(rois), offset, static_cast<const T*>(grad_output), 0,
+                                      nullptr};
+      DCNKIT_RETURN_IF_ERROR(roi_gather_cuda<T>("deform_roi_pool_backward_cuda: deterministic gather", g, p.num_rois,
+                                                roi_gather_grid(p.batch, p.channels, p.height, p.width),
+                                                static_cast<const T*>(rois), p.batch, false, b,
+                                                static_cast<T*>(grad_input), s));
+    } else if (grad_input != nullptr) {
       char* ws = static_cast<char*>(workspace);
       const GradAcc<T> gin = grad_acc(static_cast<T*>(grad_input), input_elements(p), &ws);
       DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gin, s, "deform_roi_pool_backward_cuda: memset"));
@@ -178,8 +208,9 @@ Status deform_roi_pool_backward_cuda(const DeformRoIPoolParams& p, DType dtype,
               deform_roi_pool_plan_grad_input_kernel<T, Acc><<<grid, kCudaThreads, smem, s>>>(p, go, r, offset,
                                                                                               gin.acc);
             },
-            [&] {
-              deform_roi_pool_visit_grad_input_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, go, r, offset, gin.acc);
+            [&](bool all) {
+              deform_roi_pool_visit_grad_input_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, go, r, offset, gin.acc,
+                                                                                             all);
             }));
       }
       DCNKIT_RETURN_IF_ERROR(grad_acc_store(gin, s, "deform_roi_pool_backward_cuda: store"));

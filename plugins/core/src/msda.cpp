@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "cuda_schedule_cpu.h"
+#include "dcnkit/launch_limits.h"
 #include "dcnkit/msda.h"
 #include "dcnkit/msda_kernels.h"
 
@@ -90,6 +91,8 @@ Status msda_forward_cpu(const MsdaParams& p, const T* value, const int64_t* spat
                         const int64_t* level_start_index, const T* sampling_locations, const T* attention_weights,
                         T* output, const CpuContext& ctx) {
   if (cuda_schedule_on_cpu()) {  // msda_forward_cuda's grid, serially; no host check of the tables
+    // CUDA's limits
+    DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("msda_forward_kernel", msda_thread_count<kMsdaForwardChunk>(p))));
     for (int64_t i = 0; i < msda_thread_count<kMsdaForwardChunk>(p); ++i) {
       msda_forward_thread<T, T>(p, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
                                 output, i);
@@ -114,6 +117,8 @@ Status msda_backward_cpu(const MsdaParams& p, const T* grad_output, const T* val
                          T* grad_value, T* grad_sampling_locations, T* grad_attention_weights,
                          const CpuContext& ctx) {
   if (cuda_schedule_on_cpu()) {  // msda_backward_cuda's zeroing and grid, serially; no host check of the tables
+    // CUDA's limits
+    DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("msda_backward_kernel", msda_thread_count<kMsdaBackwardChunk>(p))));
     const int64_t nv = p.batch * p.num_values * p.heads * p.channels;
     const int64_t nw = p.batch * p.num_queries * p.heads * p.num_levels * p.num_points;
     std::fill(grad_value, grad_value + nv, T(0));

@@ -49,6 +49,7 @@ size_t msda_backward_workspace_cuda(const MsdaParams& p, DType dtype) {
 Status msda_forward_cuda(const MsdaParams& p, DType dtype, const void* value, const int64_t* spatial_shapes,
                          const int64_t* level_start_index, const void* sampling_locations,
                          const void* attention_weights, void* output, const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("msda_forward_cuda"));
   const int64_t n = msda_thread_count<kMsdaForwardChunk>(p);
   if (n == 0) return Status::Ok();
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
@@ -66,6 +67,7 @@ Status msda_backward_cuda(const MsdaParams& p, DType dtype, const void* grad_out
                           const void* sampling_locations, const void* attention_weights, void* grad_value,
                           void* grad_sampling_locations, void* grad_attention_weights, void* workspace,
                           const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("msda_backward_cuda"));
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);

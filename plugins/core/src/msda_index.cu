@@ -35,6 +35,7 @@ __global__ void assert_levels_kernel(int64_t num_levels, int64_t num_values, con
 
 Status msda_assert_levels_cuda(const MsdaParams& p, const int64_t* spatial_shapes, const int64_t* level_start_index,
                                const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("msda_assert_levels_cuda"));
   if (p.num_levels <= 0) return Status::Ok();
   assert_levels_kernel<<<1, 32, 0, static_cast<cudaStream_t>(ctx.stream)>>>(p.num_levels, p.num_values,
                                                                            spatial_shapes, level_start_index);
@@ -48,6 +49,7 @@ size_t msda_int32_levels_workspace_cuda(const MsdaParams& p) {
 Status msda_levels_to_int64_cuda(const MsdaParams& p, const int32_t* spatial_shapes, const int32_t* level_start_index,
                                  void* workspace, const CudaContext& ctx, const int64_t** spatial_shapes64,
                                  const int64_t** level_start_index64) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("msda_levels_to_int64_cuda"));
   const char* where = "msda_levels_to_int64_cuda";
   if (p.num_levels <= 0) return Status::Invalid(std::string(where) + ": no levels");
   if (workspace == nullptr || reinterpret_cast<uintptr_t>(workspace) % alignof(int64_t) != 0) {

@@ -8,6 +8,8 @@
 #include "dcnkit/multi_level_roi_align.h"
 #include "dcnkit/multi_level_roi_align_kernels.h"
 #include "dcnkit/roi_cpu_drivers.h"
+#include "dcnkit/roi_gather_ops.h"
+#include "dcnkit/roi_plan_serial.h"
 
 namespace dcnkit {
 
@@ -97,17 +99,18 @@ namespace {
 constexpr int kCudaScheduleThreads = 256;
 
 template <typename T, typename Block>
-void multi_level_cuda_schedule(const MultiLevelRoIAlignParams& p, const T* rois, const Block& block) {
-  roi_block_schedule_serial<T>(p, [&](int64_t k) { return multi_level_plan_head<T>(p, rois, k); },
-                               kCudaScheduleThreads, block);
+Status multi_level_cuda_schedule(const MultiLevelRoIAlignParams& p, const T* rois, const Block& block) {
+  return roi_block_schedule_serial<T>(p, multi_level_max_pixels(p),
+                                      [&](int64_t k) { return multi_level_plan_head<T>(p, rois, k); },
+                                      kCudaScheduleThreads, block);
 }
 
 template <typename T>
-void multi_level_forward_cuda_schedule(const MultiLevelRoIAlignParams& p, const T* const* features, const T* rois,
-                                       T* output) {
+Status multi_level_forward_cuda_schedule(const MultiLevelRoIAlignParams& p, const T* const* features, const T* rois,
+                                         T* output) {
   const bool max_mode = p.attrs.mode == PoolMode::kMax;
-  multi_level_cuda_schedule<T>(p, rois, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
-                                            const RoIPlanEntry<T>* plan, int tid) {
+  return multi_level_cuda_schedule<T>(p, rois, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
+                                                   const RoIPlanEntry<T>* plan, int tid) {
     const T* input = features[h.level];
     if (plan != nullptr) {
       roi_plan_forward_items<T, T>(p, h, plan, input, k, c0, nc, tid, kCudaScheduleThreads, output, max_mode);
@@ -118,14 +121,14 @@ void multi_level_forward_cuda_schedule(const MultiLevelRoIAlignParams& p, const 
 }
 
 template <typename T>
-void multi_level_backward_cuda_schedule(const MultiLevelRoIAlignParams& p, const T* grad_output,
-                                        const T* const* features, const T* rois, T* const* grad_features) {
+Status multi_level_backward_cuda_schedule(const MultiLevelRoIAlignParams& p, const T* grad_output,
+                                          const T* const* features, const T* rois, T* const* grad_features) {
   const bool max_mode = p.attrs.mode == PoolMode::kMax;
   for (int64_t l = 0; l < p.attrs.num_levels; ++l) {
     std::fill(grad_features[l], grad_features[l] + p.batch * p.channels * p.heights[l] * p.widths[l], T(0));
   }
-  multi_level_cuda_schedule<T>(p, rois, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
-                                            const RoIPlanEntry<T>* plan, int tid) {
+  return multi_level_cuda_schedule<T>(p, rois, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
+                                                   const RoIPlanEntry<T>* plan, int tid) {
     T* grad = grad_features[h.level];
     const auto add_at = [grad](int64_t offset) { return CpuAddTo<T>{grad + offset}; };
     const T* input = features != nullptr ? features[h.level] : nullptr;
@@ -138,6 +141,36 @@ void multi_level_backward_cuda_schedule(const MultiLevelRoIAlignParams& p, const
   });
 }
 
+// DCNKIT_ROI_CPU_PATH=cuda-schedule-deterministic: the deterministic mode's grids (roi_gather.h) run serially: max
+// mode's arg-max on each RoI's level, then per level the footprints and the tile gather.
+template <typename T>
+Status multi_level_backward_gather(const MultiLevelRoIAlignParams& p, const T* grad_output, const T* const* features,
+                                   const T* rois, T* const* grad_features) {
+  const int64_t n = p.num_rois * p.channels * p.attrs.pooled_h * p.attrs.pooled_w;
+  const MultiLevelHeadOf<T, T> head_of{p, rois};
+  std::vector<T> argmax;
+  if (p.attrs.mode == PoolMode::kMax) {
+    DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("roi_gather_argmax_kernel", n)));
+    LevelMapOf<T> f{{}, p.channels};
+    for (int64_t l = 0; l < p.attrs.num_levels; ++l) f.levels.ptr[l] = features[l];
+    argmax.resize(static_cast<size_t>(2 * n));
+    for (int64_t i = 0; i < n; ++i) {
+      roi_gather_argmax_at<T>(head_of, f, p.channels, p.attrs.pooled_w, p.attrs.pooled_h * p.attrs.pooled_w, i,
+                              argmax.data());
+    }
+  }
+  for (int64_t l = 0; l < p.attrs.num_levels; ++l) {
+    const RoIAlignGather<T, T, MultiLevelHeadOf<T, T>> g{head_of,      p.channels,  p.attrs.pooled_h,
+                                                         p.attrs.pooled_w, static_cast<int32_t>(l), p.heights[l],
+                                                         p.widths[l],  grad_output, argmax.empty() ? nullptr : argmax.data(),
+                                                         0,            nullptr};
+    DCNKIT_RETURN_IF_ERROR(
+        roi_gather_serial(g, p.num_rois, roi_gather_grid(p.batch, p.channels, p.heights[l], p.widths[l]),
+                          grad_features[l]));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 template <typename T>
@@ -145,9 +178,8 @@ Status multi_level_roi_align_forward_cpu(const MultiLevelRoIAlignParams& p, cons
                                          const T* rois, T* output, const CpuContext& ctx) {
   const char* op = "multi_level_roi_align";
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices(op, rois, p.num_rois, p.batch));
-  if (roi_cuda_schedule_path()) {
-    multi_level_forward_cuda_schedule(p, features, rois, output);
-    return Status::Ok();
+  if (roi_cuda_schedule_path() || roi_cuda_schedule_deterministic_path()) {
+    return multi_level_forward_cuda_schedule(p, features, rois, output);
   }
   const MultiLevelRoIAlignAttrs& a = p.attrs;
   const int64_t C = p.channels, oh = a.pooled_h, ow = a.pooled_w;
@@ -174,10 +206,10 @@ Status multi_level_roi_align_backward_cpu(const MultiLevelRoIAlignParams& p, con
                                           const CpuContext& ctx) {
   const char* op = "_multi_level_roi_align_backward";
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices(op, rois, p.num_rois, p.batch));
-  if (roi_cuda_schedule_path()) {
-    multi_level_backward_cuda_schedule(p, grad_output, features, rois, grad_features);
-    return Status::Ok();
+  if (roi_cuda_schedule_deterministic_path()) {
+    return multi_level_backward_gather(p, grad_output, features, rois, grad_features);
   }
+  if (roi_cuda_schedule_path()) return multi_level_backward_cuda_schedule(p, grad_output, features, rois, grad_features);
   const MultiLevelRoIAlignAttrs& a = p.attrs;
   const bool max_mode = a.mode == PoolMode::kMax;
   const auto origin_of = [](int64_t, const RoIAlignBox<T>& b, int64_t ph, int64_t pw, T* y0, T* x0) {

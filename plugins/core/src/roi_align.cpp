@@ -4,8 +4,9 @@
 #include <vector>
 
 #include "dcnkit/roi_align.h"
-#include "dcnkit/roi_align_sorted.h"
 #include "dcnkit/roi_cpu_drivers.h"
+#include "dcnkit/roi_gather_ops.h"
+#include "dcnkit/roi_plan_serial.h"
 
 namespace dcnkit {
 
@@ -37,18 +38,6 @@ Status make_roi_align_params(const char* op, const Shape& input, const Shape& ro
   return Status::Ok();
 }
 
-bool roi_align_deterministic_supported(const RoIAlignParams& p, DType dtype) {
-  return dtype == DType::kFloat64 ? roi_align_sorted_supported<double>(p) : roi_align_sorted_supported<float>(p);
-}
-
-static Status roi_align_unplanned_error(const char* op) {
-  return Status::Invalid(std::string(op) +
-                         ": deterministic backward: a RoI's adaptive sampling grid is too large for a plan (more "
-                         "than " + std::to_string(kRoIPlanSamples) +
-                         " samples per bin, or too many per RoI); it has no deterministic path (use an explicit "
-                         "sampling_ratio, or leave torch.use_deterministic_algorithms off)");
-}
-
 namespace {
 
 // RoI row -> box of RoIAlign, and a bin's origin (no offsets): the geometry both CPU passes use.
@@ -73,16 +62,16 @@ auto roi_align_origin_of() {
 constexpr int kCudaScheduleThreads = 256;
 
 template <typename T, typename Block>
-void roi_cuda_schedule(const RoIAlignParams& p, const T* rois, const Block& block) {
-  roi_block_schedule_serial<T>(p, [&](int64_t k) { return roi_plan_head<T>(p, rois, k); }, kCudaScheduleThreads,
-                               block);
+Status roi_cuda_schedule(const RoIAlignParams& p, const T* rois, const Block& block) {
+  return roi_block_schedule_serial<T>(p, p.height * p.width, [&](int64_t k) { return roi_plan_head<T>(p, rois, k); },
+                                      kCudaScheduleThreads, block);
 }
 
 template <typename T>
-void roi_align_forward_cuda_schedule(const RoIAlignParams& p, const T* input, const T* rois, T* output) {
+Status roi_align_forward_cuda_schedule(const RoIAlignParams& p, const T* input, const T* rois, T* output) {
   const bool max_mode = p.attrs.mode == PoolMode::kMax;
-  roi_cuda_schedule<T>(p, rois, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
-                                    const RoIPlanEntry<T>* plan, int tid) {
+  return roi_cuda_schedule<T>(p, rois, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
+                                           const RoIPlanEntry<T>* plan, int tid) {
     if (plan != nullptr) {
       roi_plan_forward_items<T, T>(p, h, plan, input, k, c0, nc, tid, kCudaScheduleThreads, output, max_mode);
     } else {
@@ -92,13 +81,13 @@ void roi_align_forward_cuda_schedule(const RoIAlignParams& p, const T* input, co
 }
 
 template <typename T>
-void roi_align_backward_cuda_schedule(const RoIAlignParams& p, const T* grad_output, const T* input, const T* rois,
-                                      T* grad_input) {
+Status roi_align_backward_cuda_schedule(const RoIAlignParams& p, const T* grad_output, const T* input, const T* rois,
+                                        T* grad_input) {
   const bool max_mode = p.attrs.mode == PoolMode::kMax;
   std::fill(grad_input, grad_input + p.batch * p.channels * p.height * p.width, T(0));
   const auto add_at = [grad_input](int64_t offset) { return CpuAddTo<T>{grad_input + offset}; };
-  roi_cuda_schedule<T>(p, rois, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
-                                    const RoIPlanEntry<T>* plan, int tid) {
+  return roi_cuda_schedule<T>(p, rois, [&](const RoIPlanHead<T>& h, int64_t k, int64_t c0, int64_t nc,
+                                           const RoIPlanEntry<T>* plan, int tid) {
     if (plan != nullptr) {
       roi_plan_backward_items<T, T>(p, h, plan, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads, add_at,
                                     max_mode);
@@ -109,47 +98,26 @@ void roi_align_backward_cuda_schedule(const RoIAlignParams& p, const T* grad_out
   });
 }
 
-// DCNKIT_ROI_CPU_PATH=cuda-schedule-deterministic: the deterministic mode's grids of roi_align_sorted.h run serially
-// in grid order (the plan, a stable sort of the (key, slot) pairs, the arg-max in max mode, the pixel gather).
+// DCNKIT_ROI_CPU_PATH=cuda-schedule-deterministic: the deterministic mode's grids (roi_gather.h) run serially in grid
+// order: max mode's arg-max (every output's winning sample), the footprints and the tile gather.
 template <typename T>
-Status roi_align_backward_sorted(const RoIAlignParams& p, const T* grad_output, const T* input, const T* rois,
+Status roi_align_backward_gather(const RoIAlignParams& p, const T* grad_output, const T* input, const T* rois,
                                  T* grad_input) {
-  if (!roi_align_sorted_supported<T>(p)) {
-    return Status::Invalid("roi_align: deterministic backward: no deterministic path for these sizes (an explicit "
-                           "grid too large for a plan, or more than 2^31 slots)");
-  }
-  const uint32_t E = static_cast<uint32_t>(roi_align_sorted_entries<T>(p));
-  const size_t n = static_cast<size_t>(4 * E * p.num_rois);
-  std::vector<uint32_t> keys(n), slots(n), items(n), sorted_keys(n), sorted_slots(n);
-  std::vector<T> weights(n);
-  for (uint32_t k = 0; k < static_cast<uint32_t>(p.num_rois); ++k) {
-    for (uint32_t e = 0; e < E; ++e) {
-      if (!roi_align_sorted_plan<T>(p, rois, E, k, e, keys.data(), slots.data(), weights.data(), items.data())) {
-        return roi_align_unplanned_error("roi_align");
-      }
-    }
-  }
-  std::vector<uint32_t> order(slots);
-  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return keys[a] < keys[b]; });
-  for (size_t j = 0; j < n; ++j) {
-    sorted_keys[j] = keys[order[j]];
-    sorted_slots[j] = slots[order[j]];
-  }
-  std::vector<int32_t> argmax;
+  const int64_t n = p.num_rois * p.channels * p.attrs.pooled_h * p.attrs.pooled_w;
+  const RoIAlignHeadOf<T, T> head_of{p, rois};
+  std::vector<T> argmax;
   if (p.attrs.mode == PoolMode::kMax) {
-    argmax.resize(static_cast<size_t>(p.num_rois * p.channels * p.attrs.pooled_h * p.attrs.pooled_w));
-    for (size_t i = 0; i < argmax.size(); ++i) {
-      roi_align_sorted_argmax<T>(p, input, rois, static_cast<uint32_t>(i), argmax.data());
+    DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("roi_gather_argmax_kernel", n)));
+    argmax.resize(static_cast<size_t>(2 * n));
+    for (int64_t i = 0; i < n; ++i) {
+      roi_gather_argmax_at<T>(head_of, RoIImageMap<T>{input, p.channels}, p.channels, p.attrs.pooled_w,
+                              p.attrs.pooled_h * p.attrs.pooled_w, i, argmax.data());
     }
   }
-  const int64_t total = p.batch * p.channels * p.height * p.width;
-  for (int64_t i = 0; i < total; ++i) {
-    grad_input[i] = roi_align_sorted_gather<T>(p, E, static_cast<uint32_t>(n), sorted_keys.data(),
-                                               sorted_slots.data(), weights.data(), items.data(),
-                                               argmax.empty() ? nullptr : argmax.data(), grad_output,
-                                               static_cast<uint32_t>(i));
-  }
-  return Status::Ok();
+  const RoIAlignGather<T, T, RoIAlignHeadOf<T, T>> g{head_of, p.channels, p.attrs.pooled_h, p.attrs.pooled_w, 0,
+                                                     p.height, p.width, grad_output,
+                                                     argmax.empty() ? nullptr : argmax.data(), 0, nullptr};
+  return roi_gather_serial(g, p.num_rois, roi_gather_grid(p.batch, p.channels, p.height, p.width), grad_input);
 }
 
 }  // namespace
@@ -159,8 +127,7 @@ Status roi_align_forward_cpu(const RoIAlignParams& p, const T* input, const T* r
                              const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("roi_align", rois, p.num_rois, p.batch));
   if (roi_cuda_schedule_path() || roi_cuda_schedule_deterministic_path()) {
-    roi_align_forward_cuda_schedule(p, input, rois, output);
-    return Status::Ok();
+    return roi_align_forward_cuda_schedule(p, input, rois, output);
   }
   const RoIAlignAttrs& a = p.attrs;
   const auto box_of = roi_align_box_of<T>(a);
@@ -174,11 +141,8 @@ template <typename T>
 Status roi_align_backward_cpu(const RoIAlignParams& p, const T* grad_output, const T* input,
                               const T* rois, T* grad_input, const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("roi_align", rois, p.num_rois, p.batch));
-  if (roi_cuda_schedule_deterministic_path()) return roi_align_backward_sorted(p, grad_output, input, rois, grad_input);
-  if (roi_cuda_schedule_path()) {
-    roi_align_backward_cuda_schedule(p, grad_output, input, rois, grad_input);
-    return Status::Ok();
-  }
+  if (roi_cuda_schedule_deterministic_path()) return roi_align_backward_gather(p, grad_output, input, rois, grad_input);
+  if (roi_cuda_schedule_path()) return roi_align_backward_cuda_schedule(p, grad_output, input, rois, grad_input);
   const RoIAlignAttrs& a = p.attrs;
   const auto box_of = roi_align_box_of<T>(a);
   const auto origin_of = roi_align_origin_of<T>();

@@ -1,10 +1,9 @@
-// RoIAlign CUDA launchers: block kernels over the plan / visit functions of roi_plan.h.
-// float32, float64, float16, bfloat16, forward and backward (the accumulation type follows the data; 16-bit
-// gradients accumulate in a float32 workspace buffer). A RoI whose batch index is outside [0, N) gives zeros.
-#include <cub/device/device_radix_sort.cuh>
-
+// RoIAlign CUDA launchers: block kernels over the plan / visit functions of roi_plan.h; in deterministic mode the
+// backward is the tile gather of roi_gather.h (no atomics). float32, float64, float16, bfloat16, forward and backward
+// (the accumulation type follows the data; the atomic path's 16-bit gradients accumulate in a float32 workspace
+// buffer). A RoI whose batch index is outside [0, N) gives zeros.
 #include "dcnkit/cuda_utils.cuh"
-#include "dcnkit/roi_align_sorted.h"
+#include "dcnkit/roi_gather_cuda.cuh"
 #include "dcnkit/roi_plan_cuda.cuh"
 
 namespace dcnkit {
@@ -19,7 +18,7 @@ template <typename T, typename Acc, bool kMax>
 __global__ void __launch_bounds__(kCudaThreads)
     roi_align_plan_forward_kernel(RoIAlignParams p, const T* input, const T* rois, T* output) {
   __shared__ RoIPlanHead<Acc> head;
-  roi_block_head<Acc>([&](int64_t k) { return roi_plan_head<Acc>(p, rois, k); }, rois + blockIdx.x * 5, p.batch,
+  roi_block_head<Acc>([&](int64_t k) { return roi_plan_head<Acc>(p, rois, k); }, rois + static_cast<int64_t>(blockIdx.x) * 5, p.batch,
                       p.assert_batch_index, &head);
   if (head.stride == 0) return;  // the visit kernel's RoI
   RoIPlanEntry<Acc>* plan = roi_plan_smem<Acc>();
@@ -34,11 +33,12 @@ __global__ void __launch_bounds__(kCudaThreads)
 // ptxas's default budget its bounded visit spilled its loop-invariant box to the stack; the others keep the default.
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(kCudaThreads, sizeof(Acc) == 8 ? 1 : 0)
-    roi_align_visit_forward_kernel(RoIAlignParams p, const T* input, const T* rois, T* output) {
+    roi_align_visit_forward_kernel(RoIAlignParams p, const T* input, const T* rois, T* output, bool all) {
   __shared__ RoIPlanHead<Acc> head;
-  roi_block_head<Acc>([&](int64_t k) { return roi_plan_head<Acc>(p, rois, k); }, rois + blockIdx.x * 5, p.batch,
+  roi_block_head<Acc>([&](int64_t k) { return roi_visit_head(roi_plan_head<Acc>(p, rois, k), all); },
+                      rois + static_cast<int64_t>(blockIdx.x) * 5, p.batch,
                       p.assert_batch_index, &head);
-  if (head.stride != 0) return;  // the plan kernel's RoI
+  if (head.stride != 0) return;  // the plan kernel's RoI (none when `all`: roi_visit_head)
   const int64_t g = blockIdx.y;
   roi_visit_forward_items<Acc, T>(p, head, p.height, p.width, input, blockIdx.x, g * kRoIPlanChannels,
                                   roi_group_channels(p.channels, g), threadIdx.x, blockDim.x, output);
@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kCudaThreads)
     roi_align_plan_backward_kernel(RoIAlignParams p, const T* grad_output, const T* input, const T* rois,
                                    Acc* grad_input) {
   __shared__ RoIPlanHead<Acc> head;
-  roi_block_head<Acc>([&](int64_t k) { return roi_plan_head<Acc>(p, rois, k); }, rois + blockIdx.x * 5, p.batch,
+  roi_block_head<Acc>([&](int64_t k) { return roi_plan_head<Acc>(p, rois, k); }, rois + static_cast<int64_t>(blockIdx.x) * 5, p.batch,
                       p.assert_batch_index, &head);
   if (head.stride == 0) return;
   RoIPlanEntry<Acc>* plan = roi_plan_smem<Acc>();
@@ -71,9 +71,10 @@ __global__ void __launch_bounds__(kCudaThreads)
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(kCudaThreads)
     roi_align_visit_backward_kernel(RoIAlignParams p, const T* grad_output, const T* input, const T* rois,
-                                    Acc* grad_input) {
+                                    Acc* grad_input, bool all) {
   __shared__ RoIPlanHead<Acc> head;
-  roi_block_head<Acc>([&](int64_t k) { return roi_plan_head<Acc>(p, rois, k); }, rois + blockIdx.x * 5, p.batch,
+  roi_block_head<Acc>([&](int64_t k) { return roi_visit_head(roi_plan_head<Acc>(p, rois, k), all); },
+                      rois + static_cast<int64_t>(blockIdx.x) * 5, p.batch,
                       p.assert_batch_index, &head);
   if (head.stride != 0) return;
   const int64_t g = blockIdx.y;
@@ -82,110 +83,39 @@ __global__ void __launch_bounds__(kCudaThreads)
                                    RoIAtomicAt<Acc>{grad_input});
 }
 
-// Deterministic mode (roi_align_sorted.h): the plan (thread i: entry i % E of RoI i / E), the arg-max (max mode),
-// then (after the sort) the pixel gather, writing each grad_input element once.
-__device__ __noinline__ void roi_align_unplanned_assert_fail() {
-  __assert_fail("roi_align deterministic backward: an adaptive sampling grid too large for a plan has no "
-                "deterministic path (use an explicit sampling_ratio)", __FILE__, __LINE__, "roi_align_sorted_plan");
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kCudaThreads)
-    roi_align_sorted_plan_kernel(RoIAlignParams p, const T* __restrict__ rois, uint32_t E, uint32_t entries,
-                                 uint32_t* __restrict__ keys, uint32_t* __restrict__ slots,
-                                 typename AccType<T>::type* __restrict__ weights, uint32_t* __restrict__ items) {
-  using Acc = typename AccType<T>::type;
-  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < entries; i += blockDim.x * gridDim.x) {
-    const uint32_t k = i / E, e = i - k * E;
-    if (!roi_align_sorted_plan<Acc, T>(p, rois, E, k, e, keys, slots, weights, items) && e == 0)
-      roi_align_unplanned_assert_fail();
-  }
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kCudaThreads)
-    roi_align_sorted_argmax_kernel(RoIAlignParams p, const T* __restrict__ input, const T* __restrict__ rois,
-                                   uint32_t n, int32_t* __restrict__ argmax) {
-  using Acc = typename AccType<T>::type;
-  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x)
-    roi_align_sorted_argmax<Acc, T>(p, input, rois, i, argmax);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kCudaThreads)
-    roi_align_sorted_gather_kernel(RoIAlignParams p, uint32_t E, uint32_t n, const uint32_t* __restrict__ keys,
-                                   const uint32_t* __restrict__ slots,
-                                   const typename AccType<T>::type* __restrict__ weights,
-                                   const uint32_t* __restrict__ items, const int32_t* __restrict__ argmax,
-                                   const T* __restrict__ grad_output, uint32_t total,
-                                   typename AccType<T>::type* __restrict__ grad_input) {
-  using Acc = typename AccType<T>::type;
-  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += blockDim.x * gridDim.x)
-    grad_input[i] = roi_align_sorted_gather<Acc, T>(p, E, n, keys, slots, weights, items, argmax, grad_output, i);
-}
-
-// The deterministic mode's buffers, carved from the workspace after grad_input's accumulator (base null: sizes
-// only): keys and slots (two each, CUB's double buffers), items, weights (the accumulation type), the arg-max
-// (max mode), CUB's scratch. Returns the bytes.
-struct RoISortedBuffers {
-  uint32_t *keys0, *keys1, *slots0, *slots1, *items;
-  void* weights;
-  int32_t* argmax;
-  void* scratch;
-  size_t scratch_bytes;
-  uint32_t entries_per_roi, slots_count;
-};
-
-size_t roi_sorted_buffers(const RoIAlignParams& p, DType dtype, char* base, RoISortedBuffers* b) {
-  const bool wide = dtype == DType::kFloat64;
-  const int64_t E = wide ? roi_align_sorted_entries<double>(p) : roi_align_sorted_entries<float>(p);
-  const int64_t n = 4 * E * p.num_rois;
-  b->entries_per_roi = static_cast<uint32_t>(E);
-  b->slots_count = static_cast<uint32_t>(n);
-  size_t at = 0;
-  auto take = [&](size_t bytes) {
-    char* ptr = base == nullptr ? nullptr : base + at;
-    at += align_up(bytes);
-    return ptr;
-  };
-  const size_t u = sizeof(uint32_t) * static_cast<size_t>(n);
-  b->keys0 = reinterpret_cast<uint32_t*>(take(u));
-  b->keys1 = reinterpret_cast<uint32_t*>(take(u));
-  b->slots0 = reinterpret_cast<uint32_t*>(take(u));
-  b->slots1 = reinterpret_cast<uint32_t*>(take(u));
-  b->items = reinterpret_cast<uint32_t*>(take(u));
-  b->weights = take((wide ? 8 : 4) * static_cast<size_t>(n));
-  const int64_t am = p.attrs.mode == PoolMode::kMax ? p.num_rois * p.channels * p.attrs.pooled_h * p.attrs.pooled_w : 0;
-  b->argmax = reinterpret_cast<int32_t*>(take(sizeof(int32_t) * static_cast<size_t>(am)));
-  b->scratch_bytes = 0;
-  cub::DoubleBuffer<uint32_t> keys(nullptr, nullptr), slots(nullptr, nullptr);
-  cub::DeviceRadixSort::SortPairs(nullptr, b->scratch_bytes, keys, slots, static_cast<int>(n), 0, 32);
-  b->scratch = take(b->scratch_bytes);
-  return at;
-}
-
 int64_t output_elements(const RoIAlignParams& p) {
   return p.num_rois * p.channels * p.attrs.pooled_h * p.attrs.pooled_w;
 }
 
 int64_t input_elements(const RoIAlignParams& p) { return p.batch * p.channels * p.height * p.width; }
 
+// The deterministic backward's workspace (roi_gather.h).
+RoIGatherSizes gather_sizes(const RoIAlignParams& p, DType dtype) {
+  RoIGatherSizes s;
+  s.num_rois = p.num_rois;
+  s.table_entries = p.attrs.pooled_h * p.height + p.attrs.pooled_w * p.width;
+  s.argmax = p.attrs.mode == PoolMode::kMax ? output_elements(p) : 0;
+  s.partial = is_16bit(dtype) ? input_elements(p) : 0;
+  s.acc_bytes = dtype == DType::kFloat64 ? 8 : 4;
+  return s;
+}
+
 }  // namespace
 
 size_t roi_align_workspace_cuda(const RoIAlignParams&) { return 0; }
 
 size_t roi_align_backward_workspace_cuda(const RoIAlignParams& p, DType dtype, bool deterministic) {
-  size_t sorted = 0;
-  if (deterministic && roi_align_deterministic_supported(p, dtype)) {
-    RoISortedBuffers b;
-    sorted = roi_sorted_buffers(p, dtype, nullptr, &b);
+  if (deterministic) {
+    RoIGatherBuffers b;
+    return roi_gather_carve(gather_sizes(p, dtype), nullptr, &b);
   }
-  return grad_acc_bytes(dtype, input_elements(p)) + sorted;
+  return grad_acc_bytes(dtype, input_elements(p));
 }
 
 Status roi_align_forward_cuda(const RoIAlignParams& p, DType dtype, const void* input,
                               const void* rois, void* output, void* /*workspace*/,
                               const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("roi_align_forward_cuda"));
   if (output_elements(p) == 0) return Status::Ok();
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
@@ -200,51 +130,45 @@ Status roi_align_forward_cuda(const RoIAlignParams& p, DType dtype, const void* 
         [&](auto max_mode, size_t smem) {
           roi_align_plan_forward_kernel<T, Acc, decltype(max_mode)::value><<<grid, kCudaThreads, smem, s>>>(p, x, r, y);
         },
-        [&] { roi_align_visit_forward_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, x, r, y); });
+        [&](bool all) { roi_align_visit_forward_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, x, r, y, all); });
   });
 }
 
 Status roi_align_backward_cuda(const RoIAlignParams& p, DType dtype, const void* grad_output,
                                const void* input, const void* rois, void* grad_input,
                                void* workspace, const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("roi_align_backward_cuda"));
   const int64_t n = output_elements(p);
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     using Acc = typename AccType<T>::type;
+    const T *go = static_cast<const T*>(grad_output), *x = static_cast<const T*>(input);
+    const T* r = static_cast<const T*>(rois);
     char* ws = static_cast<char*>(workspace);
-    const GradAcc<T> gin = grad_acc(static_cast<T*>(grad_input), input_elements(p), &ws);
-    DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gin, s, "roi_align_backward_cuda: memset"));
-    // Sizes without a deterministic path take the atomic one (the torch op has raised torch's error, or warned).
-    if (ctx.deterministic && n > 0 && roi_align_deterministic_supported(p, dtype)) {
-      RoISortedBuffers b;
-      roi_sorted_buffers(p, dtype, ws, &b);
-      const T *go = static_cast<const T*>(grad_output), *x = static_cast<const T*>(input);
-      const T* r = static_cast<const T*>(rois);
-      Acc* w = static_cast<Acc*>(b.weights);
-      const uint32_t entries = b.entries_per_roi * static_cast<uint32_t>(p.num_rois);
-      roi_align_sorted_plan_kernel<T><<<cuda_blocks(entries), kCudaThreads, 0, s>>>(
-          p, r, b.entries_per_roi, entries, b.keys0, b.slots0, w, b.items);
-      DCNKIT_RETURN_IF_ERROR(cuda_launch_status("roi_align_backward_cuda: deterministic plan"));
-      const bool max_mode = p.attrs.mode == PoolMode::kMax;
-      if (max_mode) {
-        roi_align_sorted_argmax_kernel<T><<<cuda_blocks(n), kCudaThreads, 0, s>>>(p, x, r, static_cast<uint32_t>(n),
-                                                                                 b.argmax);
+    if (ctx.deterministic) {
+      // The tile gather (roi_gather.h): every grad_input element written once, in a fixed order; max mode first
+      // finds each output's winning sample.
+      RoIGatherBuffers b;
+      roi_gather_carve(gather_sizes(p, dtype), ws, &b);
+      Acc* argmax = p.attrs.mode == PoolMode::kMax ? static_cast<Acc*>(b.argmax) : nullptr;
+      const RoIAlignHeadOf<Acc, T> head_of{p, r};
+      if (argmax != nullptr && n > 0) {
+        const LaunchDims d = stride_launch("roi_gather_argmax_kernel", n);
+        roi_gather_argmax_kernel<Acc><<<launch_grid(d), d.block, 0, s>>>(
+            head_of, RoIImageMap<T>{x, p.channels}, p.channels, p.attrs.pooled_w, p.attrs.pooled_h * p.attrs.pooled_w,
+            n, argmax);
         DCNKIT_RETURN_IF_ERROR(cuda_launch_status("roi_align_backward_cuda: deterministic arg-max"));
       }
-      cub::DoubleBuffer<uint32_t> keys(b.keys0, b.keys1), slots(b.slots0, b.slots1);
-      size_t bytes = b.scratch_bytes;
-      DCNKIT_RETURN_IF_ERROR(cuda_status(cub::DeviceRadixSort::SortPairs(b.scratch, bytes, keys, slots,
-                                                                         static_cast<int>(b.slots_count), 0, 32, s),
-                                         "roi_align_backward_cuda: deterministic sort"));
-      const int64_t total = input_elements(p);
-      roi_align_sorted_gather_kernel<T><<<cuda_blocks(total), kCudaThreads, 0, s>>>(
-          p, b.entries_per_roi, b.slots_count, keys.Current(), slots.Current(), w, b.items,
-          max_mode ? b.argmax : nullptr, go, static_cast<uint32_t>(total), gin.acc);
-      DCNKIT_RETURN_IF_ERROR(cuda_launch_status("roi_align_backward_cuda: deterministic gather"));
-    } else if (n > 0) {
-      const T *go = static_cast<const T*>(grad_output), *x = static_cast<const T*>(input);
-      const T* r = static_cast<const T*>(rois);
+      const RoIAlignGather<Acc, T, RoIAlignHeadOf<Acc, T>> g{
+          head_of, p.channels, p.attrs.pooled_h, p.attrs.pooled_w, 0, p.height, p.width, go, argmax, 0, nullptr};
+      return roi_gather_cuda<T>("roi_align_backward_cuda: deterministic gather", g, p.num_rois,
+                                roi_gather_grid(p.batch, p.channels, p.height, p.width), r, p.batch,
+                                p.assert_batch_index, b, static_cast<T*>(grad_input), s);
+    }
+    const GradAcc<T> gin = grad_acc(static_cast<T*>(grad_input), input_elements(p), &ws);
+    DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gin, s, "roi_align_backward_cuda: memset"));
+    if (n > 0) {
       const dim3 grid = roi_block_grid(p.num_rois, p.channels);
       DCNKIT_RETURN_IF_ERROR(roi_block_launch<Acc>(
           "roi_align_backward_cuda", p.num_rois, p.channels, p.attrs.sampling_ratio,
@@ -253,7 +177,9 @@ Status roi_align_backward_cuda(const RoIAlignParams& p, DType dtype, const void*
             roi_align_plan_backward_kernel<T, Acc, decltype(max_mode)::value>
                 <<<grid, kCudaThreads, smem, s>>>(p, go, x, r, gin.acc);
           },
-          [&] { roi_align_visit_backward_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, go, x, r, gin.acc); }));
+          [&](bool all) {
+            roi_align_visit_backward_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, go, x, r, gin.acc, all);
+          }));
     }
     return grad_acc_store(gin, s, "roi_align_backward_cuda: store");
   });

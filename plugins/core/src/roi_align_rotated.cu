@@ -84,6 +84,7 @@ size_t roi_align_rotated_backward_workspace_cuda(const RoIAlignRotatedParams& p,
 
 Status roi_align_rotated_forward_cuda(const RoIAlignRotatedParams& p, DType dtype, DType rois_dtype,
                                       const void* input, const void* rois, void* output, const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("roi_align_rotated_forward_cuda"));
   const int64_t items = forward_items(p);
   if (items == 0) return Status::Ok();
   auto stream = static_cast<cudaStream_t>(ctx.stream);
@@ -99,6 +100,7 @@ Status roi_align_rotated_forward_cuda(const RoIAlignRotatedParams& p, DType dtyp
 Status roi_align_rotated_backward_cuda(const RoIAlignRotatedParams& p, DType dtype, DType rois_dtype,
                                        const void* grad_output, const void* rois, void* grad_input, void* workspace,
                                        const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("roi_align_rotated_backward_cuda"));
   const int64_t count = p.batch * p.channels * p.height * p.width;
   if (count == 0) return Status::Ok();
   auto stream = static_cast<cudaStream_t>(ctx.stream);

@@ -19,6 +19,7 @@ __global__ void roi_batch_assert_kernel(const R* rois, int64_t num_rois, int64_t
 
 Status roi_assert_batch_indices_cuda(const char* op, const void* rois, DType rois_dtype, int64_t num_rois,
                                      int64_t stride, int64_t batch, const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("roi_assert_batch_indices_cuda"));
   if (num_rois <= 0) return Status::Ok();
   auto stream = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(rois_dtype, [&](auto r) -> Status {

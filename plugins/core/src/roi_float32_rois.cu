@@ -125,6 +125,7 @@ size_t deform_psroi_pool_workspace_cuda_f32_rois(const DeformPSRoIPoolParams& p)
 
 Status roi_align_forward_cuda_f32_rois(const RoIAlignParams& p, DType dtype, const void* input, const float* rois,
                                        void* output, void*, const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("roi_align_forward_cuda_f32_rois"));
   const int64_t n = p.num_rois * p.channels * p.attrs.pooled_h * p.attrs.pooled_w;
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_16bit(dtype, "roi_align_forward_cuda_f32_rois", [&](auto tag) {
@@ -140,6 +141,7 @@ Status roi_align_forward_cuda_f32_rois(const RoIAlignParams& p, DType dtype, con
 Status deform_roi_pool_forward_cuda_f32_rois(const DeformRoIPoolParams& p, DType dtype, const void* input,
                                              const float* rois, const void* offset, void* output, void*,
                                              const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("deform_roi_pool_forward_cuda_f32_rois"));
   const int64_t n = p.num_rois * p.channels * p.attrs.pooled_h * p.attrs.pooled_w;
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_16bit(dtype, "deform_roi_pool_forward_cuda_f32_rois", [&](auto tag) {
@@ -156,6 +158,7 @@ Status deform_roi_pool_forward_cuda_f32_rois(const DeformRoIPoolParams& p, DType
 Status deform_psroi_pool_forward_cuda_f32_rois(const DeformPSRoIPoolParams& p, DType dtype, const void* input,
                                                const float* rois, const void* trans, void* output, void* count,
                                                void* workspace, const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("deform_psroi_pool_forward_cuda_f32_rois"));
   const int64_t n = p.num_rois * p.attrs.output_dim * p.attrs.output_size * p.attrs.output_size;
   const int64_t nt = trans != nullptr ? trans_elements(p) : 0;  // no trans tensor: no transformation
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
@@ -181,6 +184,7 @@ Status deform_psroi_pool_forward_cuda_f32_rois(const DeformPSRoIPoolParams& p, D
 Status multi_level_roi_align_forward_cuda_f32_rois(const MultiLevelRoIAlignParams& p, DType dtype,
                                                    const void* const* features, const float* rois, void* output,
                                                    void*, const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("multi_level_roi_align_forward_cuda_f32_rois"));
   const int64_t n = p.num_rois * p.channels * p.attrs.pooled_h * p.attrs.pooled_w;
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_16bit(dtype, "multi_level_roi_align_forward_cuda_f32_rois", [&](auto tag) {

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from dcnkit.cli.backend_args import FAST_BACKENDS, parse_backends, require_backends
+from dcnkit.cli.compare_detections import add_args as add_detection_args
+from dcnkit.cli.compare_detections import compare_detections
 from dcnkit.cli.feeds import add_input_args, feeds_for, make_feeds, parse_input_spec
 from dcnkit.cli.shared import CliError, check_model_path
 from dcnkit.cli.tolerances import (
@@ -78,6 +80,8 @@ def cmd_compare(args) -> int:
             rng_feeds.append(make_feeds(infos, specs, np.random.default_rng(args_seed), batch=args.batch))
     print(f"comparing {', '.join(chosen)} on {args.model} ({len(rng_feeds)} input set(s); "
           f"{format_tolerances(atol, rtol)})")
+    if args.detections:
+        return compare_detections(args, args.model, chosen, rng_feeds, atol, rtol, model_output_names(args.model))
     passed, stats, _ = compare_backends(args.model, chosen, rng_feeds, atol=atol, rtol=rtol,
                                         quiet=not args.verbose)
     for line in format_stats(stats):
@@ -101,5 +105,6 @@ def register(sub) -> None:
                    help="relative tolerance (default 1e-4), same forms as --atol, e.g. --rtol scores:1e-3")
     p.add_argument("--iterations", type=int, default=1, help="random input sets (default 1)")
     p.add_argument("-v", "--verbose", action="store_true", help="show Polygraphy's own log")
+    add_detection_args(p)
     add_input_args(p)
     p.set_defaults(func=cmd_compare)

@@ -11,13 +11,13 @@ import argparse
 import os
 import sys
 
-from dcnkit.cli import backends, bench, build, compare, convert, demo, export, quantize, run, serve
+from dcnkit.cli import backends, bench, build, compare, convert, demo, export, fuse_msda, quantize, run, serve
 from dcnkit.cli.shared import CliError
 
 PROG = "dcnkit"
 
 # In the order of `dcnkit --help`.
-COMMAND_MODULES = (export, run, compare, bench, backends, demo, build, quantize, serve, convert)
+COMMAND_MODULES = (export, run, compare, bench, backends, demo, build, quantize, serve, convert, fuse_msda)
 
 
 class _Parser(argparse.ArgumentParser):

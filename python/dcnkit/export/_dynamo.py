@@ -63,6 +63,13 @@ class _Emitter:
             raise RuntimeError(f"{info.onnx_type}: expected {len(info.outputs)} outputs, got 1")
         return tuple(out) if isinstance(out, list) else out
 
+    def cast_like(self, value: Any, like: Any) -> Any:
+        """``value`` in ``like``'s dtype (a CastLike node only where the exported dtypes differ)."""
+        vtype, ltype = getattr(value, "dtype", None), getattr(like, "dtype", None)
+        if vtype is not None and vtype == ltype:
+            return value
+        return self._std.CastLike(value, like)
+
     def const_i64(self, value: int | list[int]) -> Any:
         if isinstance(value, int):
             return self._std.Constant(value_int=value)
@@ -125,7 +132,27 @@ def _add_entries(registry_module: Any) -> None:
                         skip_signature_inference=True,
                     )
                 )
+        # torch.onnx has no translation for aten._is_all_true, which torch._check_tensor_all (transformers'
+        # torch_compilable_check on a tensor condition: RT-DETR v2, D-FINE) leaves in the graph while the assertion
+        # that consumes it is removed: an unused value, which the exporter's optimizer then drops.
+        registry_module._registry.append(
+            _registration.OnnxDecompMeta(
+                onnx_function=_is_all_true,
+                fx_target=torch.ops.aten._is_all_true.default,
+                signature=None,
+                is_custom=True,
+                opset_introduced=18,
+                skip_signature_inference=True,
+            )
+        )
         _registered = True
+
+
+def _is_all_true(x: Any) -> Any:
+    import onnxscript
+
+    std = onnxscript.opset18
+    return std.Cast(std.ReduceMin(std.Cast(x, to=7), keepdims=0), to=9)  # INT64, then BOOL
 
 
 def _try_add_entries() -> None:

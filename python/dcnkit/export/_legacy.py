@@ -89,14 +89,46 @@ class _Emitter:
             **kw,
         )
         # The exporter cannot infer our outputs: give their dtype and rank (sizes unknown, so no
-        # traced size is frozen into the graph); ONNX shape inference with our schemas fills them.
+        # traced size is frozen into the graph); ONNX shape inference with our schemas fills them. The rank is
+        # the traced op's (MultiScaleDeformableAttention's output has 3 dims: a 4 made the exporter write
+        # Transpose perm {0, 2, 1, 3} for a transpose(1, 2) after it).
         x = inputs[0]
         outs = out if isinstance(out, (tuple, list)) else (out,)
         xtype = x.type()
         if isinstance(xtype, torch._C.TensorType) and xtype.scalarType() is not None:
-            for o in outs:
-                o.setType(xtype.with_sizes([None, None, None, None]))
+            ranks = self._traced_ranks(len(outs))
+            for o, rank in zip(outs, ranks):
+                o.setType(xtype.with_sizes([None] * rank))
         return tuple(outs) if len(outs) > 1 else outs[0]
+
+    def _traced_ranks(self, count: int) -> list[int]:
+        """The ranks of the traced torch op's outputs (4 where the trace does not say)."""
+        node = getattr(self.g, "original_node", None)
+        ranks = []
+        for i in range(count):
+            rank = None
+            if node is not None and i < node.outputsSize():
+                t = node.outputsAt(i).type()
+                if isinstance(t, torch._C.TensorType):
+                    rank = t.dim()
+            ranks.append(4 if rank is None else rank)
+        return ranks
+
+    def cast_like(self, value: Any, like: Any) -> Any:
+        """``value`` in ``like``'s dtype: a Cast where the traced types differ (the trace may type a tensor as
+        double where eager has float32, as transformers' reference points), CastLike where unknown."""
+        vtype, ltype = value.type(), like.type()
+        lscalar = ltype.scalarType() if isinstance(ltype, torch._C.TensorType) else None
+        vscalar = vtype.scalarType() if isinstance(vtype, torch._C.TensorType) else None
+        if vscalar is not None and vscalar == lscalar:
+            return value
+        if lscalar not in _FLOAT_TYPES:
+            return self.g.op("CastLike", value, like)
+        onnx_type, dtype = _FLOAT_TYPES[lscalar]
+        out = self.g.op("Cast", value, to_i=onnx_type)
+        if isinstance(vtype, torch._C.TensorType):
+            out.setType(vtype.with_dtype(dtype))
+        return out
 
     def const_i64(self, value: int | list[int]) -> Any:
         return self.g.op("Constant", value_t=torch.tensor(value, dtype=torch.int64))
@@ -108,6 +140,11 @@ class _Emitter:
         if sizes is None or any(s is None for s in sizes):
             return None
         return [int(s) for s in sizes]
+
+
+# TorchScript scalar type names -> (ONNX TensorProto type, torch dtype), the floating types the ops take.
+_FLOAT_TYPES = {"Float": (1, torch.float32), "Double": (11, torch.float64), "Half": (10, torch.float16),
+                "BFloat16": (16, torch.bfloat16)}
 
 
 def _make_symbolic(name: str):

@@ -72,6 +72,9 @@ class Emitter(Protocol):
     def const_i64(self, value: int | list[int]) -> Any:
         """An int64 constant (a scalar for an int, 1-D for a list)."""
 
+    def cast_like(self, value: Any, like: Any) -> Any:
+        """``value`` cast to ``like``'s dtype (``value`` itself where they already agree)."""
+
     def static_shape(self, value: Any) -> list[int] | None:
         """The value's shape when fully known at export time, else None."""
 
@@ -149,6 +152,11 @@ def lower(
         out = _STANDARD[name](full, attrs, em, opset)
         if out is not None:
             return out
+    if any(t.cast for t in info.inputs):  # as the eager op casts them (TensorDef::cast)
+        tensors = dict(tensors)
+        for t in info.inputs:
+            if t.cast and tensors.get(t.name) is not None:
+                tensors[t.name] = em.cast_like(tensors[t.name], tensors[info.inputs[0].name])
     inputs = [tensors.get(t.name) for t in info.inputs]
     if info.inputs and info.inputs[-1].variadic:
         # A variadic input (MultiLevelRoIAlign's feature maps, a torch Tensor[]): one node input per tensor.

@@ -376,10 +376,19 @@ def _relabel_outputs(path: Path) -> None:
     if not any(n.domain == _table.domain() for n in model.graph.node):
         return
     del model.graph.value_info[:]
+    exported = {}
     for out in model.graph.output:
         if out.type.tensor_type.HasField("shape"):
+            exported[out.name] = onnx.TypeProto.Tensor()
+            exported[out.name].CopyFrom(out.type.tensor_type)
             out.type.tensor_type.ClearField("shape")
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    # Data propagation: shapes computed by Shape / Gather / Concat before an Expand or a Reshape (Mask2Former).
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    for out in inferred.graph.output:
+        # An output whose shape inference cannot reach keeps the exporter's shape (an output without one fails
+        # the checker).
+        if not out.type.tensor_type.HasField("shape") and out.name in exported:
+            out.type.tensor_type.CopyFrom(exported[out.name])
     onnx.save(inferred, str(path))
 
 

@@ -52,6 +52,7 @@ class TensorInfo:
     variadic: bool = False  # the last input only: one or more tensors (a torch ``Tensor[]``)
     int64: bool = False  # an int64 index tensor (MultiScaleDeformableAttention's level tables)
     rois: bool = False  # RoIs: the features' type, or float32 with 16-bit features (kept float32 by precision rules)
+    cast: bool = False  # the eager op casts it to the first input's type: the exporters write that cast
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +96,7 @@ def _load() -> tuple[str, int, dict[str, OpInfo]]:
             onnx_type=d["onnx_type"],
             inputs=tuple(
                 TensorInfo(t["name"], bool(t["optional"]), t["doc"], bool(t.get("variadic", False)),
-                           bool(t.get("int64", False)), bool(t.get("rois", False)))
+                           bool(t.get("int64", False)), bool(t.get("rois", False)), bool(t.get("cast", False)))
                 for t in d["inputs"]
             ),
             outputs=tuple(TensorInfo(t["name"], bool(t["optional"]), t["doc"]) for t in d["outputs"]),

@@ -233,6 +233,18 @@ class RoiAlign(OpRun):
         return (np.asarray(out).astype(X.dtype, copy=False),)
 
 
+class GatherElements(OpRun):
+    """ONNX ``GatherElements`` with ``np.take_along_axis``: onnx.reference's own uses ``np.choose``, which takes at
+    most 64 choices along the axis (RT-DETR gathers 300 queries out of thousands)."""
+
+    op_domain = ""
+
+    def _run(self, data, indices, **_):
+        axis = int(_attr(self, "axis", 0))
+        indices = np.where(indices < 0, indices + data.shape[axis], indices)
+        return (np.take_along_axis(data, indices.astype(np.int64), axis=axis),)
+
+
 class Flatten(OpRun):
     """ONNX ``Flatten`` with explicit sizes: onnx.reference reshapes to (d, -1), which NumPy refuses for an empty
     tensor (a detector's head on an image that yields no proposal)."""
@@ -247,8 +259,9 @@ class Flatten(OpRun):
 
 # The ops written here: those whose reference does not take the op table's canonical attributes (deform_conv2d infers
 # its groups from the shapes; deform_psroi_pool has no no_trans), the quantized one, TensorRT's per-head attention,
-# the standard-domain replacements and Flatten. Every other name of the op table: reference_ops.declared_ops.
-CUSTOM_OPS = (DeformConv2d, QDeformConv2d, DeformPSRoIPool, DeformConv, RoiAlign, Flatten) + TRT_MSDA_OPS
+# the standard-domain replacements and ONNX ops onnx.reference gets wrong. Every other name of the op table:
+# reference_ops.declared_ops.
+CUSTOM_OPS = (DeformConv2d, QDeformConv2d, DeformPSRoIPool, DeformConv, RoiAlign, Flatten, GatherElements) + TRT_MSDA_OPS
 
 
 def reference_evaluator(model, verbose: int = 0) -> ReferenceEvaluator:

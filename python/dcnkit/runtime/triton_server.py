@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
@@ -272,7 +273,11 @@ class TritonServer:
                     or not argv[0].endswith(STUB_PROGRAM.encode())
                     or not argv[1].decode(errors="replace").startswith(str(self.repository))):
                 continue
-            found[argv[8].decode(errors="replace")] = int(entry.name)
+            name = argv[8].decode(errors="replace")
+            # Model instances only ("<model>_<group>_<index>"): while a model loads, the Python backend also runs a
+            # short-lived stub named after the model alone (its config auto-completion), whose exit is no crash.
+            if re.search(r"_\d+_\d+$", name):
+                found[name] = int(entry.name)
         return found
 
     def log_tail(self, n: int = 30) -> str:

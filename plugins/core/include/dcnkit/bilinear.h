@@ -78,53 +78,82 @@ DCNKIT_HD Taps<Acc> dcn_taps(Acc py, Acc px, int64_t H, int64_t W) {
   return t;
 }
 
+// One axis of S_roi (a coordinate v on an axis of n pixels): inside when -1 <= v <= n (and n > 0; NaN is
+// outside); else clamped to >= 0, neighbours lo = floor(v) and hi = lo + 1, and a point at or past the last pixel
+// samples that pixel (lo = hi = n - 1, l = 0). The weights are 1 - l (lo) and l (hi). roi_taps is the product of
+// two of them; the deterministic RoI backward (roi_gather.h) sums them per axis.
+// I: the integer type of the pixel indices (int32_t where the caller knows the axis has fewer than 2^31 pixels: the
+// RoI plan, whose conversions then stay 32-bit).
+template <typename Acc, typename I = int64_t>
+struct RoIAxisTaps {
+  I lo, hi;
+  Acc l;
+  bool inside;
+};
+template <typename Acc, typename I = int64_t>
+DCNKIT_HD RoIAxisTaps<Acc, I> roi_axis_taps(Acc v, I n) {
+  RoIAxisTaps<Acc, I> a;
+  a.inside = v >= Acc(-1) && v <= Acc(n) && n > 0;
+  a.lo = a.hi = 0;
+  a.l = Acc(0);
+  if (!a.inside) return a;
+  if (v < Acc(0)) v = Acc(0);
+  a.lo = static_cast<I>(std::floor(v));
+  if (a.lo >= n - 1) {
+    a.lo = a.hi = n - 1;
+    v = Acc(a.lo);
+  } else {
+    a.hi = a.lo + 1;
+  }
+  a.l = v - Acc(a.lo);
+  return a;
+}
+
 // Clamped sampling S_roi (RoIAlign family): 0 when y < -1, y > H, x < -1 or x > W; else clamp to >= 0,
-// and a point at or past the last row/column samples that row/column.
+// and a point at or past the last row/column samples that row/column (roi_axis_taps per axis).
 template <typename Acc>
 DCNKIT_HD Taps<Acc> roi_taps(Acc y, Acc x, int64_t H, int64_t W) {
   Taps<Acc> t;
-  if (!(y >= Acc(-1) && y <= Acc(H) && x >= Acc(-1) && x <= Acc(W)) || H <= 0 || W <= 0) {
+  const RoIAxisTaps<Acc> ay = roi_axis_taps(y, H), ax = roi_axis_taps(x, W);
+  if (!(ay.inside && ax.inside)) {
     taps_clear(t);
     return t;
   }
-  if (y < Acc(0)) y = Acc(0);
-  if (x < Acc(0)) x = Acc(0);
-  int64_t y0 = static_cast<int64_t>(std::floor(y)), x0 = static_cast<int64_t>(std::floor(x));
-  int64_t y1, x1;
-  if (y0 >= H - 1) {
-    y0 = y1 = H - 1;
-    y = Acc(y0);
-  } else {
-    y1 = y0 + 1;
-  }
-  if (x0 >= W - 1) {
-    x0 = x1 = W - 1;
-    x = Acc(x0);
-  } else {
-    x1 = x0 + 1;
-  }
   const bool ok[4] = {true, true, true, true};
-  taps_fill(t, W, y0, x0, y1, x1, y - Acc(y0), x - Acc(x0), ok);
+  taps_fill(t, W, ay.lo, ax.lo, ay.hi, ax.hi, ay.l, ax.l, ok);
   return t;
 }
 
+// One axis of the DeformPSRoIPool rule (a coordinate v on an axis of n pixels): taken when -0.5 <= v <= n - 0.5
+// (and n > 0); else clamped to [0, n - 1], neighbours lo = floor(v) and hi = ceil(v), l = v - lo.
+template <typename Acc>
+DCNKIT_HD RoIAxisTaps<Acc> psroi_axis_taps(Acc v, int64_t n) {
+  RoIAxisTaps<Acc> a;
+  a.inside = v >= Acc(-0.5) && v <= Acc(n) - Acc(0.5) && n > 0;
+  a.lo = a.hi = 0;
+  a.l = Acc(0);
+  if (!a.inside) return a;
+  v = v < Acc(0) ? Acc(0) : (v > Acc(n - 1) ? Acc(n - 1) : v);
+  const Acc f = std::floor(v);
+  a.lo = static_cast<int64_t>(f);
+  a.hi = static_cast<int64_t>(std::ceil(v));
+  a.l = v - f;
+  return a;
+}
+
 // Sampling of deformable PS RoI pooling (R-FCN): skipped (inside = false) when w < -0.5, w > W - 0.5,
-// h < -0.5 or h > H - 0.5; else clamped to [0, W-1] x [0, H-1] and interpolated between floor and ceil.
+// h < -0.5 or h > H - 0.5; else clamped to [0, W-1] x [0, H-1] and interpolated between floor and ceil
+// (psroi_axis_taps per axis).
 template <typename Acc>
 DCNKIT_HD Taps<Acc> psroi_taps(Acc h, Acc w, int64_t H, int64_t W) {
   Taps<Acc> t;
-  if (!(w >= Acc(-0.5) && w <= Acc(W) - Acc(0.5) && h >= Acc(-0.5) && h <= Acc(H) - Acc(0.5)) ||
-      H <= 0 || W <= 0) {
+  const RoIAxisTaps<Acc> ay = psroi_axis_taps(h, H), ax = psroi_axis_taps(w, W);
+  if (!(ay.inside && ax.inside)) {
     taps_clear(t);
     return t;
   }
-  h = h < Acc(0) ? Acc(0) : (h > Acc(H - 1) ? Acc(H - 1) : h);
-  w = w < Acc(0) ? Acc(0) : (w > Acc(W - 1) ? Acc(W - 1) : w);
-  const Acc fy = std::floor(h), fx = std::floor(w);
-  const int64_t y0 = static_cast<int64_t>(fy), x0 = static_cast<int64_t>(fx);
-  const int64_t y1 = static_cast<int64_t>(std::ceil(h)), x1 = static_cast<int64_t>(std::ceil(w));
   const bool ok[4] = {true, true, true, true};
-  taps_fill(t, W, y0, x0, y1, x1, h - fy, w - fx, ok);
+  taps_fill(t, W, ay.lo, ax.lo, ay.hi, ax.hi, ay.l, ax.l, ok);
   return t;
 }
 

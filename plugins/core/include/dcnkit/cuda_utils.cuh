@@ -11,6 +11,7 @@
 #include "dcnkit/common.h"
 #include "dcnkit/context.h"
 #include "dcnkit/grad_adders.h"
+#include "dcnkit/launch_limits.h"
 
 namespace dcnkit {
 
@@ -21,10 +22,13 @@ namespace dcnkit {
 
 constexpr int kCudaThreads = 256;
 
-// Blocks for n elements, capped (the loop strides over the rest).
-inline unsigned int cuda_blocks(int64_t n) {
-  const int64_t b = (n + kCudaThreads - 1) / kCudaThreads;
-  return static_cast<unsigned int>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
+// Blocks for n elements, capped (the loop strides over the rest): stride_blocks (launch_limits.h).
+inline unsigned int cuda_blocks(int64_t n) { return static_cast<unsigned int>(stride_blocks(n, kCudaThreads)); }
+
+// The grid and block of a LaunchDims (launch_limits.h; the CPU schedule drivers check the same LaunchDims).
+inline dim3 launch_grid(const LaunchDims& d) {
+  return dim3(static_cast<unsigned int>(d.grid[0]), static_cast<unsigned int>(d.grid[1]),
+              static_cast<unsigned int>(d.grid[2]));
 }
 
 inline Status cuda_status(cudaError_t e, const char* where) {
@@ -32,8 +36,40 @@ inline Status cuda_status(cudaError_t e, const char* where) {
   return Status::DeviceError(std::string(where) + ": " + cudaGetErrorString(e));
 }
 
-// Status of the last kernel launch.
-inline Status cuda_launch_status(const char* where) { return cuda_status(cudaGetLastError(), where); }
+// The errors of a kernel fault, which lose the context (every later call returns them): a kernel that already ran
+// faulted. A launch never causes one itself (a launch fails with a bad configuration, no kernel image, too many
+// resources: errors cudaGetLastError clears), and this op's kernels have not run when it launches, so such an error
+// is reported as what it is, an earlier one, not under this op's name as if its launch had failed.
+inline bool cuda_context_lost(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress: case cudaErrorLaunchTimeout: case cudaErrorAssert: case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction: case cudaErrorMisalignedAddress: case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc: case cudaErrorLaunchFailure:
+      return true;
+    default:
+      return false;
+  }
+}
+inline Status cuda_earlier_error(const char* where, cudaError_t e) {
+  return Status::DeviceError(std::string(where) + ": the CUDA context failed before this op ran (an earlier "
+                             "kernel's fault, not this op's): " + cudaGetErrorString(e));
+}
+
+// Every CUDA launcher calls this first, before its first launch, so that the status of its launches
+// (cuda_launch_status) is its own: an error left pending by another layer (a launch nobody checked) is cleared here,
+// not reported under this op's name; a lost context is reported as an earlier error. No synchronisation: it only
+// reads the runtime's error state.
+inline Status cuda_clear_stale_error(const char* where) {
+  const cudaError_t e = cudaGetLastError();
+  return cuda_context_lost(e) ? cuda_earlier_error(where, e) : Status::Ok();
+}
+
+// Status of the kernel launch just made (the launcher cleared any earlier error: cuda_clear_stale_error), and
+// cleared, so that it is not reported again under another op's name; a lost context is an earlier error.
+inline Status cuda_launch_status(const char* where) {
+  const cudaError_t e = cudaGetLastError();
+  return cuda_context_lost(e) ? cuda_earlier_error(where, e) : cuda_status(e, where);
+}
 
 // Storage type <-> accumulation type on the device.
 template <>

@@ -99,7 +99,9 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
 // 16-bit backward: float32 accumulation of grad_input and grad_weight in the backward workspace.
 // The dtype is passed explicitly and pointers are untyped so this header needs no CUDA headers.
 size_t deform_conv2d_forward_workspace_cuda(const DeformConv2dParams& p, DType dtype);
-size_t deform_conv2d_backward_workspace_cuda(const DeformConv2dParams& p, DType dtype);
+// The backward's workspace holds the deterministic path's plan and sort scratch only where that path runs: with
+// `deterministic` (it must match the launch's CudaContext::deterministic), and on maps of one row or column.
+size_t deform_conv2d_backward_workspace_cuda(const DeformConv2dParams& p, DType dtype, bool deterministic = false);
 // An upper bound of deform_conv2d_forward_workspace_cuda(q, dtype) over every q whose dims are at most
 // those of `max_params` (TensorRT sizes its workspace once per optimisation profile, from its max dims).
 size_t deform_conv2d_forward_workspace_cuda_bound(const DeformConv2dParams& max_params, DType dtype);

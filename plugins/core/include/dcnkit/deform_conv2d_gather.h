@@ -100,10 +100,11 @@ DCNKIT_HD DcnCell<Acc, IndexT> dcn_cell(Acc py, Acc px, IndexT H, IndexT W) {
   return c;
 }
 
-// A thread's sampling point: the cell, the mask, its channels [c0, c1) and where its data lives.
+// A thread's sampling point: the cell (32-bit, as the gather's: make_dcn_tile keeps H*W, H + 2 pad_h and
+// W + 2 pad_w below 2^31), the mask, its channels [c0, c1) and where its data lives.
 template <typename Acc, typename IndexT>
 struct DcnPointWork {
-  DcnCell<Acc, IndexT> cell;
+  DcnCell<Acc, int32_t> cell;
   Acc m;
   IndexT c0, c1;     // input channels of the slice
   int64_t n;         // image
@@ -141,11 +142,13 @@ DCNKIT_HD DcnPointWork<Acc, IndexT> dcn_point_work(const DeformConv2dParams& p, 
   const Acc oy = to_acc<Acc>(off[r.off_row * P + r.pos]);
   const Acc ox = to_acc<Acc>(off[(r.off_row + IndexT(1)) * P + r.pos]);
   const DeformConv2dAttrs& a = p.attrs;
-  const IndexT y = IndexT(ho) * IndexT(a.stride_h) - IndexT(a.pad_h) + IndexT(i) * IndexT(a.dilation_h);
-  const IndexT x = IndexT(wo) * IndexT(a.stride_w) - IndexT(a.pad_w) + IndexT(j) * IndexT(a.dilation_w);
+  // The point's coordinates in 32-bit integers and the accumulation type: no 64-bit integer is converted to or
+  // from floating point, in either index instantiation.
+  const int32_t y = int32_t(ho) * int32_t(a.stride_h) - int32_t(a.pad_h) + int32_t(i) * int32_t(a.dilation_h);
+  const int32_t x = int32_t(wo) * int32_t(a.stride_w) - int32_t(a.pad_w) + int32_t(j) * int32_t(a.dilation_w);
   const Acc py = Acc(y) + oy, px = Acc(x) + ox;
   r.m = kMask ? to_acc<Acc>(mask[r.n * static_cast<int64_t>(Gd * K * P) + r.mask_row * P + r.pos]) : Acc(1);
-  r.cell = dcn_cell<Acc, IndexT>(py, px, IndexT(p.height), IndexT(p.width));
+  r.cell = dcn_cell<Acc, int32_t>(py, px, static_cast<int32_t>(p.height), static_cast<int32_t>(p.width));
   const IndexT cpg = IndexT(t.group_channels);
   const IndexT s0 = IndexT(w.s) * IndexT(t.slice_len);
   r.c0 = g * cpg + (s0 < cpg ? s0 : cpg);

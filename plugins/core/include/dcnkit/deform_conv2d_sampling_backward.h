@@ -11,11 +11,11 @@
 // converted to or from floating point): per channel one column-gradient load, the window's 4 loads (for the
 // offset gradient), 4 atomics into grad_input (no branch: a window pixel of weight 0 adds 0), and the window's
 // sums of gcol * value in registers. The slices of a point are reduced in a fixed order (dcn_slice_tree) and
-// written once.
+// written once. A point outside the map issues no atomic and no load.
 //
 // Boundary contract (docs/operators.md, S_dcn): a neighbour outside the map is never read nor written; a window
-// pixel that is no neighbour is read but left out of the offset/mask gradients, and receives + 0. A point outside
-// (-1, H) x (-1, W) adds nothing (its column gradient counts as 0).
+// pixel that is no neighbour (the in-map pixel beside a border point's in-map neighbours) is read but left out of
+// the offset/mask gradients, and receives + 0. A point outside (-1, H) x (-1, W) reads and adds nothing.
 #pragma once
 
 #include <cmath>
@@ -108,7 +108,8 @@ DCNKIT_HD DcnBackwardPoint<Acc, IndexT> dcn_backward_point(const DeformConv2dPar
 // The channel loop of one thread: nc channels, their planes of x (input) and gi (grad_input, when kScatter)
 // plane_step apart, each pointer at the window's first pixel (pixel q at {0, dx, dy, dy + dx}[q]; kFixed: dx is 1);
 // the column gradient gcol[c * col_step], taken as 0 for a point outside the map. d[q] += gcol * x at window pixel
-// q; gi there += w[q] * gcol.
+// q; gi there += w[q] * gcol (0 at a window pixel that is no neighbour of the cell: an in-map pixel next to the
+// point's in-map neighbours).
 template <bool kScatter, bool kFixed, typename Acc, typename T, typename G, typename IndexT, typename Add>
 DCNKIT_HD void dcn_backward_channels(const T* x, G* gi, const T* gcol, IndexT plane_step, IndexT dx, IndexT dy,
                                      IndexT col_step, int32_t nc, bool inside, const Acc* w, Acc* d, Add add) {
@@ -163,12 +164,16 @@ DCNKIT_HD DcnPointGrad<Acc> deform_conv2d_sampling_backward(const DeformConv2dPa
   const T* gcol = grad_columns + static_cast<int64_t>(((IndexT(w.b) * Cin + c0) * K + IndexT(w.k)) * pt + IndexT(w.pl));
   const IndexT dx = IndexT(p.width >= 2 ? 1 : 0), dy = p.height >= 2 ? W : IndexT(0), cs = K * pt;
   Acc d[4] = {Acc(0), Acc(0), Acc(0), Acc(0)};
-  if (grad_input == nullptr)
+  // A point outside the map reads and adds nothing: its gradients are 0 (no atomic -- formerly four adds of 0 on the
+  // window clamped to pixel (0, 0), a hot spot under large offsets or padding -- and no load).
+  if (!r.inside) {
+  } else if (grad_input == nullptr) {
     dcn_backward_channels<false, false, Acc, T, G, IndexT>(x, grad_input, gcol, HW, dx, dy, cs, nc, r.inside, r.w, d,
                                                            add);
-  else  // the schedule scatters only into maps of at least 2 x 2 (smaller ones take the sorted path)
+  } else {  // the schedule scatters only into maps of at least 2 x 2 (smaller ones take the sorted path)
     dcn_backward_channels<true, true, Acc, T, G, IndexT>(x, grad_input + plane, gcol, HW, dx, dy, cs, nc, r.inside,
                                                          r.w, d, add);
+  }
   // Window pixels that are no neighbour are left out (selected, not multiplied: their values may be anything).
   for (int q = 0; q < 4; ++q) d[q] = r.on[q] ? d[q] : Acc(0);
   DcnPointGrad<Acc> g;

@@ -17,6 +17,7 @@
 
 #include "dcnkit/deform_conv2d_sampling_backward.h"
 #include "dcnkit/deform_conv2d_sorted.h"
+#include "dcnkit/launch_limits.h"
 
 namespace dcnkit {
 
@@ -59,7 +60,8 @@ inline DcnTiling deform_conv2d_tiling(const DeformConv2dParams& p, size_t elem, 
   const int64_t P = std::max<int64_t>(1, p.out_spatial());
   const int64_t row = std::max<int64_t>(1, p.in_channels * p.kernel_size()) * static_cast<int64_t>(elem);
   if (row * P <= cap_bytes) {
-    t.images = std::max<int64_t>(1, std::min<int64_t>(p.batch, cap_bytes / (row * P)));
+    // At most 65535 images: the bias kernel's gridDim.z and the GEMMs' batch count.
+    t.images = std::max<int64_t>(1, std::min<int64_t>({p.batch, cap_bytes / (row * P), kCudaMaxGridYZ}));
     t.positions = P;
   } else {
     int64_t pt = cap_bytes / row;
@@ -95,14 +97,22 @@ inline size_t deform_conv2d_plan_bytes(const DeformConv2dParams& p, const DcnTil
   return 4 * align_up(n * sizeof(uint32_t)) + align_up(n * (dtype == DType::kFloat64 ? 8 : 4));
 }
 
+// Whether the backward's grad_input takes the sorted path (deform_conv2d_sorted.h): in deterministic mode, and on maps
+// of one row or column (the fused kernel's scatter addresses a 2 x 2 window of pixels).
+inline bool deform_conv2d_sorted_grad_input(const DeformConv2dParams& p, bool deterministic) {
+  return deterministic || p.height < 2 || p.width < 2;
+}
+
 // Workspace of the launchers: one column tile; the backward adds, for 16-bit types, the float32 accumulators of
-// grad_input and grad_weight plus one image's grad_weight GEMM result in the storage type, and the plan of the
-// deterministic mode.
-inline size_t deform_conv2d_cuda_workspace_bytes(const DeformConv2dParams& p, DType dtype, bool backward) {
+// grad_input and grad_weight plus one image's grad_weight GEMM result in the storage type, and the sorted path's plan
+// only where it runs (deform_conv2d_sorted_grad_input: deterministic mode; the plan of a tile is about 40x its columns
+// when deformable groups equal channels).
+inline size_t deform_conv2d_cuda_workspace_bytes(const DeformConv2dParams& p, DType dtype, bool backward,
+                                                 bool deterministic = false) {
   const DcnTiling tl = deform_conv2d_cuda_tiling(p, dtype);
   const size_t tile = deform_conv2d_tile_bytes(p, tl, dtype_size(dtype));
   if (!backward) return tile;
-  const size_t plan = deform_conv2d_plan_bytes(p, tl, dtype);
+  const size_t plan = deform_conv2d_sorted_grad_input(p, deterministic) ? deform_conv2d_plan_bytes(p, tl, dtype) : 0;
   const bool is16 = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
   if (!is16) return tile + plan;
   const int64_t gin = p.batch * p.in_channels * p.height * p.width;
@@ -187,6 +197,44 @@ inline GemmArgs weight_gemm_to(const GemmArgs& ga, void* tmp) {
   return g;
 }
 
+// The launches of the executors (the CUDA launcher's, and the CPU schedule's checks: launch_limits.h).
+// Bias: x positions of the tile, y output channels (a loop past 65535), z the tile's images (at most 65535:
+// deform_conv2d_tiling).
+inline LaunchDims dcn_bias_launch(const DeformConv2dParams& p, const DcnTile& t) {
+  LaunchDims d;
+  d.kernel = "deform_conv2d_bias_kernel";
+  d.grid[0] = (t.pt + 255) / 256;
+  d.grid[1] = std::min<int64_t>(p.out_channels, kCudaMaxGridYZ);
+  d.grid[2] = t.nb;
+  return d;
+}
+// grad_bias: one block of kDcnBiasGradThreads per output channel (a loop past 65535).
+inline LaunchDims dcn_bias_grad_launch(const DeformConv2dParams& p) {
+  LaunchDims d;
+  d.kernel = "bias_grad_kernel";
+  d.grid[0] = std::min<int64_t>(std::max<int64_t>(1, p.out_channels), kCudaMaxGridYZ);
+  d.block = kDcnBiasGradThreads;
+  d.static_smem = 8 * kDcnBiasGradThreads;
+  return d;
+}
+
+// Calls gemm(g) for batches of at most kCudaMaxGemmBatch of a strided-batched GEMM (the later ones' A, B and C moved
+// by their strides): cuBLAS's batched kernels put the batch on gridDim.z.
+template <typename F>
+Status gemm_in_batches(const GemmArgs& ga, F&& gemm) {
+  if (ga.batch <= kCudaMaxGemmBatch) return gemm(ga);
+  const int64_t e = static_cast<int64_t>(dtype_size(ga.dtype));
+  for (int64_t b0 = 0; b0 < ga.batch; b0 += kCudaMaxGemmBatch) {
+    GemmArgs g = ga;
+    g.batch = std::min<int64_t>(kCudaMaxGemmBatch, ga.batch - b0);
+    g.a = static_cast<const char*>(ga.a) + b0 * ga.stride_a * e;
+    g.b = static_cast<const char*>(ga.b) + b0 * ga.stride_b * e;
+    g.c = static_cast<char*>(ga.c) + b0 * ga.stride_c * e;
+    DCNKIT_RETURN_IF_ERROR(gemm(g));
+  }
+  return Status::Ok();
+}
+
 template <typename I> struct IndexTag { using type = I; };
 template <int KH_, int KW_> struct KernelTag { static constexpr int KH = KH_, KW = KW_; };
 template <bool M> struct MaskTag { static constexpr bool value = M; };
@@ -231,6 +279,34 @@ Status for_each_dcn_tile(const DeformConv2dParams& p, const DcnTiling& tl, int64
   }
   return Status::Ok();
 }
+
+// The executor of the launch checks (the CPU schedule path runs the CUDA launcher's own schedule with it before it
+// emulates one: check_deform_conv2d_cuda_launches): every kernel launch and GEMM the CUDA executor would make, checked
+// against CUDA's limits; nothing computed.
+struct DcnLaunchCheckExec {
+  const DeformConv2dParams& p;
+  bool deterministic;
+  Status gather(const DcnTile& t, const void*) {
+    return check_launch(stride_launch("deform_conv2d_gather_kernel", t.threads));
+  }
+  Status bias_fill(const DcnTile& t) { return check_launch(dcn_bias_launch(p, t)); }
+  Status sampling_backward(const DcnTile& t, const void*, bool) {
+    return check_launch(stride_launch("deform_conv2d_sampling_backward_kernel", t.threads));
+  }
+  Status input_grad_sorted(const DcnTile& plan, const DcnPixelGrid& pg, const void*) {
+    DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("deform_conv2d_plan_kernel", plan.threads)));
+    return check_launch(stride_launch("deform_conv2d_pixel_gather_kernel", pg.threads));
+  }
+  Status bias_grad() { return check_launch(dcn_bias_grad_launch(p)); }
+  Status zero(const void*, int64_t) { return Status::Ok(); }
+  Status gemm(const GemmArgs& ga) {
+    return gemm_in_batches(ga, [](const GemmArgs& g) { return check_gemm_batch("deform_conv2d GEMM", g.batch); });
+  }
+  Status weight_gemm(const GemmArgs& ga) {
+    DCNKIT_RETURN_IF_ERROR(gemm(ga));
+    return check_launch(stride_launch("accumulate_kernel", p.out_channels * p.in_per_group() * p.kernel_size()));
+  }
+};
 
 template <typename T, typename Exec>
 Status deform_conv2d_forward_schedule(const DeformConv2dParams& p, DType dt, const DcnTiling& tl,
@@ -333,7 +409,7 @@ Status deform_conv2d_backward_schedule(const DeformConv2dParams& p, DType dt, co
     }
     // grad_input without atomics in deterministic mode, and on maps of one row or column (the fused kernel's
     // scatter addresses a 2 x 2 window of pixels).
-    const bool sorted = grad_input != nullptr && (ex.deterministic || p.height < 2 || p.width < 2);
+    const bool sorted = grad_input != nullptr && deform_conv2d_sorted_grad_input(p, ex.deterministic);
     if (grad_offset || grad_mask || (grad_input && !sorted))
       DCNKIT_RETURN_IF_ERROR(ex.sampling_backward(t, columns, grad_input != nullptr && !sorted));
     if (!sorted) return Status::Ok();
@@ -343,6 +419,22 @@ Status deform_conv2d_backward_schedule(const DeformConv2dParams& p, DType dt, co
     DCNKIT_RETURN_IF_ERROR(make_dcn_pixel_grid(p, plan, &pg));
     return ex.input_grad_sorted(plan, pg, columns);
   });
+}
+
+// The launches the CUDA launcher would make for these params -- its own tiling (deform_conv2d_cuda_tiling), schedule
+// and executor's launch shapes -- checked against CUDA's limits without computing anything (DcnLaunchCheckExec). The
+// CPU schedule path (DCNKIT_DCN_CPU_PATH=cuda-schedule...) runs it first, since it emulates smaller tiles than the
+// launcher's. The pointers only say which gradients are wanted; nothing is read or written.
+template <typename T>
+Status check_deform_conv2d_cuda_launches(const DeformConv2dParams& p, DType dt, bool has_bias, bool has_mask,
+                                         bool backward, bool deterministic, T* grad_input = nullptr,
+                                         T* grad_offset = nullptr, T* grad_weight = nullptr, T* grad_bias = nullptr,
+                                         T* grad_mask = nullptr) {
+  const DcnTiling tl = deform_conv2d_cuda_tiling(p, dt);
+  DcnLaunchCheckExec ex{p, deterministic};
+  if (!backward) return deform_conv2d_forward_schedule<T>(p, dt, tl, nullptr, has_bias, nullptr, nullptr, ex);
+  return deform_conv2d_backward_schedule<T>(p, dt, tl, nullptr, nullptr, has_mask, grad_input, grad_offset,
+                                            grad_weight, grad_bias, grad_mask, nullptr, ex);
 }
 
 }  // namespace dcnkit

@@ -47,9 +47,11 @@ Status deform_psroi_pool_backward_cpu(const DeformPSRoIPoolParams& p, const T* g
 // CUDA (float32, float64, float16, bfloat16; forward and backward). Never synchronises: a RoI whose batch
 // index is outside [0, N) or NaN gives zeros (count 0). Workspace: deform_psroi_pool_workspace_cuda
 // (forward), deform_psroi_pool_backward_workspace_cuda (backward: float32 accumulation of 16-bit
-// grad_input and grad_trans).
+// grad_input and grad_trans). Deterministic mode (ctx.deterministic; psroi_gather.h): both gradients without
+// atomics, in a fixed order; workspace (deterministic true): one footprint per RoI.
 size_t deform_psroi_pool_workspace_cuda(const DeformPSRoIPoolParams& p);
-size_t deform_psroi_pool_backward_workspace_cuda(const DeformPSRoIPoolParams& p, DType dtype);
+size_t deform_psroi_pool_backward_workspace_cuda(const DeformPSRoIPoolParams& p, DType dtype,
+                                                 bool deterministic = false);
 Status deform_psroi_pool_forward_cuda(const DeformPSRoIPoolParams& p, DType dtype,
                                       const void* input, const void* rois, const void* trans,
                                       void* output, void* count, void* workspace,

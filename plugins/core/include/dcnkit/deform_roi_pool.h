@@ -36,9 +36,11 @@ Status deform_roi_pool_backward_cpu(const DeformRoIPoolParams& p, const T* grad_
 
 // CUDA (float32, float64, float16, bfloat16; forward and backward). Never synchronises: a RoI whose batch
 // index is outside [0, N) or NaN gives zeros. Workspace: deform_roi_pool_workspace_cuda (forward),
-// deform_roi_pool_backward_workspace_cuda (backward: float32 accumulation of a 16-bit grad_input).
+// deform_roi_pool_backward_workspace_cuda (backward: float32 accumulation of a 16-bit grad_input). Deterministic
+// mode (ctx.deterministic; roi_gather.h): grad_input without atomics, in a fixed order (grad_offset has none in
+// either mode); workspace (deterministic true): one footprint per RoI.
 size_t deform_roi_pool_workspace_cuda(const DeformRoIPoolParams& p);
-size_t deform_roi_pool_backward_workspace_cuda(const DeformRoIPoolParams& p, DType dtype);
+size_t deform_roi_pool_backward_workspace_cuda(const DeformRoIPoolParams& p, DType dtype, bool deterministic = false);
 Status deform_roi_pool_forward_cuda(const DeformRoIPoolParams& p, DType dtype, const void* input,
                                     const void* rois, const void* offset, void* output,
                                     void* workspace, const CudaContext& ctx);

@@ -66,9 +66,12 @@ Status multi_level_roi_align_backward_cpu(const MultiLevelRoIAlignParams& p, con
 // arrays of L device pointers (copied by value into the kernel's arguments: no device copy). The launchers
 // never synchronise: a RoI whose batch index is outside [0, N) or NaN gives zeros (forward output 0, no
 // gradient), never an out-of-bounds read. Workspace bytes: 0 for the forward; the backward needs a float32
-// accumulation buffer for 16-bit gradients (every level's, one after the other).
+// accumulation buffer for 16-bit gradients (every level's, one after the other). Deterministic mode
+// (ctx.deterministic; roi_gather.h): the backward writes every level's gradient without atomics, in a fixed order;
+// its workspace (deterministic true) is one footprint per RoI and, in max mode, two coordinates per output element.
 size_t multi_level_roi_align_workspace_cuda(const MultiLevelRoIAlignParams& p);
-size_t multi_level_roi_align_backward_workspace_cuda(const MultiLevelRoIAlignParams& p, DType dtype);
+size_t multi_level_roi_align_backward_workspace_cuda(const MultiLevelRoIAlignParams& p, DType dtype,
+                                                     bool deterministic = false);
 Status multi_level_roi_align_forward_cuda(const MultiLevelRoIAlignParams& p, DType dtype,
                                           const void* const* features, const void* rois, void* output,
                                           void* workspace, const CudaContext& ctx);

@@ -79,6 +79,31 @@ DCNKIT_HD RoIPlanHead<Acc> multi_level_plan_head(const MultiLevelRoIAlignParams&
   return h;
 }
 
+// multi_level_plan_head as a functor (the deterministic backward's head_of; roi_gather_ops.h).
+template <typename Acc, typename T>
+struct MultiLevelHeadOf {
+  MultiLevelRoIAlignParams p;
+  const T* rois;
+  DCNKIT_HD RoIPlanHead<Acc> operator()(int64_t k) const { return multi_level_plan_head<Acc>(p, rois, k); }
+};
+
+// The L maps (or their gradients' accumulation buffers), by value.
+template <typename P>
+struct LevelPointers {
+  P ptr[kMaxFeatureLevels];
+};
+
+// The map a head pools: its level's, image h.b, channel 0 (the deterministic backward's map_of).
+template <typename T>
+struct LevelMapOf {
+  LevelPointers<const T*> levels;
+  int64_t channels;
+  template <typename Acc>
+  DCNKIT_HD const T* operator()(const RoIPlanHead<Acc>& h) const {
+    return level_pick(levels.ptr, h.level) + h.b * channels * h.H * h.W;
+  }
+};
+
 // The largest level's pixels (the launch decision of roi_plan_launch).
 inline int64_t multi_level_max_pixels(const MultiLevelRoIAlignParams& p) {
   int64_t m = 0;

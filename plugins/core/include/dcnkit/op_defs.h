@@ -29,6 +29,8 @@ struct TensorDef {
   bool rois = false;      // RoIs: the features' type, or float32 with 16-bit features (TensorRT; the precision
                           // rules keep them float32)
   bool grad = false;      // the backward gives its gradient (an input), or takes it (an output)
+  bool cast = false;      // the eager op casts it to the first input's type (mmcv's attention: float32 locations
+                          // with float16 value under autocast): the exporters write that cast where types differ
 
   constexpr TensorDef with_grad() const {
     TensorDef t = *this;
@@ -43,6 +45,11 @@ struct TensorDef {
   constexpr TensorDef as_index() const {
     TensorDef t = *this;
     t.int64 = true;
+    return t;
+  }
+  constexpr TensorDef cast_to_first() const {
+    TensorDef t = *this;
+    t.cast = true;
     return t;
   }
   constexpr TensorDef as_variadic() const {

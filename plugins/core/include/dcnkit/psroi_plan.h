@@ -11,6 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#if !defined(__CUDACC__)
+#include <vector>
+#endif
 
 #include "dcnkit/psroi_kernels.h"
 #include "dcnkit/roi_plan.h"
@@ -145,13 +148,17 @@ DCNKIT_HD void psroi_plan_backward_items(const DeformPSRoIPoolParams& p, const P
 }
 
 #if !defined(__CUDACC__)
-// The CUDA grid of the planned kernels run serially on the host (the CPU test path): block by block, thread by thread.
-// block(h, k, c0, nc, plan, tid): one thread's share of a planned block.
+// The CUDA grid of the planned kernels run serially on the host (the CPU test path): the launch checked against
+// CUDA's limits, then block by block, thread by thread. block(h, k, c0, nc, plan, tid): one thread's share of a
+// planned block.
 template <typename T, typename Block>
-void psroi_schedule_serial(const DeformPSRoIPoolParams& p, const T* rois, const T* trans, int threads,
-                           const Block& block) {
-  std::vector<RoIPlanEntry<T>> plan(static_cast<size_t>(psroi_plan_entries(p)));
+Status psroi_schedule_serial(const DeformPSRoIPoolParams& p, const T* rois, const T* trans, int threads,
+                             const Block& block) {
   const int64_t D = p.attrs.output_dim, groups = (D + kRoIPlanChannels - 1) / kRoIPlanChannels;
+  if (p.num_rois * D == 0) return Status::Ok();
+  DCNKIT_RETURN_IF_ERROR(check_launch(roi_block_dims("deform_psroi_pool_plan kernel", p.num_rois, D,
+                                                     psroi_plan_bytes<T>(p))));
+  std::vector<RoIPlanEntry<T>> plan(static_cast<size_t>(psroi_plan_entries(p)));
   for (int64_t k = 0; k < p.num_rois; ++k) {
     for (int64_t g = 0; g < groups; ++g) {
       const PSRoIPlanHead<T> h = psroi_plan_head<T>(p, rois, k);
@@ -161,6 +168,7 @@ void psroi_schedule_serial(const DeformPSRoIPoolParams& p, const T* rois, const 
       }
     }
   }
+  return Status::Ok();
 }
 #endif
 

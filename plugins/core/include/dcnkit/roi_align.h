@@ -46,13 +46,9 @@ Status roi_align_backward_cpu(const RoIAlignParams& p, const T* grad_output, con
 // whose batch index is outside [0, N) or NaN gives zeros (forward output 0, no gradient), never an
 // out-of-bounds read. Workspace bytes: roi_align_workspace_cuda for the forward (0 today),
 // roi_align_backward_workspace_cuda for the backward (float32 accumulation of a 16-bit grad_input).
-// Deterministic mode (ctx.deterministic; roi_align_sorted.h): the backward adds its plan, sort and arg-max buffers
-// (roi_align_backward_workspace_cuda with deterministic true). It has a path where
-// roi_align_deterministic_supported (host, from the params: explicit grids small enough for a plan, or adaptive
-// ones; 32-bit keys; other sizes take the atomic path, which the torch op reports as torch's error or warning); an
-// adaptive grid too large for a plan (over 16 samples per bin: a large box) raises a device-side assert instead (the
-// CPU test path: an Invalid status).
-bool roi_align_deterministic_supported(const RoIAlignParams& p, DType dtype);
+// Deterministic mode (ctx.deterministic; roi_gather.h): the backward writes grad_input without atomics, for any
+// valid input, in a fixed order (bit-identical from run to run); its workspace (roi_align_backward_workspace_cuda with
+// deterministic true) is one footprint per RoI and, in max mode, two coordinates per output element.
 size_t roi_align_workspace_cuda(const RoIAlignParams& p);
 size_t roi_align_backward_workspace_cuda(const RoIAlignParams& p, DType dtype, bool deterministic = false);
 Status roi_align_forward_cuda(const RoIAlignParams& p, DType dtype, const void* input,

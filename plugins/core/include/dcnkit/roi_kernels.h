@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include "dcnkit/bilinear.h"
@@ -253,12 +254,11 @@ DCNKIT_HD int64_t roi_axis_cap(int64_t extent) {
 }
 
 // Visits the samples of one RoIAlign bin with corner (y0, x0) that can contribute, in the order of the
-// full loop (iy outer, ix inner): visit(taps, m) for each sample inside the map (m = 1), or each run of
-// m equal samples beyond roi_axis_cap, and visit(outside, 0) (taps.inside false) where a run of samples
-// outside the map begins. Stops early when visit returns false.
+// full loop (iy outer, ix inner): visit(taps, m, y, x) for each sample inside the map (m = 1), or each run of
+// m equal samples beyond roi_axis_cap, at its coordinates (y, x), and visit(outside, 0, NaN, NaN) (taps.inside
+// false) where a run of samples outside the map begins. Stops early when visit returns false.
 template <typename Acc, typename Visit>
-DCNKIT_HD void roi_bin_visit(const RoIAlignBox<Acc>& b, Acc y0, Acc x0, int64_t H, int64_t W,
-                             Visit& visit) {
+DCNKIT_HD void roi_bin_visit_at(const RoIAlignBox<Acc>& b, Acc y0, Acc x0, int64_t H, int64_t W, Visit& visit) {
   if (b.gh <= 0 || b.gw <= 0) return;
   const RoIAxis<Acc> ay{y0, b.bin_h, b.gh}, ax{x0, b.bin_w, b.gw};
   SampleRange ry{0, 0}, rx{0, 0};
@@ -268,27 +268,41 @@ DCNKIT_HD void roi_bin_visit(const RoIAlignBox<Acc>& b, Acc y0, Acc x0, int64_t 
   }
   Taps<Acc> out;
   taps_clear(out);
+  const Acc nan = std::numeric_limits<Acc>::quiet_NaN();
   if (ry.lo >= ry.hi || rx.lo >= rx.hi) {
-    visit(out, Acc(0));
+    visit(out, Acc(0), nan, nan);
     return;
   }
   const bool y_runs = ry.hi - ry.lo > roi_axis_cap(H), x_runs = rx.hi - rx.lo > roi_axis_cap(W);
-  if (ry.lo > 0 && !visit(out, Acc(0))) return;
+  if (ry.lo > 0 && !visit(out, Acc(0), nan, nan)) return;
   for (int64_t iy = ry.lo; iy < ry.hi;) {
     const Acc y = ay(iy);
     const int64_t ey = y_runs ? sample_run_end(iy, ry.hi, y, ay) : iy + 1;
     const Acc my = static_cast<Acc>(ey - iy);
-    if (rx.lo > 0 && !visit(out, Acc(0))) return;
+    if (rx.lo > 0 && !visit(out, Acc(0), nan, nan)) return;
     for (int64_t ix = rx.lo; ix < rx.hi;) {
       const Acc x = ax(ix);
       const int64_t ex = x_runs ? sample_run_end(ix, rx.hi, x, ax) : ix + 1;
-      if (!visit(roi_taps(y, x, H, W), my * static_cast<Acc>(ex - ix))) return;
+      if (!visit(roi_taps(y, x, H, W), my * static_cast<Acc>(ex - ix), y, x)) return;
       ix = ex;
     }
-    if (rx.hi < b.gw && !visit(out, Acc(0))) return;
+    if (rx.hi < b.gw && !visit(out, Acc(0), nan, nan)) return;
     iy = ey;
   }
-  if (ry.hi < b.gh) visit(out, Acc(0));
+  if (ry.hi < b.gh) visit(out, Acc(0), nan, nan);
+}
+
+// The same for visitors of the taps only: visit(taps, m).
+template <typename Visit>
+struct RoIVisitTaps {
+  Visit& v;
+  template <typename Acc>
+  DCNKIT_HD bool operator()(const Taps<Acc>& t, Acc m, Acc, Acc) { return v(t, m); }
+};
+template <typename Acc, typename Visit>
+DCNKIT_HD void roi_bin_visit(const RoIAlignBox<Acc>& b, Acc y0, Acc x0, int64_t H, int64_t W, Visit& visit) {
+  RoIVisitTaps<Visit> at{visit};
+  roi_bin_visit_at(b, y0, x0, H, W, at);
 }
 
 // Sample sources for the bin functions below, both visited in the same order: the samples of a bin

@@ -8,16 +8,13 @@
 // same sums. Grids too large for a plan (more than kRoIPlanSamples samples per bin or roi_plan_capacity() per RoI,
 // an adaptive grid of a huge box, maps of 2^31 pixels or more) go through the bounded visit instead
 // (roi_visit_*_items), per (channel, bin), in a block of the same shape.
-// Every function here is DCNKIT_HD: `tid` / `step` are the thread's index in its block and the block size.
+// Every function here is DCNKIT_HD: `tid` / `step` are the thread's index in its block and the block size. The grid
+// run serially on the host (the CPU test paths): roi_plan_serial.h.
 #pragma once
 
 #include <cstdint>
-#if !defined(__CUDACC__)
-#include <cstdlib>
-#include <cstring>
-#include <vector>
-#endif
 
+#include "dcnkit/launch_limits.h"
 #include "dcnkit/roi_kernels.h"
 
 namespace dcnkit {
@@ -76,11 +73,31 @@ inline RoIPlanLaunch roi_plan_launch(int64_t r, int64_t bins, int64_t max_hw, in
   return RoIPlanLaunch::kPlanOnly;
 }
 
+// The launch of the block kernels: x = RoI, y = channel group of kRoIPlanChannels, 256 threads, `smem` bytes of plan.
+inline LaunchDims roi_block_dims(const char* kernel, int64_t num_rois, int64_t channels, int64_t smem) {
+  LaunchDims d;
+  d.kernel = kernel;
+  d.grid[0] = num_rois;
+  d.grid[1] = (channels + kRoIPlanChannels - 1) / kRoIPlanChannels;
+  d.smem = smem;
+  d.static_smem = 256;  // the block's head (RoIPlanHead: at most 104 bytes), rounded up
+  return d;
+}
+
 // The divisor and the plan's stride of a head whose box and map are set.
 template <typename Acc>
 DCNKIT_HD void roi_plan_finish(RoIPlanHead<Acc>& h, int64_t bins) {
   h.n = roi_bin_count(h.box);
   h.stride = roi_plan_fits<Acc>(h.box.gh, h.box.gw, bins, h.H * h.W) ? int32_t(h.box.gh * h.box.gw) : 0;
+}
+
+// The head as a visit kernel takes it: not planned (stride 0) when no plan kernel runs (`all`: roi_plan_launch chose
+// kVisitOnly), so that the visit kernel serves every RoI -- also one whose own map would be planned (MultiLevelRoIAlign:
+// a small level's RoI when the largest level is too large to plan).
+template <typename Acc>
+DCNKIT_HD RoIPlanHead<Acc> roi_visit_head(RoIPlanHead<Acc> h, bool all) {
+  if (all) h.stride = 0;
+  return h;
 }
 
 // The head of RoI k of RoIAlign (one thread per block).
@@ -143,17 +160,25 @@ DCNKIT_HD RoIPlanHead<Acc> deform_roi_plan_head(const DeformRoIPoolParams& p, co
 }
 
 // Entry (bin, s) of a planned head's plan (sample (s / gw, s % gw) of bin `bin`, ow bins per row): the plan's one
-// source of the sampling geometry (roi_plan_fill; the deterministic backward, roi_align_sorted.h).
+// source of the sampling geometry (roi_plan_fill).
 template <typename Acc, typename Origin>
 DCNKIT_HD void roi_plan_entry(const RoIPlanHead<Acc>& h, uint32_t ow, uint32_t gw, uint32_t bin, uint32_t s,
                               const Origin& origin, RoIPlanEntry<Acc>* entry) {
   Acc y0, x0;
   origin(h, bin / ow, bin % ow, &y0, &x0);
-  const Taps<Acc> t = roi_taps(RoIAxis<Acc>{y0, h.box.bin_h, h.box.gh}(s / gw),
-                               RoIAxis<Acc>{x0, h.box.bin_w, h.box.gw}(s % gw), h.H, h.W);
+  // roi_taps in 32-bit indices (a planned map has fewer than 2^31 pixels): the same taps and weights, and no 64-bit
+  // integer converted to or from floating point in the plan's loop.
+  const int32_t W = static_cast<int32_t>(h.W);
+  const RoIAxisTaps<Acc, int32_t> ty = roi_axis_taps(RoIAxis<Acc>{y0, h.box.bin_h, h.box.gh}(s / gw),
+                                                     static_cast<int32_t>(h.H));
+  const RoIAxisTaps<Acc, int32_t> tx = roi_axis_taps(RoIAxis<Acc>{x0, h.box.bin_w, h.box.gw}(s % gw), W);
+  const bool inside = ty.inside && tx.inside;
+  const Acc hy = Acc(1) - ty.l, hx = Acc(1) - tx.l;
+  const int32_t at[4] = {ty.lo * W + tx.lo, ty.lo * W + tx.hi, ty.hi * W + tx.lo, ty.hi * W + tx.hi};
+  const Acc w[4] = {hy * hx, hy * tx.l, ty.l * hx, ty.l * tx.l};
   for (int i = 0; i < 4; ++i) {
-    entry->idx[i] = t.inside ? static_cast<int32_t>(t.idx[i]) : -1;
-    entry->w[i] = t.w[i];
+    entry->idx[i] = inside ? at[i] : -1;
+    entry->w[i] = inside ? w[i] : Acc(0);
   }
 }
 
@@ -424,52 +449,5 @@ DCNKIT_HD void roi_visit_backward_items(const P& p, const RoIPlanHead<Acc>& h, i
     roi_align_bin_backward<Acc, T>(img, H, W, h.box, y0, x0, max_mode, g, add);
   });
 }
-
-#if !defined(__CUDACC__)
-// The CUDA grid of the block kernels run serially on the host (the CPU test path and the counting harness):
-// for each block (RoI k, channel group), its head (head_of(k)), its plan where planned (every thread's share),
-// then block(head, k, c0, nc, plan or null (visit), tid) for each thread, in grid order.
-// origin_of(k): the bin origin of RoI k (RoIAlign's by default; DeformRoIPool: DeformRoIOrigin).
-struct RoIBoxOriginOf {
-  RoIBoxOrigin operator()(int64_t) const { return {}; }
-};
-template <typename Acc, typename P, typename HeadOf, typename Block, typename OriginOf = RoIBoxOriginOf>
-void roi_block_schedule_serial(const P& p, const HeadOf& head_of, int threads, const Block& block,
-                               const OriginOf& origin_of = OriginOf()) {
-  std::vector<RoIPlanEntry<Acc>> plan(static_cast<size_t>(roi_plan_capacity<Acc>()));
-  const int64_t groups = (p.channels + kRoIPlanChannels - 1) / kRoIPlanChannels;
-  for (int64_t k = 0; k < p.num_rois; ++k) {
-    for (int64_t g = 0; g < groups; ++g) {
-      const RoIPlanHead<Acc> h = head_of(k);
-      if (h.stride != 0) {
-        for (int tid = 0; tid < threads; ++tid) roi_plan_fill<Acc>(p, h, tid, threads, plan.data(), origin_of(k));
-      }
-      for (int tid = 0; tid < threads; ++tid) {
-        block(h, k, g * kRoIPlanChannels, roi_group_channels(p.channels, g), h.stride != 0 ? plan.data() : nullptr,
-              tid);
-      }
-    }
-  }
-}
-
-// DCNKIT_ROI_CPU_PATH=cuda-schedule (read once per process; for tests): the CPU launchers of RoIAlign and
-// MultiLevelRoIAlign run the CUDA block schedule above instead of their own drivers.
-inline bool roi_cuda_schedule_path() {
-  static const bool on = [] {
-    const char* e = std::getenv("DCNKIT_ROI_CPU_PATH");
-    return e != nullptr && std::strcmp(e, "cuda-schedule") == 0;
-  }();
-  return on;
-}
-// DCNKIT_ROI_CPU_PATH=cuda-schedule-deterministic: RoIAlign's backward runs the deterministic mode's grid
-// (roi_align_sorted.h) serially (its forward runs the cuda-schedule blocks).
-inline bool roi_cuda_schedule_deterministic_path() {
-  static const bool on = [] {
-    const char* e = std::getenv("DCNKIT_ROI_CPU_PATH");
-    return e != nullptr && std::strcmp(e, "cuda-schedule-deterministic") == 0;
-  }();
-  return on;
-}
-#endif
 
 }  // namespace dcnkit

@@ -30,22 +30,24 @@ __device__ __forceinline__ RoIPlanEntry<Acc>* roi_plan_smem() {
   return reinterpret_cast<RoIPlanEntry<Acc>*>(roi_plan_bytes);
 }
 
-// Grid of the block kernels: x = RoI, y = channel group (roi_block_launch checks the limits).
+// Grid of the block kernels: x = RoI, y = channel group (roi_block_dims; roi_block_launch checks the limits).
 inline int64_t roi_channel_groups(int64_t channels) { return (channels + kRoIPlanChannels - 1) / kRoIPlanChannels; }
 inline dim3 roi_block_grid(int64_t num_rois, int64_t channels) {
-  return dim3(static_cast<unsigned int>(num_rois), static_cast<unsigned int>(roi_channel_groups(channels)));
+  return launch_grid(roi_block_dims("roi block kernel", num_rois, channels, 0));
 }
 
-// Launches the plan and/or the visit kernel (roi_plan_launch): plan(max mode tag, smem bytes), visit().
+// Launches the plan and/or the visit kernel (roi_plan_launch): plan(max mode tag, smem bytes), visit(all): `all`
+// when the plan kernel is not launched (kVisitOnly), so that the visit kernel serves every RoI -- also those whose
+// own head would be planned (MultiLevelRoIAlign: a small level's RoI when the largest level is too large to plan).
 template <typename Acc, typename Plan, typename Visit>
 Status roi_block_launch(const char* where, int64_t num_rois, int64_t channels, int64_t sampling_ratio, int64_t bins,
                         int64_t max_hw, bool max_mode, const Plan& plan, const Visit& visit) {
-  if (num_rois > 0x7fffffff) {
+  if (num_rois > kCudaMaxGridX) {
     return arg_error(where, "rois", "at most 2^31 - 1 RoIs on CUDA", std::to_string(num_rois));
   }
-  if (roi_channel_groups(channels) > 65535) {
-    return arg_error(where, "input", "at most " + std::to_string(65535 * kRoIPlanChannels) + " channels on CUDA",
-                     std::to_string(channels));
+  if (roi_channel_groups(channels) > kCudaMaxGridYZ) {
+    return arg_error(where, "input", "at most " + std::to_string(kCudaMaxGridYZ * kRoIPlanChannels) +
+                     " channels on CUDA", std::to_string(channels));
   }
   int64_t entries = 0;
   const RoIPlanLaunch how = roi_plan_launch<Acc>(sampling_ratio, bins, max_hw, &entries);
@@ -59,7 +61,7 @@ Status roi_block_launch(const char* where, int64_t num_rois, int64_t channels, i
     DCNKIT_RETURN_IF_ERROR(cuda_launch_status(where));
   }
   if (how != RoIPlanLaunch::kPlanOnly) {
-    visit();
+    visit(how == RoIPlanLaunch::kVisitOnly);
     DCNKIT_RETURN_IF_ERROR(cuda_launch_status(where));
   }
   return Status::Ok();

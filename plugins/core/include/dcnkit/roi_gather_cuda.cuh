@@ -1,0 +1,139 @@
+// CUDA side of the tile gather (roi_gather.h): the footprint kernel (one thread per RoI; it also raises the
+// batch-index assert where the params ask), the table kernel (one thread per table entry of a chunk), the gather
+// kernel (one block per (image, tile, channel group), the chunk's RoIs culled and listed in index order in shared
+// memory), their launch (roi_gather_cuda), and max mode's arg-max kernel. Everything is sized from the shapes and
+// launched asynchronously: nothing is read back, so the launches are capturable in a CUDA graph.
+#pragma once
+
+#include "dcnkit/cuda_utils.cuh"
+#include "dcnkit/roi_gather_ops.h"
+
+namespace dcnkit {
+
+template <typename G, typename T>
+__global__ void __launch_bounds__(kCudaThreads)
+    roi_gather_footprint_kernel(G g, int64_t num_rois, const T* __restrict__ rois, int64_t batch, bool assert_batch,
+                                RoIFootprint* __restrict__ foot) {
+  using Acc = typename G::Acc;
+  DCNKIT_CUDA_KERNEL_LOOP(k, num_rois) {
+    int64_t b = 0;
+    if (assert_batch && !roi_batch_index<Acc>(rois + k * 5, batch, &b)) roi_batch_index_assert_fail();
+    foot[k] = g.footprint(k);
+  }
+}
+
+// Entry i of the tables of RoIs [k0, ...): entry i % E of RoI k0 + i / E (E = g.table_entries()).
+// The double instantiation may take all the registers a 256-thread block leaves (a bisection and the box).
+template <typename G>
+__global__ void __launch_bounds__(kCudaThreads, sizeof(typename G::Acc) == 8 ? 1 : 0)
+    roi_gather_table_kernel(G g, int64_t k0, int64_t n, typename G::Acc* __restrict__ tables) {
+  const int64_t E = g.table_entries();
+  DCNKIT_CUDA_KERNEL_LOOP(i, n) { tables[i] = g.table(k0 + i / E, i % E); }
+}
+
+// It may take all the registers a 256-thread block leaves (minimum 1 block per SM): with ptxas's default budget the
+// DeformRoIPool instantiation held 48 registers and spilled 16 bytes.
+template <typename T, typename G>
+__global__ void __launch_bounds__(kRoIGatherThreads, 1)
+    roi_gather_kernel(G g, RoIGatherGrid grid, int64_t k1, const RoIFootprint* __restrict__ foot, bool first,
+                      bool last, typename G::Acc* partial, T* out) {
+  using Acc = typename G::Acc;
+  __shared__ int64_t listed[kRoIGatherThreads];
+  __shared__ RoIFootprint feet[kRoIGatherThreads];
+  __shared__ int warp_hits[kRoIGatherThreads / 32];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int64_t C = grid.channels, HW = grid.height * grid.width;
+  for (int64_t blk = blockIdx.x; blk < grid.blocks; blk += gridDim.x) {
+    const RoIGatherPixel px = roi_gather_pixel(grid, blk, tid);
+    for (int64_t c0 = int64_t(blockIdx.y) * kRoIGatherChannels; c0 < C;
+         c0 += int64_t(gridDim.y) * kRoIGatherChannels) {
+      const int nc = static_cast<int>(C - c0 < kRoIGatherChannels ? C - c0 : kRoIGatherChannels);
+      Acc acc[kRoIGatherChannels];
+      DCNKIT_PRAGMA_UNROLL
+      for (int c = 0; c < kRoIGatherChannels; ++c) acc[c] = Acc(0);
+      for (int64_t s0 = g.k0; s0 < k1; s0 += kRoIGatherThreads) {
+        // Cull: each thread tests one RoI; the hits are listed in RoI order (rank = the hits before it).
+        const int64_t k = s0 + tid;
+        RoIFootprint f = roi_no_footprint();
+        if (k < k1) f = foot[k];
+        const bool hit = k < k1 && roi_gather_meets(f, px);
+        const unsigned m = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) warp_hits[warp] = __popc(m);
+        __syncthreads();
+        int rank = __popc(m & ((1u << lane) - 1u)), total = 0;
+        for (int w = 0; w < kRoIGatherThreads / 32; ++w) {
+          rank += w < warp ? warp_hits[w] : 0;
+          total += warp_hits[w];
+        }
+        if (hit) {
+          listed[rank] = k;
+          feet[rank] = f;
+        }
+        __syncthreads();
+        if (px.inside) {
+          for (int j = 0; j < total; ++j) {
+            if (roi_gather_holds(feet[j], px)) g.add(listed[j], c0, nc, px.y, px.x, acc);
+          }
+        }
+        __syncthreads();
+      }
+      if (px.inside) {
+        const int64_t i = (px.b * C + c0) * HW + px.y * grid.width + px.x;
+        DCNKIT_PRAGMA_UNROLL
+        for (int c = 0; c < kRoIGatherChannels; ++c) {
+          if (c < nc) roi_gather_store<T, Acc>(acc[c], i + c * HW, first, last, partial, out);
+        }
+      }
+    }
+  }
+}
+
+// The gather of one map: the footprints of all RoIs, then per chunk of RoIs its tables and the gather, writing the
+// whole (N, C, H, W) gradient `out`. `b`: the workspace's buffers (roi_gather_carve). rois: the (K, 5) rows, read for
+// the batch-index assert when assert_batch.
+template <typename T, typename G>
+Status roi_gather_cuda(const char* where, G g, int64_t num_rois, const RoIGatherGrid& grid, const T* rois,
+                       int64_t batch, bool assert_batch, const RoIGatherBuffers& b, T* out, cudaStream_t s) {
+  using Acc = typename G::Acc;
+  if (grid.blocks == 0 || grid.channels == 0) return Status::Ok();
+  DCNKIT_RETURN_IF_ERROR(check_roi_gather_grid(where, grid));
+  static_assert(kRoIGatherStaticSmem <= kCudaDefaultSmemBytes, "gather shared memory");
+  if (num_rois > 0) {
+    const LaunchDims d = stride_launch("roi_gather_footprint_kernel", num_rois);
+    roi_gather_footprint_kernel<G, T><<<launch_grid(d), d.block, 0, s>>>(g, num_rois, rois, batch, assert_batch,
+                                                                         b.foot);
+    DCNKIT_RETURN_IF_ERROR(cuda_launch_status(where));
+  }
+  const int64_t E = g.table_entries();
+  Acc* tables = static_cast<Acc*>(b.tables);
+  // The running sums across chunks: the gradient itself for float and double, the float32 buffer for 16-bit types.
+  Acc* partial = std::is_same<T, Acc>::value ? reinterpret_cast<Acc*>(out) : static_cast<Acc*>(b.partial);
+  for (int64_t k0 = 0; k0 < num_rois || k0 == 0; k0 += b.chunk) {
+    const int64_t k1 = k0 + b.chunk < num_rois ? k0 + b.chunk : num_rois;
+    g.k0 = k0;
+    g.tables = tables;
+    if (k1 > k0 && E > 0) {
+      const LaunchDims d = stride_launch("roi_gather_table_kernel", (k1 - k0) * E);
+      roi_gather_table_kernel<G><<<launch_grid(d), d.block, 0, s>>>(g, k0, (k1 - k0) * E, tables);
+      DCNKIT_RETURN_IF_ERROR(cuda_launch_status(where));
+    }
+    const LaunchDims d = roi_gather_launch(grid);
+    roi_gather_kernel<T, G><<<launch_grid(d), d.block, 0, s>>>(g, grid, k1, b.foot, k0 == 0, k1 >= num_rois, partial,
+                                                             out);
+    DCNKIT_RETURN_IF_ERROR(cuda_launch_status(where));
+    if (k1 >= num_rois) break;
+  }
+  return Status::Ok();
+}
+
+// Max mode: argmax[2 i], argmax[2 i + 1] = the coordinates of element i's winning sample (roi_gather_argmax_at).
+// The double instantiation may take all the registers a 256-thread block leaves (the bounded visit, as the visit
+// kernels).
+template <typename Acc, typename HeadOf, typename MapOf>
+__global__ void __launch_bounds__(kCudaThreads, sizeof(Acc) == 8 ? 1 : 0)
+    roi_gather_argmax_kernel(HeadOf head_of, MapOf map_of, int64_t C, int64_t pooled_w, int64_t bins, int64_t n,
+                             Acc* __restrict__ argmax) {
+  DCNKIT_CUDA_KERNEL_LOOP(i, n) { roi_gather_argmax_at<Acc>(head_of, map_of, C, pooled_w, bins, i, argmax); }
+}
+
+}  // namespace dcnkit
