@@ -121,30 +121,38 @@ def test_opcheck():
                                                                        True))
 
 
-def test_backward_is_deterministic_and_the_atomic_schedule_agrees(tmp_path):
-    """The CPU backward (the CUDA deterministic kernel's owners) gives the same bits twice; the CUDA atomic kernel's
-    items run serially on the CPU (DCNKIT_ROI_CPU_PATH=cuda-schedule) give the same gradient up to the order."""
+@pytest.mark.parametrize("path", ["cuda-schedule", "cuda-schedule-deterministic"])
+def test_backward_is_deterministic_and_the_cuda_schedules_agree(path, tmp_path):
+    """The CPU backward gives the same bits twice; the CUDA atomic kernel's items (cuda-schedule) and the deterministic
+    mode's tile gather (cuda-schedule-deterministic: footprints, boxes, per-pixel sums, in chunks of RoIs) run
+    serially on the CPU give the same gradient up to the order of the sums: boxes across the border, both turns,
+    adaptive and explicit grids, a negative size with an explicit grid, a box of 1e9 pixels."""
     x = torch.randn(2, 3, 9, 8, dtype=torch.float64, requires_grad=True)
-    rois = rand_rois(9, 2, 9, 8)
-    g = torch.randn(9, 3, 2, 2, dtype=torch.float64)
-    (a,) = torch.autograd.grad(roi_align_rotated(x, rois, 2, 1.0, 0), x, g)
-    (b,) = torch.autograd.grad(roi_align_rotated(x, rois, 2, 1.0, 0), x, g)
-    assert torch.equal(a, b)
+    rois = torch.cat([rand_rois(9, 2, 9, 8, big=True),
+                      torch.tensor([[1, 4, 4, -3, -5, 0.4], [0, 4, 4, 1e9, 3, 1.1]], dtype=torch.float64)])
+    g = torch.randn(11, 3, 2, 3, dtype=torch.float64)
+    args = [((2, 3), 1.0, 0, True, False), ((2, 3), 0.5, 3, False, True)]
+    want = []
+    for a in args:
+        (a1,) = torch.autograd.grad(roi_align_rotated(x, rois, *a), x, g)
+        (a2,) = torch.autograd.grad(roi_align_rotated(x, rois, *a), x, g)
+        assert torch.equal(a1, a2)
+        want.append(a1.numpy())
     np.savez(tmp_path / "in.npz", x=x.detach().numpy(), rois=rois.numpy(), g=g.numpy())
     code = f"""
         import numpy as np, torch
         from dcnkit.ops import roi_align_rotated
         d = np.load({str(tmp_path / 'in.npz')!r})
         x = torch.from_numpy(d["x"]).requires_grad_()
-        (gx,) = torch.autograd.grad(roi_align_rotated(x, torch.from_numpy(d["rois"]), 2, 1.0, 0), x,
-                                    torch.from_numpy(d["g"]))
-        np.save({str(tmp_path / 'out.npy')!r}, gx.numpy())
+        out = [torch.autograd.grad(roi_align_rotated(x, torch.from_numpy(d["rois"]), *a), x, torch.from_numpy(d["g"]))
+               [0].numpy() for a in {args!r}]
+        np.save({str(tmp_path / 'out.npy')!r}, np.stack(out))
     """
-    env = dict(os.environ, DCNKIT_ROI_CPU_PATH="cuda-schedule")
+    env = dict(os.environ, DCNKIT_ROI_CPU_PATH=path)
     p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
-    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), a.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), np.stack(want), rtol=1e-12, atol=1e-12)
 
 
 def test_bounded_work_for_huge_boxes(tmp_path):

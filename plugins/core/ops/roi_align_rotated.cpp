@@ -47,9 +47,10 @@ struct Op {
   static Status output_dims(const OpCall& c, DimArith& a, OpDims* d) {
     return roi_pool_output_dims(c, kInput, kRois, c.attrs[kSize].at(0), c.attrs[kSize].at(1), a, d);
   }
-  static size_t workspace_cuda(const Params& p, Pass pass, const OpTypes& t, const CudaContext&) {
-    return pass == Pass::kBackward ? roi_align_rotated_backward_workspace_cuda(p, t.dtype) : 0;
+  static size_t workspace_cuda(const Params& p, Pass pass, const OpTypes& t, const CudaContext& ctx) {
+    return pass == Pass::kBackward ? roi_align_rotated_backward_workspace_cuda(p, t.dtype, ctx.deterministic) : 0;
   }
+  // Under torch.use_deterministic_algorithms the CUDA backward takes the tile gather (roi_gather.h).
   static bool deterministic(const Params&, DType) { return true; }
 
   static Status forward_cpu(const Params& p, const OpTypes& t, const OpBuffers& b, const OpDevice& dev) {

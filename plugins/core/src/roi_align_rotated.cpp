@@ -1,12 +1,13 @@
-// RoIAlignRotated: params, checks and CPU launchers. The CPU runs the CUDA kernels' bodies
-// (roi_align_rotated.h): the forward over the same work items, the backward over the deterministic kernel's owners
-// (one task per image and channel slice), so the CPU tests check the GPU's math and indexing.
-#include "dcnkit/roi_align_rotated.h"
-
+// RoIAlignRotated: params, checks and CPU launchers. The forward runs the CUDA kernel's items (roi_align_rotated.h);
+// the backward one task per image and channel slice, each summing its RoIs' samples in order. For the tests,
+// DCNKIT_ROI_CPU_PATH=cuda-schedule runs the CUDA atomic kernel's items serially (plain adds) and
+// cuda-schedule-deterministic the deterministic mode's tile gather (roi_gather_serial), so the CPU tests check the
+// GPU's math and indexing.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
+
+#include "dcnkit/roi_align_rotated.h"
+#include "dcnkit/roi_plan_serial.h"
 
 namespace dcnkit {
 
@@ -51,20 +52,45 @@ Status check_batch_indices(const T* rois, int64_t num_rois, int64_t batch) {
   return Status::Ok();
 }
 
-// DCNKIT_ROI_CPU_PATH=cuda-schedule: the backward runs the CUDA atomic kernel's items serially (plain adds).
-bool atomic_schedule_on_cpu() {
-  static const bool on = [] {
-    const char* e = std::getenv("DCNKIT_ROI_CPU_PATH");
-    return e != nullptr && std::strcmp(e, "cuda-schedule") == 0;
-  }();
-  return on;
-}
-
 template <typename T>
 struct PlainAddAt {
   T* base;
   void operator()(int64_t i, T v) const { base[i] += v; }
 };
+
+// The CPU backward of image n, channels c0 .. c0 + nc - 1 (slice s): every RoI of that image in order, each bin in
+// order, each sample in order, added with plain += into grad (that image's slice, zeroed before). One task per
+// (image, slice): no two writers, the same order on every run.
+template <typename Acc, typename T, typename R>
+void backward_owner(const RoIAlignRotatedParams& p, const T* grad_output, const R* rois,
+                                                int64_t owner, Acc* grad) {
+  const int64_t slices = roi_align_rotated_slices(p.channels);
+  const int64_t n = owner / slices, c0 = (owner % slices) * kRotatedChannels;
+  const int64_t nc = p.channels - c0 < kRotatedChannels ? p.channels - c0 : kRotatedChannels;
+  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w, bins = oh * ow, HW = p.height * p.width;
+  Acc* gi = grad + (n * p.channels + c0) * HW;
+  for (int64_t k = 0; k < p.num_rois; ++k) {
+    const R* roi = rois + k * 6;
+    int64_t b = 0;
+    if (!roi_batch_index<Acc>(roi, p.batch, &b) || b != n) continue;
+    const RotatedBox<Acc> box = roi_align_rotated_box<Acc>(roi, p.attrs);
+    for (int64_t bin = 0; bin < bins; ++bin) {
+      Acc g[kRotatedChannels];
+      const T* go = grad_output + (k * p.channels + c0) * bins + bin;
+      for (int64_t c = 0; c < kRotatedChannels; ++c) g[c] = c < nc ? to_acc<Acc>(go[c * bins]) / box.count : Acc(0);
+      auto visit = [&](const Taps<Acc>& t, Acc m) {
+        for (int j = 0; j < 4; ++j) {
+          if (!t.ok[j]) continue;
+          const Acc w = m * t.w[j];
+          for (int64_t c = 0; c < kRotatedChannels; ++c) {
+            if (c < nc) gi[c * HW + t.idx[j]] += g[c] * w;
+          }
+        }
+      };
+      roi_align_rotated_visit<Acc>(box, bin / ow, bin % ow, p.height, p.width, visit);
+    }
+  }
+}
 
 }  // namespace
 
@@ -88,7 +114,11 @@ Status roi_align_rotated_backward_cpu(const RoIAlignRotatedParams& p, const T* g
   const int64_t slices = roi_align_rotated_slices(p.channels), HW = p.height * p.width;
   std::fill(grad_input, grad_input + p.batch * p.channels * HW, T(0));
   if (p.channels == 0 || HW == 0) return Status::Ok();
-  if (atomic_schedule_on_cpu()) {
+  if (roi_cuda_schedule_deterministic_path()) {
+    const RotatedGather<T, T, T> g{p, rois, grad_output, 0, nullptr};
+    return roi_gather_serial(g, p.num_rois, roi_gather_grid(p.batch, p.channels, p.height, p.width), grad_input);
+  }
+  if (roi_cuda_schedule_path()) {
     const int64_t items = p.num_rois * slices * p.attrs.pooled_h * p.attrs.pooled_w;
     for (int64_t i = 0; i < items; ++i) {
       roi_align_rotated_backward_item<T>(p, grad_output, rois, i, PlainAddAt<T>{grad_input});
@@ -96,7 +126,7 @@ Status roi_align_rotated_backward_cpu(const RoIAlignRotatedParams& p, const T* g
     return Status::Ok();
   }
   parallel_for(ctx, p.batch * slices, [&](int64_t b, int64_t e) {
-    for (int64_t o = b; o < e; ++o) roi_align_rotated_backward_owner<T>(p, grad_output, rois, o, grad_input);
+    for (int64_t o = b; o < e; ++o) backward_owner<T>(p, grad_output, rois, o, grad_input);
   });
   return Status::Ok();
 }

@@ -1,9 +1,10 @@
-// RoIAlignRotated CUDA launchers: grid-stride kernels over the bodies of roi_align_rotated.h. float32, float64,
-// float16, bfloat16 features; RoIs of the features' type or float32. 16-bit gradients accumulate in a float32
-// workspace buffer. A RoI whose batch index is outside [0, N) or NaN gives zeros (and a device-side assert where the
-// params ask for it).
+// RoIAlignRotated CUDA launchers: grid-stride kernels over the bodies of roi_align_rotated.h, and in deterministic
+// mode the tile gather of roi_gather_cuda.cuh over its RotatedGather. float32, float64, float16, bfloat16 features;
+// RoIs of the features' type or float32. 16-bit gradients accumulate in a float32 workspace buffer. A RoI whose batch
+// index is outside [0, N) or NaN gives zeros (and a device-side assert where the params ask for it).
 #include "dcnkit/cuda_utils.cuh"
 #include "dcnkit/roi_align_rotated.h"
+#include "dcnkit/roi_gather_cuda.cuh"
 
 namespace dcnkit {
 namespace {
@@ -17,8 +18,10 @@ __device__ __forceinline__ void rotated_check_batch(const RoIAlignRotatedParams&
   }
 }
 
+// The double instantiation may take all the registers a 256-thread block leaves (the bounded visit, 8 channels'
+// accumulators): with ptxas's default budget it spilled 8 bytes.
 template <typename T, typename R>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, sizeof(typename AccType<T>::type) == 8 ? 1 : 0)
     roi_align_rotated_forward_kernel(RoIAlignRotatedParams p, const T* __restrict__ input, const R* __restrict__ rois,
                                      T* __restrict__ output, int64_t items) {
   using Acc = typename AccType<T>::type;
@@ -46,20 +49,6 @@ __global__ void __launch_bounds__(kCudaThreads)
   }
 }
 
-// The owners' loop nest (RoIs, bins, rows, samples) with 8 channel accumulators may take all the registers a 256-thread
-// block leaves (minimum 1 block per SM): with ptxas's default budget it spilled.
-template <typename T, typename R>
-__global__ void __launch_bounds__(kCudaThreads, 1)
-    roi_align_rotated_backward_owner_kernel(RoIAlignRotatedParams p, const T* __restrict__ grad_output,
-                                            const R* __restrict__ rois, typename AccType<T>::type* __restrict__ grad,
-                                            int64_t owners) {
-  using Acc = typename AccType<T>::type;
-  DCNKIT_CUDA_KERNEL_LOOP(o, owners) {
-    rotated_check_batch<Acc>(p, rois, o);
-    roi_align_rotated_backward_owner<Acc>(p, grad_output, rois, o, grad);
-  }
-}
-
 // Calls f(T{}, R{}) with the features' storage type T and the RoIs' R (T, or float with 16-bit features).
 template <typename F>
 Status dispatch_rois(DType dtype, DType rois_dtype, F&& f) {
@@ -76,9 +65,24 @@ int64_t forward_items(const RoIAlignRotatedParams& p) {
   return p.num_rois * roi_align_rotated_slices(p.channels) * p.attrs.pooled_h * p.attrs.pooled_w;
 }
 
+// The deterministic gather's workspace: every RoI's footprint, one chunk's boxes, the float32 running sums of a
+// 16-bit gradient.
+RoIGatherSizes gather_sizes(const RoIAlignRotatedParams& p, DType dtype) {
+  RoIGatherSizes s;
+  s.num_rois = p.num_rois;
+  s.table_entries = kRtEntries;
+  s.partial = is_16bit(dtype) ? p.batch * p.channels * p.height * p.width : 0;
+  s.acc_bytes = dtype == DType::kFloat64 ? 8 : 4;
+  return s;
+}
+
 }  // namespace
 
-size_t roi_align_rotated_backward_workspace_cuda(const RoIAlignRotatedParams& p, DType dtype) {
+size_t roi_align_rotated_backward_workspace_cuda(const RoIAlignRotatedParams& p, DType dtype, bool deterministic) {
+  if (deterministic) {
+    RoIGatherBuffers b;
+    return roi_gather_carve(gather_sizes(p, dtype), nullptr, &b);
+  }
   return grad_acc_bytes(dtype, p.batch * p.channels * p.height * p.width);
 }
 
@@ -108,20 +112,26 @@ Status roi_align_rotated_backward_cuda(const RoIAlignRotatedParams& p, DType dty
     using T = decltype(t);
     using R = decltype(r);
     char* ws = static_cast<char*>(workspace);
-    const GradAcc<T> g = grad_acc(static_cast<T*>(grad_input), count, &ws);
-    DCNKIT_RETURN_IF_ERROR(grad_acc_zero(g, stream, "roi_align_rotated_backward_cuda"));
     const auto* go = static_cast<const T*>(grad_output);
     const auto* rr = static_cast<const R*>(rois);
-    if (ctx.deterministic) {
-      const int64_t owners = p.batch * roi_align_rotated_slices(p.channels);
-      roi_align_rotated_backward_owner_kernel<T, R>
-          <<<cuda_blocks(owners), kCudaThreads, 0, stream>>>(p, go, rr, g.acc, owners);
-    } else {
-      const int64_t items = forward_items(p);
-      if (items > 0) {
-        roi_align_rotated_backward_kernel<T, R>
-            <<<cuda_blocks(items), kCudaThreads, 0, stream>>>(p, go, rr, g.acc, items);
+    if (ctx.deterministic) {  // the tile gather: every grad_input element written once, in a fixed order
+      using Acc = typename AccType<T>::type;
+      if (p.assert_batch_index) {
+        DCNKIT_RETURN_IF_ERROR(roi_assert_batch_indices_cuda("roi_align_rotated_backward_cuda", rois, rois_dtype,
+                                                             p.num_rois, 6, p.batch, ctx));
       }
+      RoIGatherBuffers b;
+      roi_gather_carve(gather_sizes(p, dtype), ws, &b);
+      const RotatedGather<Acc, T, R> g{p, rr, go, 0, nullptr};
+      return roi_gather_cuda<T>("roi_align_rotated_backward_cuda: deterministic gather", g, p.num_rois,
+                                roi_gather_grid(p.batch, p.channels, p.height, p.width), static_cast<const T*>(nullptr),
+                                p.batch, false, b, static_cast<T*>(grad_input), stream);
+    }
+    const GradAcc<T> g = grad_acc(static_cast<T*>(grad_input), count, &ws);
+    DCNKIT_RETURN_IF_ERROR(grad_acc_zero(g, stream, "roi_align_rotated_backward_cuda"));
+    const int64_t items = forward_items(p);
+    if (items > 0) {
+      roi_align_rotated_backward_kernel<T, R><<<cuda_blocks(items), kCudaThreads, 0, stream>>>(p, go, rr, g.acc, items);
     }
     DCNKIT_RETURN_IF_ERROR(cuda_launch_status("roi_align_rotated_backward_cuda"));
     return grad_acc_store(g, stream, "roi_align_rotated_backward_cuda");

@@ -8,6 +8,7 @@
 
 #include "dcnkit/common.h"
 #include "dcnkit/context.h"
+#include "dcnkit/roi_gather.h"
 #include "dcnkit/roi_kernels.h"
 
 namespace dcnkit {
@@ -41,10 +42,10 @@ Status roi_align_rotated_backward_cpu(const RoIAlignRotatedParams& p, const T* g
                                       T* grad_input, const CpuContext& ctx);
 
 // CUDA (float32, float64, float16, bfloat16; `rois_dtype` is `dtype` or float32). Never synchronises; a bad batch
-// index gives zeros (and no gradient). The backward scatters with atomics, or (ctx.deterministic) runs one thread per
-// (image, channel slice) over every RoI in order: no atomics, the same bits on every run. Workspace: the float32
-// accumulation of a 16-bit grad_input (0 for float32 and float64).
-size_t roi_align_rotated_backward_workspace_cuda(const RoIAlignRotatedParams& p, DType dtype);
+// index gives zeros (and no gradient). The backward scatters with atomics, or (ctx.deterministic) runs the tile gather
+// of roi_gather.h (RotatedGather below): no atomics, the same bits on every run. Workspace: the float32 accumulation
+// of a 16-bit grad_input (0 for float32 and float64), or the gather's (its RoIs' boxes, running sums).
+size_t roi_align_rotated_backward_workspace_cuda(const RoIAlignRotatedParams& p, DType dtype, bool deterministic);
 Status roi_align_rotated_forward_cuda(const RoIAlignRotatedParams& p, DType dtype, DType rois_dtype,
                                       const void* input, const void* rois, void* output, const CudaContext& ctx);
 Status roi_align_rotated_backward_cuda(const RoIAlignRotatedParams& p, DType dtype, DType rois_dtype,
@@ -73,6 +74,10 @@ DCNKIT_HD void rotated_sincos(Acc theta, Acc* s, Acc* c) {
   *c = std::cos(theta);
 #endif
 }
+
+// Samples per bin and axis at the most (mmcv's grid is an int): a box of more than 2^31 feature pixels per bin keeps
+// 2^31 - 1 samples, spread over the bin.
+constexpr int64_t kMaxRotatedGrid = 0x7fffffff;
 
 template <typename Acc>
 struct RotatedBox {
@@ -105,12 +110,24 @@ DCNKIT_HD RotatedBox<Acc> roi_align_rotated_box(const R* roi, const RoIAlignRota
   rotated_sincos(theta, &b.sin_t, &b.cos_t);
   b.gh = roi_grid_size(h, a.pooled_h, a.sampling_ratio);
   b.gw = roi_grid_size(w, a.pooled_w, a.sampling_ratio);
+  b.gh = b.gh > kMaxRotatedGrid ? kMaxRotatedGrid : b.gh;
+  b.gw = b.gw > kMaxRotatedGrid ? kMaxRotatedGrid : b.gw;
   b.count = Acc(1);
   if (b.gh > 0 && b.gw > 0) {
     b.count = b.gh <= int64_t(0x7fffffffffffffff) / b.gw ? static_cast<Acc>(b.gh * b.gw)
                                                           : static_cast<Acc>(b.gh) * static_cast<Acc>(b.gw);
   }
   return b;
+}
+
+// A point (yy, xx) of the box's frame in feature coordinates.
+template <typename Acc>
+DCNKIT_HD Acc rotated_y(const RotatedBox<Acc>& b, Acc yy, Acc xx) {
+  return yy * b.cos_t - xx * b.sin_t + b.cy;
+}
+template <typename Acc>
+DCNKIT_HD Acc rotated_x(const RotatedBox<Acc>& b, Acc yy, Acc xx) {
+  return yy * b.sin_t + xx * b.cos_t + b.cx;
 }
 
 // The sampling points of bin (ph, pw): yy(iy), xx(ix) in the box's frame (RoIAxis: origin + (i + 0.5) * bin / g),
@@ -123,8 +140,8 @@ struct RotatedBin {
       : b(box),
         ay{box.start_h + static_cast<Acc>(ph) * box.bin_h, box.bin_h, box.gh},
         ax{box.start_w + static_cast<Acc>(pw) * box.bin_w, box.bin_w, box.gw} {}
-  DCNKIT_HD Acc y(Acc yy, int64_t ix) const { return yy * b.cos_t - ax(ix) * b.sin_t + b.cy; }
-  DCNKIT_HD Acc x(Acc yy, int64_t ix) const { return yy * b.sin_t + ax(ix) * b.cos_t + b.cx; }
+  DCNKIT_HD Acc y(Acc yy, int64_t ix) const { return rotated_y(b, yy, ax(ix)); }
+  DCNKIT_HD Acc x(Acc yy, int64_t ix) const { return rotated_x(b, yy, ax(ix)); }
 };
 
 // Grids up to this size per axis are looped over in full; larger ones visit only the samples that can land on
@@ -273,38 +290,169 @@ DCNKIT_HD void roi_align_rotated_backward_item(const RoIAlignRotatedParams& p, c
   roi_align_rotated_visit<Acc>(box, it.ph, it.pw, p.height, p.width, visit);
 }
 
-// The deterministic backward of image n, channels c0 .. c0 + nc - 1 (slice s): every RoI of that image in order,
-// each bin in order, each sample in order, added with plain += into grad (that image's slice, zeroed before). One
-// owner per (image, slice): no two writers, no atomics, the same order on every run and on every device.
-template <typename Acc, typename T, typename R>
-DCNKIT_HD void roi_align_rotated_backward_owner(const RoIAlignRotatedParams& p, const T* grad_output, const R* rois,
-                                                int64_t owner, Acc* grad) {
-  const int64_t slices = roi_align_rotated_slices(p.channels);
-  const int64_t n = owner / slices, c0 = (owner % slices) * kRotatedChannels;
-  const int64_t nc = p.channels - c0 < kRotatedChannels ? p.channels - c0 : kRotatedChannels;
-  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w, bins = oh * ow, HW = p.height * p.width;
-  Acc* gi = grad + (n * p.channels + c0) * HW;
-  for (int64_t k = 0; k < p.num_rois; ++k) {
-    const R* roi = rois + k * 6;
+// ---------------------------------------------------------------------------------------------
+// The deterministic CUDA backward: the tile gather of roi_gather.h (one thread per pixel of a 16 x 16 tile, the RoIs
+// that reach the tile in index order, each pixel's sum in a fixed order). A rotated box is not separable along the
+// map's axes, so a RoI's table is its box (computed once per RoI by the table kernel) rather than RoIAlign's two
+// factors, and a pixel's sum visits, bin by bin, the samples whose coordinates in the box's frame lie within the
+// projection onto the box's axes of the pixel's reach (the samples whose taps can fall on it: [y - 1, y + 1] x
+// [x - 1, x + 1], to -1 and H (W) at the borders), widened by the coordinates' rounding: a superset found by
+// bisection, each sample then tested by its taps as the forward computes them. So the work of a (RoI, pixel) is the
+// samples within about 3 pixels of it; runs of samples that rounding made equal (boxes beyond 2^22 pixels in float)
+// are taken once each, times their length. Indices are 32-bit (kMaxRotatedGrid; check_roi_gather_grid).
+
+// A RoI's table: its box, and its grid as two 16-bit halves (exact in float).
+enum RotatedTable : int {
+  kRtCy, kRtCx, kRtCos, kRtSin, kRtStartH, kRtStartW, kRtBinH, kRtBinW, kRtGh, kRtGw, kRtCount, kRtTol,
+  kRtGhHi, kRtGhLo, kRtGwHi, kRtGwLo, kRtEntries
+};
+
+// Coordinate of sample i of a bin along one axis: RoIAxis's expression in 32-bit indices (the same value).
+template <typename Acc>
+struct RotatedAxis32 {
+  Acc origin, bin, g;
+  DCNKIT_HD Acc operator()(int32_t i) const { return origin + (static_cast<Acc>(i) + Acc(0.5)) * bin / g; }
+};
+
+template <typename AccT, typename T, typename R>
+struct RotatedGather {
+  using Acc = AccT;
+  RoIAlignRotatedParams p;
+  const R* rois;
+  const T* grad_output;
+  int64_t k0;          // the chunk's first RoI and its tables
+  const Acc* tables;
+
+  // The rounding of RoI coordinates of this magnitude (feature pixels), with a margin.
+  static DCNKIT_HD Acc tolerance(const RotatedBox<Acc>& b, int64_t H, int64_t W) {
+    const Acc eps = sizeof(Acc) == 8 ? Acc(2.3e-16) : Acc(1.2e-7);
+    return Acc(16) * eps * (std::fabs(b.cy) + std::fabs(b.cx) + std::fabs(b.start_h) + std::fabs(b.start_w) +
+                            static_cast<Acc>(H + W) + Acc(1));
+  }
+
+  DCNKIT_HD RoIFootprint footprint(int64_t k) const {
     int64_t b = 0;
-    if (!roi_batch_index<Acc>(roi, p.batch, &b) || b != n) continue;
-    const RotatedBox<Acc> box = roi_align_rotated_box<Acc>(roi, p.attrs);
-    for (int64_t bin = 0; bin < bins; ++bin) {
-      Acc g[kRotatedChannels];
-      const T* go = grad_output + (k * p.channels + c0) * bins + bin;
-      for (int64_t c = 0; c < kRotatedChannels; ++c) g[c] = c < nc ? to_acc<Acc>(go[c * bins]) / box.count : Acc(0);
-      auto visit = [&](const Taps<Acc>& t, Acc m) {
-        for (int j = 0; j < 4; ++j) {
-          if (!t.ok[j]) continue;
-          const Acc w = m * t.w[j];
-          for (int64_t c = 0; c < kRotatedChannels; ++c) {
-            if (c < nc) gi[c * HW + t.idx[j]] += g[c] * w;
-          }
-        }
-      };
-      roi_align_rotated_visit<Acc>(box, bin / ow, bin % ow, p.height, p.width, visit);
+    if (!roi_batch_index<Acc>(rois + k * 6, p.batch, &b)) return roi_no_footprint();
+    const RotatedBox<Acc> box = roi_align_rotated_box<Acc>(rois + k * 6, p.attrs);
+    if (box.gh <= 0 || box.gw <= 0) return roi_no_footprint();
+    // The box's extent along the map's axes (its samples lie inside it), widened by the rounding.
+    const Acc hh = std::fabs(box.start_h), hw = std::fabs(box.start_w), c = std::fabs(box.cos_t);
+    const Acc sn = std::fabs(box.sin_t), tol = tolerance(box, p.height, p.width);
+    const Acc ey = hh * c + hw * sn + tol, ex = hh * sn + hw * c + tol;
+    RoIFootprint f{b, 0, -1, 0, -1};
+    if (!roi_footprint_axis(box.cy - ey, box.cy + ey, p.height, &f.y0, &f.y1) ||
+        !roi_footprint_axis(box.cx - ex, box.cx + ex, p.width, &f.x0, &f.x1)) {
+      return roi_no_footprint();
+    }
+    return f;
+  }
+  DCNKIT_HD int64_t table_entries() const { return kRtEntries; }
+  DCNKIT_HD Acc table(int64_t k, int64_t e) const {
+    int64_t b = 0;
+    if (!roi_batch_index<Acc>(rois + k * 6, p.batch, &b)) return Acc(0);
+    const RotatedBox<Acc> box = roi_align_rotated_box<Acc>(rois + k * 6, p.attrs);
+    switch (e) {
+      case kRtCy: return box.cy;
+      case kRtCx: return box.cx;
+      case kRtCos: return box.cos_t;
+      case kRtSin: return box.sin_t;
+      case kRtStartH: return box.start_h;
+      case kRtStartW: return box.start_w;
+      case kRtBinH: return box.bin_h;
+      case kRtBinW: return box.bin_w;
+      case kRtGh: return static_cast<Acc>(box.gh);
+      case kRtGw: return static_cast<Acc>(box.gw);
+      case kRtCount: return box.count;
+      case kRtTol: return tolerance(box, p.height, p.width);
+      case kRtGhHi: return static_cast<Acc>(box.gh >> 16);
+      case kRtGhLo: return static_cast<Acc>(box.gh & 0xffff);
+      case kRtGwHi: return static_cast<Acc>(box.gw >> 16);
+      default: return static_cast<Acc>(box.gw & 0xffff);
     }
   }
-}
+
+  DCNKIT_HD void add(int64_t k, int64_t c0, int nc, int64_t y, int64_t x, Acc* acc) const {
+    const Acc* t = tables + (k - k0) * kRtEntries;
+    const int32_t gh = static_cast<int32_t>(t[kRtGhHi]) * 65536 + static_cast<int32_t>(t[kRtGhLo]);
+    const int32_t gw = static_cast<int32_t>(t[kRtGwHi]) * 65536 + static_cast<int32_t>(t[kRtGwLo]);
+    if (gh <= 0 || gw <= 0) return;
+    RotatedBox<Acc> box;
+    box.cy = t[kRtCy];
+    box.cx = t[kRtCx];
+    box.cos_t = t[kRtCos];
+    box.sin_t = t[kRtSin];
+    const int32_t H = static_cast<int32_t>(p.height), W = static_cast<int32_t>(p.width);
+    const int32_t y32 = static_cast<int32_t>(y), x32 = static_cast<int32_t>(x);
+    // The pixel's reach, projected onto the box's axes (yy, xx), widened by the rounding.
+    const Acc ylo = y32 == 0 ? Acc(-1) : static_cast<Acc>(y32 - 1), yhi = y32 == H - 1 ? static_cast<Acc>(H)
+                                                                                     : static_cast<Acc>(y32 + 1);
+    const Acc xlo = x32 == 0 ? Acc(-1) : static_cast<Acc>(x32 - 1), xhi = x32 == W - 1 ? static_cast<Acc>(W)
+                                                                                     : static_cast<Acc>(x32 + 1);
+    Acc yy0 = Acc(0), yy1 = Acc(0), xx0 = Acc(0), xx1 = Acc(0);
+    for (int q = 0; q < 4; ++q) {
+      const Acc dy = (q < 2 ? ylo : yhi) - box.cy, dx = ((q & 1) ? xhi : xlo) - box.cx;
+      const Acc yy = dy * box.cos_t + dx * box.sin_t, xx = dx * box.cos_t - dy * box.sin_t;
+      yy0 = q == 0 || yy < yy0 ? yy : yy0;
+      yy1 = q == 0 || yy > yy1 ? yy : yy1;
+      xx0 = q == 0 || xx < xx0 ? xx : xx0;
+      xx1 = q == 0 || xx > xx1 ? xx : xx1;
+    }
+    const Acc tol = t[kRtTol];
+    yy0 -= tol;
+    yy1 += tol;
+    xx0 -= tol;
+    xx1 += tol;
+    // Bins that can hold such samples (one more each side for the rounding of the division).
+    const Acc start_h = t[kRtStartH], start_w = t[kRtStartW], bin_h = t[kRtBinH], bin_w = t[kRtBinW];
+    const int32_t oh = static_cast<int32_t>(p.attrs.pooled_h), ow = static_cast<int32_t>(p.attrs.pooled_w);
+    const Acc fh0 = (yy0 - start_h) / bin_h, fh1 = (yy1 - start_h) / bin_h;
+    const Acc fw0 = (xx0 - start_w) / bin_w, fw1 = (xx1 - start_w) / bin_w;
+    const int32_t ph0 = roi_floor32(fh0 < fh1 ? fh0 : fh1, -1, oh) - 1, ph1 = roi_floor32(fh0 < fh1 ? fh1 : fh0, -1, oh) + 1;
+    const int32_t pw0 = roi_floor32(fw0 < fw1 ? fw0 : fw1, -1, ow) - 1, pw1 = roi_floor32(fw0 < fw1 ? fw1 : fw0, -1, ow) + 1;
+    const Acc count = t[kRtCount], g_h = t[kRtGh], g_w = t[kRtGw];
+    const int64_t bins = p.attrs.pooled_h * p.attrs.pooled_w;
+    const T* go_k = grad_output + (k * p.channels + c0) * bins;
+    for (int32_t ph = ph0 < 0 ? 0 : ph0; ph <= ph1 && ph < oh; ++ph) {
+      const RotatedAxis32<Acc> ay{start_h + static_cast<Acc>(ph) * bin_h, bin_h, g_h};
+      int32_t iy0, iy1;
+      roi_range32(gh, !(bin_h < Acc(0)), yy0, yy1, ay, &iy0, &iy1);
+      if (iy0 >= iy1) continue;
+      for (int32_t pw = pw0 < 0 ? 0 : pw0; pw <= pw1 && pw < ow; ++pw) {
+        const RotatedAxis32<Acc> ax{start_w + static_cast<Acc>(pw) * bin_w, bin_w, g_w};
+        int32_t ix0, ix1;
+        roi_range32(gw, !(bin_w < Acc(0)), xx0, xx1, ax, &ix0, &ix1);
+        if (ix0 >= ix1) continue;
+        const T* go = go_k + ph * ow + pw;
+        bool loaded = false;
+        Acc g[kRoIGatherChannels];
+        const bool y_runs = iy1 - iy0 > kRotatedFullGrid, x_runs = ix1 - ix0 > kRotatedFullGrid;
+        for (int32_t iy = iy0; iy < iy1;) {
+          const Acc yy = ay(iy);
+          const int32_t ey = y_runs ? roi_run_end32(iy, iy1, [&](int32_t j) { return ay(j) == yy; }) : iy + 1;
+          const Acc my = static_cast<Acc>(ey - iy);
+          for (int32_t ix = ix0; ix < ix1;) {
+            const Acc sy = rotated_y(box, yy, ax(ix)), sx = rotated_x(box, yy, ax(ix));
+            const int32_t ex = x_runs ? roi_run_end32(ix, ix1, [&](int32_t j) {
+              return rotated_y(box, yy, ax(j)) == sy && rotated_x(box, yy, ax(j)) == sx;
+            }) : ix + 1;
+            const RoIAxisTaps<Acc, int32_t> ty = roi_axis_taps(sy, H), tx = roi_axis_taps(sx, W);
+            const Acc wy = (ty.lo == y32 ? Acc(1) - ty.l : Acc(0)) + (ty.hi == y32 ? ty.l : Acc(0));
+            const Acc wx = (tx.lo == x32 ? Acc(1) - tx.l : Acc(0)) + (tx.hi == x32 ? tx.l : Acc(0));
+            if (ty.inside && tx.inside && wy * wx != Acc(0)) {
+              if (!loaded) {
+                for (int c = 0; c < kRoIGatherChannels; ++c) g[c] = c < nc ? to_acc<Acc>(go[c * bins]) / count : Acc(0);
+                loaded = true;
+              }
+              const Acc w = my * static_cast<Acc>(ex - ix) * (wy * wx);
+              for (int c = 0; c < kRoIGatherChannels; ++c) acc[c] += g[c] * w;
+            }
+            ix = ex;
+          }
+          iy = ey;
+        }
+      }
+    }
+  }
+};
 
 }  // namespace dcnkit
