@@ -3,6 +3,7 @@
 
 #include "dcnkit/deform_psroi_pool.h"
 #include "dcnkit/op_decl.h"
+#include "dcnkit/roi_batch_assert.h"
 #include "dcnkit/roi_float32_rois.h"
 #include "dcnkit/roi_kernels.h"
 

@@ -1,6 +1,7 @@
 // The declaration of DeformRoIPool (see op_decl.h): what every adapter knows of it.
 #include "dcnkit/deform_roi_pool.h"
 #include "dcnkit/op_decl.h"
+#include "dcnkit/roi_batch_assert.h"
 #include "dcnkit/roi_float32_rois.h"
 #include "dcnkit/roi_kernels.h"
 

@@ -4,6 +4,7 @@
 #include "dcnkit/multi_level_roi_align.h"
 #include "dcnkit/op_attrs.h"
 #include "dcnkit/op_decl.h"
+#include "dcnkit/roi_batch_assert.h"
 #include "dcnkit/roi_float32_rois.h"
 #include "dcnkit/roi_kernels.h"
 

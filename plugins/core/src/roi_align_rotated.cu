@@ -4,6 +4,7 @@
 // index is outside [0, N) or NaN gives zeros (and a device-side assert where the params ask for it).
 #include "dcnkit/cuda_utils.cuh"
 #include "dcnkit/roi_align_rotated.h"
+#include "dcnkit/roi_batch_assert.h"
 #include "dcnkit/roi_gather_cuda.cuh"
 
 namespace dcnkit {

@@ -1,6 +1,7 @@
 // The torch ops' report of a bad RoI batch index on CUDA: a device-side assert raised by a small kernel over the RoIs
 // (the launchers give zeros for such a RoI and never synchronise; torch reports a bad index the same way).
 #include "dcnkit/cuda_utils.cuh"
+#include "dcnkit/roi_batch_assert.h"
 #include "dcnkit/roi_kernels.h"
 
 namespace dcnkit {

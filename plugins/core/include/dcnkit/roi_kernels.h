@@ -90,11 +90,6 @@ inline std::string roi_batch_device_message(const char* op, int64_t batch) {
          std::to_string(batch) + ") (the batch size of input), got a value outside that range or NaN";
 }
 
-// A device-side assert when a RoI's batch index (rois[k * stride]) is outside [0, batch) or NaN: how the torch ops
-// report it on CUDA (the kernels give zeros for such a RoI). One small kernel, no synchronisation (roi_batch_assert.cu).
-Status roi_assert_batch_indices_cuda(const char* op, const void* rois, DType rois_dtype, int64_t num_rois,
-                                     int64_t stride, int64_t batch, const CudaContext& ctx);
-
 // Samples per bin along one axis: the fixed ratio, or ceil(extent / pooled) (adaptive). An adaptive
 // grid of a non-positive or non-finite extent is empty.
 template <typename Acc>
