@@ -129,6 +129,57 @@ struct PSRoIAxisTapsOf {
   }
 };
 
+// 32-bit versions of sample_range / sample_run_end (roi_kernels.h) and a clamped floor, for gathers whose loops must
+// stay free of 64-bit index conversions (a RoIAlign-like op's add(); kernel_report's LOOP_CLEAN).
+
+// [lo, hi) of the samples i in [0, n) whose coordinate c(i) (monotone: increasing when `up`) lies in [a, b].
+template <typename Coord>
+DCNKIT_HD void roi_range32(int32_t n, bool up, decltype(Coord()(0)) a, decltype(Coord()(0)) b, const Coord& c,
+                             int32_t* lo, int32_t* hi) {
+  const auto first = [](int32_t l, int32_t h, const auto& pred) {
+    while (l < h) {
+      const int32_t mid = l + (h - l) / 2;
+      if (pred(mid)) {
+        h = mid;
+      } else {
+        l = mid + 1;
+      }
+    }
+    return l;
+  };
+  if (up) {
+    *lo = first(0, n, [&](int32_t i) { return c(i) >= a; });
+    *hi = first(*lo, n, [&](int32_t i) { return !(c(i) <= b); });
+  } else {
+    *lo = first(0, n, [&](int32_t i) { return c(i) <= b; });
+    *hi = first(*lo, n, [&](int32_t i) { return !(c(i) >= a); });
+  }
+}
+
+// The end of the run of samples from i on (within [i, hi)) that equal sample i: same(j) says whether j does.
+template <typename Same>
+DCNKIT_HD int32_t roi_run_end32(int32_t i, int32_t hi, const Same& same) {
+  if (i + 1 >= hi || !same(i + 1)) return i + 1;
+  int32_t l = i + 2, h = hi;
+  while (l < h) {
+    const int32_t mid = l + (h - l) / 2;
+    if (!same(mid)) {
+      h = mid;
+    } else {
+      l = mid + 1;
+    }
+  }
+  return l;
+}
+
+// floor(v) within [lo, hi] (NaN: lo).
+template <typename Acc>
+DCNKIT_HD int32_t roi_floor32(Acc v, int32_t lo, int32_t hi) {
+  if (!(v > static_cast<Acc>(lo))) return lo;
+  if (!(v < static_cast<Acc>(hi))) return hi;
+  return static_cast<int32_t>(std::floor(v));
+}
+
 // ---------------------------------------------------------------------------------------------
 // The gather's grid: blocks (image, tile) flattened on x (a grid-stride loop over them), channel groups on y (a loop
 // past 65535 groups); 256 threads; static shared memory: the listed RoIs' indices and footprints.
