@@ -72,7 +72,7 @@ struct OpDef {
                       // the ONNX Runtime CUDA kernels and the TensorRT plugins
   // Its type in OpenVINO IR (opset "dcnkit") where onnx_type cannot be: OpenVINO's CPU plugin picks its own node for
   // an operation whose type name equals one of its node types ignoring case, and some of those nodes take any such
-  // operation for OpenVINO's own (2026.4's rotated RoIAlign node dereferences a failed cast). Null: onnx_type.
+  // operation for OpenVINO's own (one of 2026.4's RoI nodes dereferences a failed cast). Null: onnx_type.
   const char* openvino_type = nullptr;
 
   constexpr OpDef with_openvino_type(const char* type) const {

@@ -1,7 +1,7 @@
 // The deterministic backward of the RoI operators (torch.use_deterministic_algorithms): grad_input without atomics,
 // for any valid input, in memory the host sizes from the shapes alone. RoIAlign, MultiLevelRoIAlign (per level),
-// DeformRoIPool and DeformPSRoIPool use it (roi_gather_ops.h, psroi_gather.h); a RoIAlign-like op (a rotated RoIAlign)
-// plugs in the same way.
+// DeformRoIPool and DeformPSRoIPool use it (roi_gather_ops.h, psroi_gather.h); any RoIAlign-like op (one
+// whose samples lie on a per-bin grid) plugs in the same way.
 //
 // Bilinear sampling is separable: a sample's weight on pixel (y, x) is (its weight on row y) x (its weight on column
 // x), and whether it is inside the map is (inside along y) and (inside along x). So in avg mode a bin's gradient onto
