@@ -35,7 +35,8 @@ def test_libraries_share_one_op_table():
     assert tables[0] == tables[1] == dcnkit.op_defs()
     assert [op["onnx_type"] for op in tables[0]["ops"]] == ["DeformConv2d", "RoIAlign", "DeformRoIPool",
                                                             "DeformPSRoIPool", "MultiLevelRoIAlign",
-                                                            "MultiScaleDeformableAttention", "DCNv3", "DCNv4"]
+                                                            "MultiScaleDeformableAttention", "DCNv3", "DCNv4",
+                                                            "RoIAlignRotated"]
 
 
 def test_subpackages_are_reachable_from_the_top_level():

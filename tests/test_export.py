@@ -124,6 +124,24 @@ class MultiLevelRoIAlignOps(torch.nn.Module):
         return (_rois(k, n, 16, g), *maps)
 
 
+class RoIAlignRotatedOps(torch.nn.Module):
+    """roi_align_rotated (issue 38's operator), aligned and not, clockwise, explicit and adaptive grids."""
+
+    def forward(self, x, rois):
+        return (
+            ops.roi_align_rotated(x, rois, (3, 2), 0.5, 2, True, False),
+            ops.roi_align_rotated(x, rois, 2, 0.5, 0, False, True),
+        )
+
+    @staticmethod
+    def inputs(n, k, g):
+        boxes = _rois(k, n, 16, g)
+        centres = (boxes[:, 1:3] + boxes[:, 3:5]) / 2
+        sizes = boxes[:, 3:5] - boxes[:, 1:3]
+        angles = torch.rand(k, 1, generator=g) * 6 - 3
+        return torch.randn(n, 3, 8, 8, generator=g), torch.cat([boxes[:, :1], centres, sizes, angles], 1)
+
+
 class MsdaOps(torch.nn.Module):
     """multi_scale_deformable_attn on two levels (4 x 4 and 2 x 2), 2 heads of 3 channels, k queries."""
 
@@ -156,6 +174,7 @@ OP_MODELS = {
     "deform_roi_pool": (DeformRoIPoolOps, set(), {"DeformRoIPool"}),
     "deform_psroi_pool": (DeformPSRoIPoolOps, set(), {"DeformPSRoIPool"}),
     "multi_level_roi_align": (MultiLevelRoIAlignOps, set(), {"MultiLevelRoIAlign"}),
+    "roi_align_rotated": (RoIAlignRotatedOps, set(), {"RoIAlignRotated"}),
 }
 
 

@@ -83,7 +83,7 @@ def test_library_exports_only_the_entry_points():
     assert defs["domain"] == "dcnkit"
     assert [o["onnx_type"] for o in defs["ops"]] == ["DeformConv2d", "RoIAlign", "DeformRoIPool", "DeformPSRoIPool",
                                                      "MultiLevelRoIAlign", "MultiScaleDeformableAttention", "DCNv3",
-                                                     "DCNv4"]
+                                                     "DCNv4", "RoIAlignRotated"]
     assert hasattr(lib, "RegisterCustomOps")
     # Internal symbols stay hidden (version script).
     for hidden in ("_ZN6dcnkit3ort3apiEv", "_ZN6dcnkit3ort13openblas_gemmEPvRKNS_8GemmArgsE"):
@@ -101,7 +101,7 @@ def test_only_ops_with_a_gemm_get_a_cublas_handle():
     gemm = {o["onnx_type"]: o["gemm"] for o in json.loads(fn().decode())["ops"]}
     assert gemm == {"DeformConv2d": True, "RoIAlign": False, "DeformRoIPool": False, "DeformPSRoIPool": False,
                     "MultiLevelRoIAlign": False, "MultiScaleDeformableAttention": False, "DCNv3": False,
-                    "DCNv4": False}
+                    "DCNv4": False, "RoIAlignRotated": False}
 
 
 # ------------------------------------------------------------------------------------------------

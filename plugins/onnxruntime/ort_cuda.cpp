@@ -2,10 +2,10 @@
 // compute stream, GEMM through cuBLAS on that stream (dcnkit/cublas_gemm.h), scratch memory from the kernel
 // context's stream-ordered scratch buffer (ort_scratch.h).
 //
-// cuBLAS handles: only a node whose op runs a GEMM (OpDef::gemm: DeformConv2d) has one, created with the kernel
-// (create_cuda_state, on the device of the node's allocator) so that Compute never calls cublasCreate, which
-// allocates and may synchronise. Compute creates it only when that failed or the run's device differs (a
-// handle belongs to the device it was created on). DCNv3, DCNv4, MSDA and the RoI ops never get one.
+// cuBLAS handles: only a node whose op runs a GEMM (OpDef::gemm) has one, created with the kernel (create_cuda_state,
+// on the device of the node's allocator) so that Compute never calls cublasCreate, which allocates and may
+// synchronise. Compute creates it only when that failed or the run's device differs (a handle belongs to the device
+// it was created on). The other ops never get one.
 #include <cuda_runtime.h>
 
 #include <memory>
@@ -29,7 +29,7 @@ void destroy_cuda_state(CudaState* s) {
 
 namespace {
 
-bool runs_gemm(const Kernel& k) { return op_def(k.variant->kind).gemm; }
+bool runs_gemm(const Kernel& k) { return op_of(k).def.gemm; }
 
 // (Re)creates the handle of `s` on `device`, the current device.
 Status make_handle(CudaState* s, int device) {
@@ -80,41 +80,6 @@ Status prepare(Kernel& k, OrtKernelContext* ctx, CudaContext* out) {
   return Status::Ok();
 }
 
-DType dtype_of(const Kernel& k) {
-  return k.dtype == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ? DType::kFloat16 : DType::kFloat32;
-}
-
-const void* ptr(const TensorView& t) { return t.present() ? t.data : nullptr; }
-
-}  // namespace
-
-namespace {
-
-Status compute_multi_level_cuda(Kernel& k, OrtKernelContext* ctx) {
-  TensorView rois;
-  std::vector<TensorView> features;
-  DCNKIT_RETURN_IF_ERROR(gather_multi_level_inputs(k, ctx, &rois, &features));
-  void* stream = nullptr;
-  DCNKIT_RETURN_IF_ERROR(from_ort(api().KernelContext_GetGPUComputeStream(ctx, &stream), "GetGPUComputeStream"));
-  CudaContext cuda;
-  cuda.stream = stream;  // no GEMM
-  MultiLevelRoIAlignParams p;
-  void* y = nullptr;
-  DCNKIT_RETURN_IF_ERROR(prepare_multi_level_run(k, rois, features, ctx, &p, &y));
-  if (y == nullptr) return Status::Ok();
-  std::vector<const void*> f;
-  for (const TensorView& t : features) f.push_back(ptr(t));
-  const size_t bytes = multi_level_roi_align_workspace_cuda(p);
-  StreamScratch ws;  // stream-ordered (ort_scratch.h); empty today
-  if (bytes > 0) {
-    const OrtMemoryInfo* mem = nullptr;
-    DCNKIT_RETURN_IF_ERROR(from_ort(api().GetTensorMemoryInfo(rois.value, &mem), "GetTensorMemoryInfo"));
-    DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, bytes));
-  }
-  // A RoI whose batch index is outside [0, N) gives zeros (no synchronisation to report it).
-  return multi_level_roi_align_forward_cuda(p, dtype_of(k), f.data(), ptr(rois), y, ws.data(), cuda);
-}
-
 }  // namespace
 
 void create_cuda_state(Kernel& k, const OrtKernelInfo* info) {
@@ -130,78 +95,30 @@ void create_cuda_state(Kernel& k, const OrtKernelInfo* info) {
 }
 
 Status compute_cuda(Kernel& k, OrtKernelContext* ctx) {
-  if (k.variant->kind == OpKind::kMultiLevelRoIAlign) return compute_multi_level_cuda(k, ctx);
-  std::lock_guard<std::mutex> lock(k.mutex);
-  TensorView in[kMaxInputs];
-  DCNKIT_RETURN_IF_ERROR(gather_inputs(k, ctx, in, kMaxInputs));
+  std::unique_lock<std::mutex> lock(k.mutex, std::defer_lock);
+  if (runs_gemm(k)) lock.lock();  // one run at a time on the node's cuBLAS handle
+  Run r;
+  DCNKIT_RETURN_IF_ERROR(prepare_run(k, ctx, &r));
+  if (r.empty) return Status::Ok();
   CudaContext cuda;
   DCNKIT_RETURN_IF_ERROR(prepare(k, ctx, &cuda));
-  const DType dt = dtype_of(k);
-  // Workspace on the device the inputs live on.
-  const OrtMemoryInfo* mem = nullptr;
-  DCNKIT_RETURN_IF_ERROR(from_ort(api().GetTensorMemoryInfo(in[kDcInput].value, &mem), "GetTensorMemoryInfo"));
-
-  void* y = nullptr;
-
-  switch (k.variant->kind) {
-    case OpKind::kDeformConv2d: {
-      DeformConv2dParams p;
-      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
-      StreamScratch ws;  // stream-ordered (ort_scratch.h)
-      DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, deform_conv2d_forward_workspace_cuda(p, dt)));
-      return deform_conv2d_forward_cuda(p, dt, ptr(in[kDcInput]), ptr(in[kDcOffset]), ptr(in[kDcWeight]),
-                                        ptr(in[kDcBias]), ptr(in[kDcMask]), y, ws.data(), cuda);
-    }
-    case OpKind::kRoIAlign: {
-      RoIAlignParams p;
-      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
-      StreamScratch ws;  // stream-ordered (ort_scratch.h)
-      DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, roi_align_workspace_cuda(p)));
-      return roi_align_forward_cuda(p, dt, ptr(in[kRaInput]), ptr(in[kRaRois]), y, ws.data(), cuda);
-    }
-    case OpKind::kDeformRoIPool: {
-      DeformRoIPoolParams p;
-      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
-      StreamScratch ws;  // stream-ordered (ort_scratch.h)
-      DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, deform_roi_pool_workspace_cuda(p)));
-      return deform_roi_pool_forward_cuda(p, dt, ptr(in[kDrInput]), ptr(in[kDrRois]), ptr(in[kDrOffset]), y,
-                                          ws.data(), cuda);
-    }
-    case OpKind::kDeformPSRoIPool: {
-      DeformPSRoIPoolParams p;
-      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
-      void* count = nullptr;
-      DCNKIT_RETURN_IF_ERROR(optional_output(ctx, 1, p.output_shape(), &count));
-      // The launcher always writes the count: give it device scratch when the model does not want it.
-      int64_t numel = 1;
-      for (int64_t d : p.output_shape()) numel *= d;
-      const size_t count_bytes = count == nullptr ? align_up(static_cast<size_t>(numel) * dtype_size(dt)) : 0;
-      const size_t ws_bytes = deform_psroi_pool_workspace_cuda(p);
-      StreamScratch ws;  // stream-ordered (ort_scratch.h)
-      DCNKIT_RETURN_IF_ERROR(ws.allocate(ctx, mem, count_bytes + ws_bytes));
-      if (count == nullptr) count = ws.data();
-      void* launcher_ws = ws_bytes ? static_cast<char*>(ws.data()) + count_bytes : nullptr;
-      return deform_psroi_pool_forward_cuda(p, dt, ptr(in[kPsInput]), ptr(in[kPsRois]), ptr(in[kPsTrans]), y, count,
-                                            launcher_ws, cuda);
-    }
-    case OpKind::kMultiLevelRoIAlign: break;  // compute_multi_level_cuda
-    case OpKind::kMultiScaleDeformableAttention: {
-      MsdaParams p;
-      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
-      // The level tables stay on the device: a bad table gives zeros (msda_levels_valid; no sync to report it).
-      return msda_forward_cuda(p, dt, ptr(in[kMsdaValue]), static_cast<const int64_t*>(ptr(in[kMsdaSpatialShapes])),
-                               static_cast<const int64_t*>(ptr(in[kMsdaLevelStart])), ptr(in[kMsdaLocations]),
-                               ptr(in[kMsdaWeights]), y, cuda);
-    }
-    case OpKind::kDCNv3:
-    case OpKind::kDCNv4: {  // DCNv4 reads its weights from offset_mask (p.fused)
-      Dcnv3Params p;
-      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
-      const void* offset = ptr(in[kD3Offset]);
-      return dcnv3_forward_cuda(p, dt, ptr(in[kD3Input]), offset, p.fused ? offset : ptr(in[kD3Mask]), y, cuda);
-    }
+  OpDevice dev;
+  dev.cuda = &cuda;  // a bad RoI batch index or level table gives zeros (no synchronisation to report it)
+  const OpEntry& e = op_of(k).entry;
+  if (e.forward_cuda == nullptr) return Status::Internal("no CUDA kernel for this op in this library");
+  const size_t ws = e.workspace ? e.workspace(r.call, Pass::kForward, r.types, dev) : 0;
+  const size_t missing = missing_output_bytes(r, r.types.dtype);
+  StreamScratch scratch;  // stream-ordered (ort_scratch.h), on the device of the first input
+  if (ws + missing > 0) {
+    const OrtValue* first = r.inputs.in[features_input(op_of(k).def)].value;
+    if (first == nullptr) first = r.inputs.variadic.empty() ? nullptr : r.inputs.variadic[0].value;
+    const OrtMemoryInfo* mem = nullptr;
+    DCNKIT_RETURN_IF_ERROR(from_ort(api().GetTensorMemoryInfo(first, &mem), "GetTensorMemoryInfo"));
+    DCNKIT_RETURN_IF_ERROR(scratch.allocate(ctx, mem, align_up(ws) + missing));
   }
-  return Status::Internal("unknown op kind");
+  r.buffers.workspace = ws > 0 ? scratch.data() : nullptr;
+  if (missing > 0) place_missing_outputs(&r, r.types.dtype, static_cast<char*>(scratch.data()) + align_up(ws));
+  return e.forward_cuda(r.call, r.types, r.buffers, dev);
 }
 
 }  // namespace dcnkit::ort

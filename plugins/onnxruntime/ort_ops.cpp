@@ -1,116 +1,59 @@
-// The operators as ONNX Runtime custom ops: the kit's own (domain "dcnkit") and the names mmdeploy and
-// mmcv 1.x export. Attributes are read once per node (errors at session creation), shapes are
-// checked by the core's make_*_params on every run, and the kernels are the core launchers.
+// The operators as ONNX Runtime custom ops: every op of the table (domain "dcnkit") and every other name its
+// declaration lists (mmdeploy, mmcv 1.x, ...). Attributes are read and checked once per node (errors at session
+// creation), shapes are checked by the op's declaration on every run, and the kernels are its entry points. No op is
+// named here.
 #include <climits>
 #include <cstring>
-#include <type_traits>
 
 #include "ort_kernels.h"
 #include "ort_qdeform_conv.h"
 
 namespace dcnkit::ort {
 
-Status gather_inputs(const Kernel& k, const OrtKernelContext* ctx, TensorView* inputs, size_t max_inputs) {
-  for (size_t i = 0; i < max_inputs; ++i) inputs[i] = TensorView();
+const OpDecl& op_of(const Kernel& k) { return *k.variant->op; }
+
+Status gather_inputs(const Kernel& k, const OrtKernelContext* ctx, NodeInputs* in) {
+  *in = NodeInputs();
   size_t count = 0;
   DCNKIT_RETURN_IF_ERROR(from_ort(api().KernelContext_GetInputCount(ctx, &count), "KernelContext_GetInputCount"));
   const auto& slots = k.variant->inputs;
-  const OpDef& def = op_def(k.variant->kind);
-  for (size_t i = 0; i < slots.size() && i < count; ++i) {
+  const OpDef& def = op_of(k).def;
+  const bool variadic = has_variadic_input(*k.variant);
+  for (size_t i = 0; i < count && (variadic || i < slots.size()); ++i) {
+    const InputSlot& slot = slots[i < slots.size() ? i : slots.size() - 1];
     const OrtValue* v = nullptr;
     DCNKIT_RETURN_IF_ERROR(from_ort(api().KernelContext_GetInput(ctx, i, &v), "KernelContext_GetInput"));
     TensorView t;
     DCNKIT_RETURN_IF_ERROR(tensor_view(v, &t));
+    const TensorDef& td = def.inputs[slot.canonical];
+    const std::string name = slot.variadic ? std::string(td.name) + "[" + std::to_string(in->variadic.size()) + "]"
+                                           : std::string(td.name);
+    if (slot.variadic && !t.present()) return arg_error(k.variant->op_type, name, "a tensor", "no input");
     if (!t.present()) continue;
-    const TensorDef& td = def.inputs[slots[i].canonical];
     const ONNXTensorElementDataType want = td.int64 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : k.dtype;
     if (t.type != want) {
-      return arg_error(k.variant->op_type, td.name,
+      return arg_error(k.variant->op_type, name,
                        std::string("element type ") + onnx_type_name(want) +
                            (td.int64 ? " (an index tensor)" : " (the type of input)"),
                        onnx_type_name(t.type));
     }
-    if (k.variant->empty_input_is_absent && slots[i].optional) {
+    if (slot.variadic) {
+      in->variadic.push_back(t);
+      if (in->in[slot.canonical].present()) continue;
+    } else if (k.variant->empty_input_is_absent && slot.optional) {
       int64_t numel = 1;
       for (int64_t d : t.shape) numel *= d;
       if (numel == 0) continue;
     }
-    inputs[slots[i].canonical] = t;
+    in->in[slot.canonical] = t;
   }
-  for (size_t i = 0; i < slots.size(); ++i) {
-    if (!slots[i].optional && !inputs[slots[i].canonical].present()) {
-      return arg_error(k.variant->op_type, def.inputs[slots[i].canonical].name, "a tensor", "no input");
+  for (const InputSlot& slot : slots) {
+    if (!slot.optional && !in->in[slot.canonical].present()) {
+      return arg_error(k.variant->op_type, def.inputs[slot.canonical].name, "a tensor", "no input");
     }
   }
   return Status::Ok();
 }
-
-Status gather_multi_level_inputs(const Kernel& k, const OrtKernelContext* ctx, TensorView* rois,
-                                 std::vector<TensorView>* features) {
-  *rois = TensorView();
-  features->clear();
-  size_t count = 0;
-  DCNKIT_RETURN_IF_ERROR(from_ort(api().KernelContext_GetInputCount(ctx, &count), "KernelContext_GetInputCount"));
-  const OpDef& def = op_def(k.variant->kind);
-  for (size_t i = 0; i < count; ++i) {
-    const OrtValue* v = nullptr;
-    DCNKIT_RETURN_IF_ERROR(from_ort(api().KernelContext_GetInput(ctx, i, &v), "KernelContext_GetInput"));
-    TensorView t;
-    DCNKIT_RETURN_IF_ERROR(tensor_view(v, &t));
-    const std::string name = i == 0 ? def.inputs[kMlRois].name : "feat_" + std::to_string(i - 1);
-    if (!t.present()) return arg_error(k.variant->op_type, name, "a tensor", "no input");
-    if (t.type != k.dtype) {
-      return arg_error(k.variant->op_type, name,
-                       std::string("element type ") + onnx_type_name(k.dtype) + " (the type of the node)",
-                       onnx_type_name(t.type));
-    }
-    if (i == 0) {
-      *rois = t;
-    } else {
-      features->push_back(t);
-    }
-  }
-  if (!rois->present()) return arg_error(k.variant->op_type, def.inputs[kMlRois].name, "a tensor", "no input");
-  return Status::Ok();
-}
-
-Status prepare_multi_level_run(const Kernel& k, const TensorView& rois, const std::vector<TensorView>& features,
-                               OrtKernelContext* ctx, MultiLevelRoIAlignParams* p, void** y) {
-  std::vector<Shape> shapes;
-  for (const TensorView& f : features) shapes.push_back(f.shape);
-  DCNKIT_RETURN_IF_ERROR(::dcnkit::make_params(k.variant->op_type, k.attrs, rois.shape, shapes, p));
-  return output_tensor(ctx, 0, p->output_shape(), y);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Per-run params and outputs (CPU and CUDA)
-
-namespace {
-
-// The canonical inputs' shapes (null: absent) and the core's params from them.
-template <typename Params>
-Status params_from(const Kernel& k, const TensorView* in, Params* p) {
-  const Shape* shapes[kMaxInputs];
-  for (size_t i = 0; i < kMaxInputs; ++i) shapes[i] = in[i].present() ? &in[i].shape : nullptr;
-  return ::dcnkit::make_params(k.variant->op_type, k.attrs, shapes, p);
-}
-
-}  // namespace
-
-Status make_params(const Kernel& k, const TensorView* in, DeformConv2dParams* p) {
-  const Shape& w = in[kDcWeight].shape;
-  if (!k.kernel_shape.empty() && in[kDcWeight].present() && w.size() == 4 &&
-      (k.kernel_shape.size() != 2 || k.kernel_shape[0] != w[2] || k.kernel_shape[1] != w[3])) {
-    return arg_error(k.variant->op_type, "attribute kernel_shape",
-                     "the kernel size of W " + shape_str({w[2], w[3]}), shape_str(k.kernel_shape));
-  }
-  return params_from(k, in, p);
-}
-Status make_params(const Kernel& k, const TensorView* in, RoIAlignParams* p) { return params_from(k, in, p); }
-Status make_params(const Kernel& k, const TensorView* in, DeformRoIPoolParams* p) { return params_from(k, in, p); }
-Status make_params(const Kernel& k, const TensorView* in, DeformPSRoIPoolParams* p) { return params_from(k, in, p); }
-Status make_params(const Kernel& k, const TensorView* in, MsdaParams* p) { return params_from(k, in, p); }
-Status make_params(const Kernel& k, const TensorView* in, Dcnv3Params* p) { return params_from(k, in, p); }
 
 Status output_tensor(OrtKernelContext* ctx, size_t index, const Shape& shape, void** data) {
   OrtValue* out = nullptr;
@@ -121,120 +64,109 @@ Status output_tensor(OrtKernelContext* ctx, size_t index, const Shape& shape, vo
   return from_ort(api().GetTensorMutableData(out, data), "GetTensorMutableData");
 }
 
-Status optional_output(OrtKernelContext* ctx, size_t index, const Shape& shape, void** data) {
-  *data = nullptr;
-  size_t n = 0;
-  DCNKIT_RETURN_IF_ERROR(from_ort(api().KernelContext_GetOutputCount(ctx, &n), "GetOutputCount"));
-  return n > index ? output_tensor(ctx, index, shape, data) : Status::Ok();
+namespace {
+
+int64_t numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+}  // namespace
+
+// The variant's kernel_shape attribute (if any) against the last two dims of its input (OpVariant::kernel_shape_of).
+Status check_kernel_shape(const Kernel& k, const NodeInputs& in) {
+  const int i = k.variant->kernel_shape_of;
+  if (i < 0 || k.kernel_shape.empty() || !in.in[i].present() || in.in[i].shape.size() < 2) return Status::Ok();
+  const Shape& w = in.in[i].shape;
+  const Shape want = {w[w.size() - 2], w[w.size() - 1]};
+  if (k.kernel_shape == want) return Status::Ok();
+  return arg_error(k.variant->op_type, "attribute kernel_shape",
+                   std::string("the kernel size of ") + op_of(k).def.inputs[i].name + " " + shape_str(want),
+                   shape_str(k.kernel_shape));
+}
+
+Status prepare_run(const Kernel& k, OrtKernelContext* ctx, Run* r) {
+  DCNKIT_RETURN_IF_ERROR(gather_inputs(k, ctx, &r->inputs));
+  DCNKIT_RETURN_IF_ERROR(check_kernel_shape(k, r->inputs));
+  OpShapes shapes;
+  for (size_t i = 0; i < kMaxInputs; ++i) {
+    const TensorView& t = r->inputs.in[i];
+    shapes.in[i] = t.present() ? &t.shape : nullptr;
+    r->buffers.in[i] = t.present() ? t.data : nullptr;
+  }
+  for (const TensorView& t : r->inputs.variadic) {
+    shapes.variadic.push_back(t.shape);
+    r->buffers.variadic.push_back(t.data);
+  }
+  r->call = op_call(k.attrs, shapes);
+  const OpDef& def = op_of(k).def;
+  DCNKIT_RETURN_IF_ERROR(op_of(k).entry.outputs(r->call, r->outputs));
+  // The pointers of r->call.shapes point into r->inputs, which lives as long as r.
+  size_t count = 0;
+  DCNKIT_RETURN_IF_ERROR(from_ort(api().KernelContext_GetOutputCount(ctx, &count), "GetOutputCount"));
+  r->empty = true;
+  for (size_t o = 0; o < def.num_outputs; ++o) {
+    r->empty = r->empty && numel(r->outputs[o]) == 0;
+    if (o < count) DCNKIT_RETURN_IF_ERROR(output_tensor(ctx, o, r->outputs[o], &r->buffers.out[o]));
+  }
+  r->types.dtype = k.dtype == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 ? DType::kFloat16 : DType::kFloat32;
+  r->types.rois = r->types.dtype;
+  return Status::Ok();
+}
+
+size_t missing_output_bytes(const Run& r, DType dtype) {
+  size_t bytes = 0;
+  for (size_t o = 0; o < kMaxOutputs; ++o) {
+    if (r.buffers.out[o] == nullptr && !r.outputs[o].empty()) {
+      bytes += align_up(static_cast<size_t>(numel(r.outputs[o])) * dtype_size(dtype));
+    }
+  }
+  return bytes;
+}
+
+size_t place_missing_outputs(Run* r, DType dtype, void* scratch) {
+  size_t used = 0;
+  for (size_t o = 0; o < kMaxOutputs; ++o) {
+    if (r->buffers.out[o] == nullptr && !r->outputs[o].empty()) {
+      r->buffers.out[o] = static_cast<char*>(scratch) + used;
+      used += align_up(static_cast<size_t>(numel(r->outputs[o])) * dtype_size(dtype));
+    }
+  }
+  return used;
 }
 
 // ---------------------------------------------------------------------------------------------
 // CPU compute
 
-namespace {
-
-template <typename T>
-const T* ptr(const TensorView& t) {
-  return t.present() ? static_cast<const T*>(t.data) : nullptr;
-}
-
-}  // namespace
-
-namespace {
-
-Status compute_multi_level_cpu(Kernel& k, OrtKernelContext* ctx) {
-  TensorView rois;
-  std::vector<TensorView> features;
-  DCNKIT_RETURN_IF_ERROR(gather_multi_level_inputs(k, ctx, &rois, &features));
-  MultiLevelRoIAlignParams p;
-  void* y = nullptr;
-  DCNKIT_RETURN_IF_ERROR(prepare_multi_level_run(k, rois, features, ctx, &p, &y));
-  if (y == nullptr) return Status::Ok();
-  std::vector<const float*> f;
-  for (const TensorView& t : features) f.push_back(ptr<float>(t));
-  CpuRun run;
-  run.context = ctx;
-  return multi_level_roi_align_forward_cpu<float>(p, f.data(), ptr<float>(rois), static_cast<float*>(y),
-                                                  cpu_context(&run));
-}
-
-}  // namespace
-
 Status compute_cpu(Kernel& k, OrtKernelContext* ctx) {
-  if (k.variant->kind == OpKind::kMultiLevelRoIAlign) return compute_multi_level_cpu(k, ctx);
-  TensorView in[kMaxInputs];
-  DCNKIT_RETURN_IF_ERROR(gather_inputs(k, ctx, in, kMaxInputs));
+  Run r;
+  DCNKIT_RETURN_IF_ERROR(prepare_run(k, ctx, &r));
+  if (r.empty) return Status::Ok();
   CpuRun run;
   run.context = ctx;
   const CpuContext cpu = cpu_context(&run);
+  OpDevice dev;
+  dev.cpu = &cpu;
+  for (size_t i = 0; i < kMaxInputs; ++i) {
+    if (!k.packed[i].empty() && r.inputs.in[i].present() && r.inputs.in[i].shape == k.packed_shape[i]) {
+      r.buffers.packed[i] = k.packed[i].data();
+    }
+  }
+  const OpEntry& e = op_of(k).entry;
+  const size_t ws = e.workspace ? e.workspace(r.call, Pass::kForward, r.types, dev) : 0;
+  const size_t missing = missing_output_bytes(r, r.types.dtype);
   OrtMemoryInfo* mem = nullptr;
   DCNKIT_RETURN_IF_ERROR(
       from_ort(api().CreateCpuMemoryInfo(OrtArenaAllocator, OrtMemTypeDefault, &mem), "CreateCpuMemoryInfo"));
   std::unique_ptr<OrtMemoryInfo, void (*)(OrtMemoryInfo*)> mem_guard(mem, [](OrtMemoryInfo* m) {
     api().ReleaseMemoryInfo(m);
   });
-  void* y = nullptr;
-
-  switch (k.variant->kind) {
-    case OpKind::kDeformConv2d: {
-      DeformConv2dParams p;
-      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
-      Workspace ws;
-      DCNKIT_RETURN_IF_ERROR(
-          ws.allocate(ctx, mem, deform_conv2d_forward_workspace_cpu(p, DType::kFloat32, cpu)));
-      const bool packed = !k.weight_kc.empty() && in[kDcWeight].shape == k.weight_kc_shape;
-      return deform_conv2d_forward_cpu<float>(p, ptr<float>(in[kDcInput]), ptr<float>(in[kDcOffset]),
-                                              ptr<float>(in[kDcWeight]), ptr<float>(in[kDcBias]),
-                                              ptr<float>(in[kDcMask]), static_cast<float*>(y), ws.data(), cpu,
-                                              packed ? k.weight_kc.data() : nullptr);
-    }
-    case OpKind::kRoIAlign: {
-      RoIAlignParams p;
-      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
-      return roi_align_forward_cpu<float>(p, ptr<float>(in[kRaInput]), ptr<float>(in[kRaRois]),
-                                          static_cast<float*>(y), cpu);
-    }
-    case OpKind::kDeformRoIPool: {
-      DeformRoIPoolParams p;
-      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
-      return deform_roi_pool_forward_cpu<float>(p, ptr<float>(in[kDrInput]), ptr<float>(in[kDrRois]),
-                                                ptr<float>(in[kDrOffset]), static_cast<float*>(y), cpu);
-    }
-    case OpKind::kDeformPSRoIPool: {
-      DeformPSRoIPoolParams p;
-      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
-      // The count output is optional in the model, not in the launcher.
-      void* count = nullptr;
-      DCNKIT_RETURN_IF_ERROR(optional_output(ctx, 1, p.output_shape(), &count));
-      std::vector<float> own_count;
-      if (count == nullptr) {
-        int64_t n = 1;
-        for (int64_t d : p.output_shape()) n *= d;
-        own_count.resize(static_cast<size_t>(n));
-        count = own_count.data();
-      }
-      return deform_psroi_pool_forward_cpu<float>(p, ptr<float>(in[kPsInput]), ptr<float>(in[kPsRois]),
-                                                  ptr<float>(in[kPsTrans]), static_cast<float*>(y),
-                                                  static_cast<float*>(count), cpu);
-    }
-    case OpKind::kMultiLevelRoIAlign: break;  // compute_multi_level_cpu
-    case OpKind::kMultiScaleDeformableAttention: {
-      MsdaParams p;
-      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
-      return msda_forward_cpu<float>(p, ptr<float>(in[kMsdaValue]), ptr<int64_t>(in[kMsdaSpatialShapes]),
-                                     ptr<int64_t>(in[kMsdaLevelStart]), ptr<float>(in[kMsdaLocations]),
-                                     ptr<float>(in[kMsdaWeights]), static_cast<float*>(y), cpu);
-    }
-    case OpKind::kDCNv3:
-    case OpKind::kDCNv4: {  // DCNv4 reads its weights from offset_mask (p.fused)
-      Dcnv3Params p;
-      DCNKIT_RETURN_IF_ERROR(prepare_run(k, in, ctx, &p, &y));
-      const float* offset = ptr<float>(in[kD3Offset]);
-      return dcnv3_forward_cpu<float>(p, ptr<float>(in[kD3Input]), offset, p.fused ? offset : ptr<float>(in[kD3Mask]),
-                                      static_cast<float*>(y), cpu);
-    }
-  }
-  return Status::Internal("unknown op kind");
+  Workspace scratch;
+  DCNKIT_RETURN_IF_ERROR(scratch.allocate(ctx, mem, align_up(ws) + missing));
+  r.buffers.workspace = ws > 0 ? scratch.data() : nullptr;
+  if (missing > 0) place_missing_outputs(&r, r.types.dtype, static_cast<char*>(scratch.data()) + align_up(ws));
+  return e.forward_cpu(r.call, r.types, r.buffers, dev);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -252,30 +184,36 @@ struct CustomOp : OrtCustomOp {
 
 const CustomOp& self(const OrtCustomOp* op) { return *static_cast<const CustomOp*>(op); }
 
-// A CPU DeformConv2d node whose weight is constant: the weight in the launcher's layout, once (nothing when the
-// weight is a graph input, or not a float32 (Cout, Cin/groups, kh, kw) tensor: make_params reports that per run).
-void pack_constant_weight(const OrtKernelInfo* info, Kernel* k) {
+// A CPU node's constant inputs (initializers) in the launcher's layout, once, where the op has one (OpEntry::pack:
+// DeformConv2d's weight). Nothing when an input is a graph input or of another type or shape (the checks of each run
+// report that).
+void pack_constant_inputs(const OrtKernelInfo* info, Kernel* k) {
+  const OpEntry& e = op_of(*k).entry;
+  if (e.pack == nullptr) return;
   const auto& slots = k->variant->inputs;
   for (size_t i = 0; i < slots.size(); ++i) {
-    if (slots[i].canonical != kDcWeight) continue;
+    if (slots[i].variadic) continue;
     int is_constant = 0;
     const OrtValue* v = nullptr;
     OrtStatus* st = api().KernelInfoGetConstantInput_tensor(info, i, &is_constant, &v);
     if (st != nullptr) {
       api().ReleaseStatus(st);
-      return;
+      continue;
     }
     TensorView t;
     if (!is_constant || v == nullptr || !tensor_view(v, &t).ok() || t.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ||
-        t.shape.size() != 4 || t.data == nullptr) {
-      return;
+        t.data == nullptr) {
+      continue;
     }
-    const int64_t cout = t.shape[0], cin_g = t.shape[1], kk = t.shape[2] * t.shape[3];
-    if (cout <= 0 || cin_g <= 0 || kk <= 0) return;
-    k->weight_kc.resize(static_cast<size_t>(cout * cin_g * kk));
-    deform_conv2d_weight_kc_cpu<float>(cout, cin_g, kk, static_cast<const float*>(t.data), k->weight_kc.data());
-    k->weight_kc_shape = t.shape;
-    return;
+    const int c = slots[i].canonical;
+    OpShapes shapes;
+    shapes.in[c] = &t.shape;
+    OpCall call = op_call(k->attrs, shapes);
+    const size_t bytes = e.pack(call, c, t.data, DType::kFloat32, nullptr);
+    if (bytes == 0) continue;
+    k->packed[c].resize(bytes);
+    e.pack(call, c, t.data, DType::kFloat32, k->packed[c].data());
+    k->packed_shape[c] = t.shape;
   }
 }
 
@@ -291,9 +229,9 @@ OrtStatusPtr ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*, co
   k->prefix = (domain.empty() ? "" : domain + "::") + o.variant->op_type + " node '" + name + "': ";
   std::vector<AttrValue> values;
   Status s = read_attrs(info, *o.variant, &values);
-  if (s.ok()) s = make_op_attrs(*o.variant, values, &k->attrs);
+  if (s.ok()) s = make_op_attrs(*o.variant, std::move(values), &k->attrs);
   if (!s.ok()) return to_ort(s, k->prefix);
-  if (o.variant->onnx_standard) {  // kernel_shape: optional, checked against W on every run
+  if (o.variant->kernel_shape_of >= 0) {  // kernel_shape: optional, checked against that input on every run
     size_t n = 0;
     const auto get = api().KernelInfoGetAttributeArray_int64;
     if (from_ort(get(info, "kernel_shape", nullptr, &n), "").ok() && n > 0) {
@@ -301,7 +239,7 @@ OrtStatusPtr ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*, co
       if (!from_ort(get(info, "kernel_shape", k->kernel_shape.data(), &n), "").ok()) k->kernel_shape.clear();
     }
   }
-  if (o.variant->kind == OpKind::kDeformConv2d && !o.cuda) pack_constant_weight(info, k.get());
+  if (!o.cuda) pack_constant_inputs(info, k.get());
 #ifdef DCNKIT_ORT_CUDA
   if (k->cuda) create_cuda_state(*k, info);
 #endif
@@ -335,11 +273,11 @@ void ORT_API_CALL kernel_destroy(void* kernel) {
 const char* ORT_API_CALL get_name(const OrtCustomOp* op) { return self(op).variant->op_type; }
 const char* ORT_API_CALL get_ep(const OrtCustomOp* op) { return self(op).cuda ? kCudaProvider : nullptr; }
 size_t ORT_API_CALL input_count(const OrtCustomOp* op) { return self(op).variant->inputs.size(); }
-size_t ORT_API_CALL output_count_fn(const OrtCustomOp* op) { return op_def(self(op).variant->kind).num_outputs; }
+size_t ORT_API_CALL output_count_fn(const OrtCustomOp* op) { return self(op).variant->op->def.num_outputs; }
 ONNXTensorElementDataType ORT_API_CALL input_type(const OrtCustomOp* op, size_t i) {
   const CustomOp& o = self(op);
   const InputSlot& slot = o.variant->inputs[i];
-  return op_def(o.variant->kind).inputs[slot.canonical].int64 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : o.dtype;
+  return o.variant->op->def.inputs[slot.canonical].int64 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : o.dtype;
 }
 ONNXTensorElementDataType ORT_API_CALL output_type(const OrtCustomOp* op, size_t) { return self(op).dtype; }
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_char(const OrtCustomOp* op, size_t i) {
@@ -348,7 +286,7 @@ OrtCustomOpInputOutputCharacteristic ORT_API_CALL input_char(const OrtCustomOp* 
   return slot.optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
 }
 OrtCustomOpInputOutputCharacteristic ORT_API_CALL output_char(const OrtCustomOp* op, size_t i) {
-  return op_def(self(op).variant->kind).outputs[i].optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  return self(op).variant->op->def.outputs[i].optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
 }
 OrtMemType ORT_API_CALL input_mem(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
 int ORT_API_CALL variadic_min(const OrtCustomOp*) { return 1; }

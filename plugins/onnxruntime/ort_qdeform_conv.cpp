@@ -25,11 +25,14 @@ enum QInput : int {
 constexpr const char* kQNames[kQInputs] = {"X", "x_scale", "x_zero_point", "W", "w_scale", "w_zero_point",
                                            "offset", "mask", "bias", "y_scale", "y_zero_point"};
 
+// DeformConv2d under its own name (its attributes, defaults and checks); its canonical inputs in its order: input,
+// offset, weight, bias, mask.
 const OpVariant& deform_conv2d_variant() {
   for (const OpVariant& v : op_variants())
-    if (v.kind == OpKind::kDeformConv2d && std::strcmp(v.domain, "dcnkit") == 0) return v;
-  return op_variants().front();  // op_attrs.cpp lists the kit's ops first
+    if (std::strcmp(v.op->def.name, "deform_conv2d") == 0 && std::strcmp(v.domain, "dcnkit") == 0) return v;
+  return op_variants().front();
 }
+enum DcInput : int { kDcInput = 0, kDcOffset, kDcWeight, kDcBias, kDcMask };
 
 struct QKernel {
   std::string prefix;
@@ -100,7 +103,7 @@ Status compute(QKernel& k, OrtKernelContext* ctx) {
   shapes[kDcBias] = bias ? &bias->shape : nullptr;
   shapes[kDcMask] = in[kQMask].present() ? &in[kQMask].shape : nullptr;
   DeformConv2dParams p;
-  DCNKIT_RETURN_IF_ERROR(::dcnkit::make_params(kOp, k.attrs, shapes, &p));
+  DCNKIT_RETURN_IF_ERROR(deform_conv2d_params_from(kOp, k.attrs.values.data(), shapes, &p));
   const int64_t cout = p.out_channels;
   const float *x_scale = nullptr, *w_scale = nullptr, *y_scale = nullptr;
   DCNKIT_RETURN_IF_ERROR(check_scale(in[kQXScale], "x_scale", 1, &x_scale));
@@ -202,7 +205,7 @@ OrtStatusPtr ORT_API_CALL create_kernel(const OrtCustomOp* op, const OrtApi*, co
   std::vector<AttrValue> values;
   const OpVariant& v = deform_conv2d_variant();
   Status s = read_attrs(info, v, &values);
-  if (s.ok()) s = make_op_attrs(v, values, &k->attrs);
+  if (s.ok()) s = make_op_attrs(v, std::move(values), &k->attrs);
   if (!s.ok()) return to_ort(s, k->prefix);
   pack_constant_weight(info, k.get());
   *kernel = k.release();

@@ -7,8 +7,9 @@
 //   output_size == group_size and static shapes         own op, same semantics (its output side is group_size; the
 //                                                       CPU plugin runs it with static shapes only);
 //                                                       a `count` output still comes from the kit's operation
-//   every other op_variants() entry: dcnkit::* and the  the kit's operation of that kind (KitOp<kind>, ov_op.h),
-//   mmdeploy / mmcv names (op_attrs.h)                  computed by the core's CPU launchers
+//                                                       (kNative below: OpenVINO's ops that are identical)
+//   every other op_variants() entry: dcnkit::* and the  the kit's operation of that op (KitOp<I>, ov_op.h), computed
+//   mmdeploy / mmcv names of every op of the table      by its declaration's CPU entry point
 //
 // Standard RoiAlign is converted by OpenVINO itself (ROIAlign-9). The Python backend decides before conversion which
 // standard DeformConv nodes run on the kit's kernel instead (measured per node), and moves every avg RoiAlign to the
@@ -96,29 +97,53 @@ ov::Output<ov::Node> split_heads(const ov::Output<ov::Node>& y, const ov::Output
   return std::make_shared<v1::Reshape>(y, shape, false);
 }
 
-// OpenVINO's own operation where it computes the same function as the kit's (see the table at the top), else null.
+// OpenVINO's own operations that compute one of the table's ops exactly (see the table at the top): the op's name
+// and a builder over the node's canonical inputs (null where absent) and canonical attributes, which may decline
+// (null). Every other op runs as the kit's operation.
+struct Native {
+  const char* op;
+  std::shared_ptr<ov::Node> (*make)(const OpAttrs& a, const ov::Output<ov::Node>* in, const bool* has);
+};
+
+// The canonical value of attribute `name` of the node's op.
+const AttrValue& attr(const OpAttrs& a, const char* name) {
+  const OpDef& def = a.op().def;
+  for (size_t i = 0; i < def.num_attrs; ++i)
+    if (std::strcmp(def.attrs[i].name, name) == 0) return a.values[i];
+  OPENVINO_THROW("dcnkit: ", def.onnx_type, " has no attribute ", name);
+}
+
+// DeformablePSROIPooling-1 (bilinear_deformable) where its output side is the group size (OpenVINO's op ties them).
+std::shared_ptr<ov::Node> psroi_pooling(const OpAttrs& a, const ov::Output<ov::Node>* in, const bool* has) {
+  const int64_t output_size = attr(a, "output_size").i(), group_size = attr(a, "group_size").i();
+  if (output_size != group_size) return nullptr;
+  const int64_t part = attr(a, "part_size").i() > 0 ? attr(a, "part_size").i() : output_size;
+  const float scale = static_cast<float>(attr(a, "spatial_scale").f), std = static_cast<float>(attr(a, "trans_std").f);
+  const int64_t dim = attr(a, "output_dim").i(), bins = attr(a, "sample_per_part").i();
+  using ov::op::v1::DeformablePSROIPooling;
+  const char* mode = "bilinear_deformable";
+  if (has[2] && attr(a, "no_trans").i() == 0) {
+    return std::make_shared<DeformablePSROIPooling>(in[0], in[1], in[2], dim, scale, group_size, mode, bins, bins, std,
+                                                    part);
+  }
+  return std::make_shared<DeformablePSROIPooling>(in[0], in[1], dim, scale, group_size, mode, bins, bins, 0.f, part);
+}
+
+constexpr Native kNative[] = {{"deform_psroi_pool", &psroi_pooling}};
+
+// OpenVINO's own operation for the node where kNative has one that accepts it, else null. OpenVINO 2026.4's CPU
+// plugin runs DeformablePSROIPooling with static shapes only.
 std::shared_ptr<ov::Node> native_op(const OpAttrs& a, const ov::OutputVector& args, const std::vector<int64_t>& slots) {
-  bool static_shapes = true;  // OpenVINO 2026.4's CPU plugin runs DeformablePSROIPooling with static shapes only
+  bool static_shapes = true;
   for (const auto& in : args) static_shapes = static_shapes && in.get_partial_shape().is_static();
-  if (a.kind == OpKind::kDeformPSRoIPool && a.psroi.output_size == a.psroi.group_size && static_shapes) {
-    const DeformPSRoIPoolAttrs& p = a.psroi;
-    ov::Output<ov::Node> by_slot[kMaxInputs];
-    bool has[kMaxInputs] = {};
-    for (size_t i = 0; i < args.size(); ++i) {
-      by_slot[slots[i]] = args[i];
-      has[slots[i]] = true;
-    }
-    const int64_t part = p.part_size > 0 ? p.part_size : p.output_size;
-    const float scale = static_cast<float>(p.spatial_scale), std = static_cast<float>(p.trans_std);
-    using ov::op::v1::DeformablePSROIPooling;
-    const char* mode = "bilinear_deformable";
-    const int64_t bins = p.sample_per_part;
-    if (has[kPsTrans] && !p.no_trans) {
-      return std::make_shared<DeformablePSROIPooling>(by_slot[kPsInput], by_slot[kPsRois], by_slot[kPsTrans], p.output_dim,
-                                                      scale, p.group_size, mode, bins, bins, std, part);
-    }
-    return std::make_shared<DeformablePSROIPooling>(by_slot[kPsInput], by_slot[kPsRois], p.output_dim, scale,
-                                                    p.group_size, mode, bins, bins, 0.f, part);
+  ov::Output<ov::Node> by_slot[kMaxInputs];
+  bool has[kMaxInputs] = {};
+  for (size_t i = 0; i < args.size(); ++i) {
+    by_slot[slots[i]] = args[i];
+    has[slots[i]] = true;
+  }
+  for (const Native& n : kNative) {
+    if (static_shapes && std::strcmp(n.op, a.op().def.name) == 0) return n.make(a, by_slot, has);
   }
   return nullptr;
 }
@@ -128,10 +153,10 @@ ov::OutputVector convert_variant(const OpVariant& v, const ov::frontend::NodeCon
   std::vector<AttrValue> values;
   Status s = read_attrs(v, [&](const char* name) { return raw_attr(ctx.get_attribute_as_any(name)); }, &values);
   OpAttrs attrs;
-  if (s.ok()) s = make_op_attrs(v, values, &attrs);
+  if (s.ok()) s = make_op_attrs(v, std::move(values), &attrs);
   if (!s.ok()) fail(ctx, v, s.message());
 
-  const OpDef& def = op_def(v.kind);
+  const OpDef& def = v.op->def;
   ov::OutputVector args;
   std::vector<int64_t> slots;
   std::vector<bool> present(def.num_inputs, false);
@@ -155,8 +180,7 @@ ov::OutputVector convert_variant(const OpVariant& v, const ov::frontend::NodeCon
     }
   }
   std::shared_ptr<ov::Node> native = native_op(attrs, args, slots);
-  auto op = make_kit_op(v.kind, args, std::move(slots), op_attr_values(attrs),
-                        static_cast<int64_t>(def.num_outputs));
+  auto op = make_kit_op(*v.op, args, std::move(slots), attrs.values, static_cast<int64_t>(def.num_outputs));
   op->set_friendly_name(ctx.get_name());
   ov::OutputVector out = op->outputs();
   if (native) {  // the kit's operation stays for outputs OpenVINO's op lacks; unused, it is dropped from the model

@@ -1,9 +1,11 @@
 #include "ov_op.h"
 
+#include <algorithm>
+#include <deque>
 #include <memory>
 #include <sstream>
+#include <utility>
 
-#include "dcnkit/deform_conv2d.h"
 #include "openvino/core/attribute_visitor.hpp"
 #include "openvino/core/op_extension.hpp"
 #include "openvino/op/constant.hpp"
@@ -11,37 +13,44 @@
 
 namespace dcnkit::ov_ext {
 
-const OpVariant& canonical_variant(OpKind kind) {
+const OpVariant& canonical_variant(const OpDecl& op) {
   for (const OpVariant& v : op_variants()) {
-    if (v.kind == kind && std::string(v.domain) == kOnnxDomain) return v;
+    if (v.op == &op && std::string(v.domain) == kOnnxDomain) return v;
   }
-  OPENVINO_THROW("dcnkit: no canonical variant for op kind ", static_cast<int>(kind));
+  OPENVINO_THROW("dcnkit: no canonical variant for ", op.def.onnx_type);
 }
 
-KitOpBase::KitOpBase(OpKind kind) : kind_(kind) {
-  const OpDef& def = op_def(kind);
+const char* kit_op_type(int i) {
+  const auto& table = op_table();
+  return i >= 0 && static_cast<size_t>(i) < table.size() ? table[static_cast<size_t>(i)]->def.ir_type() : "";
+}
+
+KitOpBase::KitOpBase(int index) : op_(op_table().at(static_cast<size_t>(index))) {
+  const OpDef& def = op_->def;
   for (size_t i = 0; i < def.num_attrs; ++i) values_.push_back(parse_default(def.attrs[i]));
   for (size_t i = 0; i < def.num_inputs; ++i) slots_.push_back(static_cast<int64_t>(i));
   num_outputs_ = static_cast<int64_t>(def.num_outputs);
 }
 
-KitOpBase::KitOpBase(OpKind kind, const ov::OutputVector& args, std::vector<int64_t> slots,
+KitOpBase::KitOpBase(int index, const ov::OutputVector& args, std::vector<int64_t> slots,
                      std::vector<AttrValue> values, int64_t num_outputs)
-    : ov::op::Op(args), kind_(kind), values_(std::move(values)), slots_(std::move(slots)), num_outputs_(num_outputs) {}
+    : ov::op::Op(args),
+      op_(op_table().at(static_cast<size_t>(index))),
+      values_(std::move(values)),
+      slots_(std::move(slots)),
+      num_outputs_(num_outputs) {}
 
 void KitOpBase::copy_config_from(const KitOpBase& other) {
   values_ = other.values_;
   slots_ = other.slots_;
   num_outputs_ = other.num_outputs_;
-  constant_weight_ = other.constant_weight_;
+  constant_ = other.constant_;
 }
 
-std::string KitOpBase::where() const {
-  return std::string(op_def(kind_).onnx_type) + " node '" + get_friendly_name() + "': ";
-}
+std::string KitOpBase::where() const { return std::string(op_->def.onnx_type) + " node '" + get_friendly_name() + "': "; }
 
 bool KitOpBase::visit_attributes(ov::AttributeVisitor& visitor) {
-  const OpDef& def = op_def(kind_);
+  const OpDef& def = op_->def;
   for (size_t i = 0; i < def.num_attrs && i < values_.size(); ++i) {
     AttrValue& v = values_[i];
     switch (def.attrs[i].kind) {
@@ -67,49 +76,62 @@ bool KitOpBase::visit_attributes(ov::AttributeVisitor& visitor) {
 
 namespace {
 
-// The shape an output dim takes from input `slot`'s dim `d` (dynamic when that input is absent or of unknown rank).
-ov::Dimension dim_of(const std::vector<const ov::PartialShape*>& in, int slot, int64_t d) {
-  const ov::PartialShape* s = slot >= 0 && static_cast<size_t>(slot) < in.size() ? in[slot] : nullptr;
-  if (s == nullptr || s->rank().is_dynamic() || s->rank().get_length() <= d) return ov::Dimension::dynamic();
-  return (*s)[d];
-}
-
-// The output shape where some input dims are not known yet (dynamic batch, RoI count, map sizes): each dim from
-// the input that fixes it (the same rules make_params checks once the shapes are known).
-ov::PartialShape partial_output_shape(OpKind kind, const OpAttrs& a, const std::vector<const ov::PartialShape*>& in) {
-  switch (kind) {
-    case OpKind::kDeformConv2d:
-      return {dim_of(in, kDcInput, 0), dim_of(in, kDcWeight, 0), dim_of(in, kDcOffset, 2), dim_of(in, kDcOffset, 3)};
-    case OpKind::kRoIAlign:
-      return {dim_of(in, kRaRois, 0), dim_of(in, kRaInput, 1), a.roi.pooled_h, a.roi.pooled_w};
-    case OpKind::kDeformRoIPool:
-      return {dim_of(in, kDrRois, 0), dim_of(in, kDrInput, 1), a.droi.pooled_h, a.droi.pooled_w};
-    case OpKind::kDeformPSRoIPool:
-      return {dim_of(in, kPsRois, 0), a.psroi.output_dim, a.psroi.output_size, a.psroi.output_size};
-    case OpKind::kMultiLevelRoIAlign:
-      return {dim_of(in, kMlRois, 0), dim_of(in, kMlFeatures, 1), a.mlroi.pooled_h, a.mlroi.pooled_w};
-    case OpKind::kMultiScaleDeformableAttention:
-      return {dim_of(in, kMsdaValue, 0), dim_of(in, kMsdaLocations, 1),
-              dim_of(in, kMsdaValue, 2) * dim_of(in, kMsdaValue, 3)};
-    case OpKind::kDCNv3:
-    case OpKind::kDCNv4:
-      return {dim_of(in, kD3Input, 0), dim_of(in, kD3Offset, 1), dim_of(in, kD3Offset, 2), dim_of(in, kD3Input, 3)};
+// OpenVINO's partial dimensions as the declarations' DimArith: the output rules of the op over the dims it has
+// (a dynamic dim where an input's is not known).
+class DimensionArith final : public DimArith {
+ public:
+  Value of(const ov::Dimension& d) {
+    pool_.push_back(d);
+    return &pool_.back();
   }
-  return ov::PartialShape::dynamic();
+  static const ov::Dimension& dim(Value v) { return *static_cast<const ov::Dimension*>(v); }
+  Value constant(int64_t v) override { return of(ov::Dimension(v)); }
+  Value add(Value x, Value y) override { return of(dim(x) + dim(y)); }
+  Value sub(Value x, Value y) override { return of(dim(x) - dim(y)); }
+  Value mul(Value x, Value y) override { return of(dim(x) * dim(y)); }
+  Value either(Value x, Value y) override { return dim(x).is_dynamic() && dim(y).is_static() ? y : x; }
+  Value floor_div(Value x, Value y) override {
+    const ov::Dimension &a = dim(x), &b = dim(y);
+    if (!a.is_static() || !b.is_static() || b.get_length() <= 0) return of(ov::Dimension::dynamic());
+    const int64_t q = a.get_length() / b.get_length();
+    return of(ov::Dimension(q - ((a.get_length() % b.get_length() != 0 && a.get_length() < 0) ? 1 : 0)));
+  }
+
+ private:
+  std::deque<ov::Dimension> pool_;
+};
+
+// The output shape where some input dims are not known yet (dynamic batch, RoI count, map sizes): the op's output
+// rule on the dims there are (the same rule its checks use once the shapes are known).
+ov::PartialShape partial_output_shape(const OpAttrs& a, const std::vector<const ov::PartialShape*>& in, size_t o) {
+  const OpEntry& e = a.op().entry;
+  if (e.output_dims == nullptr) return ov::PartialShape::dynamic();
+  DimensionArith arith;
+  OpDims d;
+  std::vector<std::vector<DimArith::Value>> values(in.size());
+  for (size_t c = 0; c < in.size() && c < kMaxInputs; ++c) {
+    if (in[c] == nullptr || in[c]->rank().is_dynamic()) continue;
+    for (const ov::Dimension& x : *in[c]) values[c].push_back(arith.of(x));
+    d.in[c] = values[c].data();
+    d.rank[c] = static_cast<int>(values[c].size());
+  }
+  if (!e.output_dims(op_call(a, OpShapes()), arith, &d).ok()) return ov::PartialShape::dynamic();
+  std::vector<ov::Dimension> dims;
+  for (int k = 0; k < d.out_rank[o]; ++k) dims.push_back(DimensionArith::dim(d.out[o][k]));
+  return ov::PartialShape(dims);
 }
 
 }  // namespace
 
 void KitOpBase::validate_and_infer_types() {
-  const OpDef& def = op_def(kind_);
-  const OpVariant& variant = canonical_variant(kind_);
+  const OpDef& def = op_->def;
+  const OpVariant& variant = canonical_variant(*op_);
   NODE_VALIDATION_CHECK(this, slots_.size() == get_input_size(), where(), "dcnkit_inputs: expected ",
                         get_input_size(), " canonical input indices (one per input), got ", slots_.size());
   Status s = make_op_attrs(variant, values_, &attrs_);
   NODE_VALIDATION_CHECK(this, s.ok(), where(), s.message());
 
-  // The inputs by canonical index (the first map of MultiLevelRoIAlign's variadic input), and whether every shape
-  // is known.
+  // The inputs by canonical index (the first tensor of a variadic input), and whether every shape is known.
   std::vector<const ov::PartialShape*> by_slot(def.num_inputs, nullptr);
   std::vector<ov::PartialShape> shapes(get_input_size());
   bool all_static = true;
@@ -137,48 +159,54 @@ void KitOpBase::validate_and_infer_types() {
                           " (the type of the other inputs), got ", got.get_type_name());
     float_type = got;
   }
-  ov::PartialShape out = partial_output_shape(kind_, attrs_, by_slot);
-  if (all_static) {  // the core checks every shape and gives the exact output shape
+  const int64_t n_out = std::max<int64_t>(1, std::min<int64_t>(num_outputs_, static_cast<int64_t>(def.num_outputs)));
+  std::vector<ov::PartialShape> out(static_cast<size_t>(n_out));
+  for (int64_t o = 0; o < n_out; ++o) out[o] = partial_output_shape(attrs_, by_slot, static_cast<size_t>(o));
+  if (all_static) {  // the declaration checks every shape and gives the exact output shapes
     std::vector<Shape> in(get_input_size());
     for (size_t i = 0; i < in.size(); ++i) {
       const ov::Shape st = shapes[i].to_shape();
       in[i].assign(st.begin(), st.end());
     }
-    Shape y;
-    s = output_shape(*this, in, &y);
+    std::vector<Shape> y;
+    s = output_shapes(*this, in, &y);
     NODE_VALIDATION_CHECK(this, s.ok(), where(), s.message());
-    out = ov::PartialShape(std::vector<ov::Dimension>(y.begin(), y.end()));
+    for (int64_t o = 0; o < n_out; ++o) out[o] = ov::PartialShape(std::vector<ov::Dimension>(y[o].begin(), y[o].end()));
   }
-  const int64_t n_out = std::max<int64_t>(1, std::min<int64_t>(num_outputs_, static_cast<int64_t>(def.num_outputs)));
   set_output_size(static_cast<size_t>(n_out));
   const ov::element::Type out_type = float_type.is_dynamic() ? ov::element::f32 : float_type;
-  for (int64_t o = 0; o < n_out; ++o) set_output_type(static_cast<size_t>(o), out_type, out);
-  note_constant_weight();
+  for (int64_t o = 0; o < n_out; ++o) set_output_type(static_cast<size_t>(o), out_type, out[o]);
+  note_constant_inputs();
 }
 
-void KitOpBase::note_constant_weight() {
-  if (kind_ != OpKind::kDeformConv2d) return;
+void KitOpBase::note_constant_inputs() {
+  constant_.assign(op_->def.num_inputs, false);
+  if (op_->entry.pack == nullptr) return;
   for (size_t i = 0; i < get_input_size(); ++i) {
-    if (slots_[i] == kDcWeight && std::dynamic_pointer_cast<ov::op::v0::Constant>(get_input_node_shared_ptr(i))) {
-      constant_weight_ = true;
-    }
+    if (std::dynamic_pointer_cast<ov::op::v0::Constant>(get_input_node_shared_ptr(i))) constant_[slots_[i]] = true;
   }
 }
 
-std::shared_ptr<const std::vector<float>> KitOpBase::weight_kc(const float* weight, const Shape& shape) const {
-  if (!constant_weight_ || weight == nullptr || shape.size() != 4) return nullptr;
-  const int64_t cout = shape[0], cin_g = shape[1], kk = shape[2] * shape[3];
-  if (cout <= 0 || cin_g <= 0 || kk <= 0) return nullptr;
-  std::lock_guard<std::mutex> lock(weight_mutex_);
-  if (!weight_kc_ || weight_kc_->source != weight || weight_kc_->shape != shape) {
-    auto packed = std::make_shared<PackedWeight>();
-    packed->source = weight;
-    packed->shape = shape;
-    packed->data.resize(static_cast<size_t>(cout * cin_g * kk));
-    deform_conv2d_weight_kc_cpu<float>(cout, cin_g, kk, weight, packed->data.data());
-    weight_kc_ = std::move(packed);
+std::shared_ptr<const std::vector<char>> KitOpBase::packed(int i, const void* data, const Shape& shape) const {
+  const OpEntry& e = op_->entry;
+  if (e.pack == nullptr || data == nullptr || i < 0 || static_cast<size_t>(i) >= constant_.size() || !constant_[i]) {
+    return nullptr;
   }
-  return std::shared_ptr<const std::vector<float>>(weight_kc_, &weight_kc_->data);
+  std::lock_guard<std::mutex> lock(packed_mutex_);
+  std::shared_ptr<const Packed>& slot = packed_[i];
+  if (!slot || slot->source != data || slot->shape != shape) {
+    OpShapes shapes;
+    shapes.in[i] = &shape;
+    const OpCall call = op_call(attrs_, shapes);
+    auto p = std::make_shared<Packed>();
+    p->source = data;
+    p->shape = shape;
+    p->data.resize(e.pack(call, i, data, DType::kFloat32, nullptr));
+    if (p->data.empty()) return nullptr;
+    e.pack(call, i, data, DType::kFloat32, p->data.data());
+    slot = std::move(p);
+  }
+  return std::shared_ptr<const std::vector<char>>(slot, &slot->data);
 }
 
 bool KitOpBase::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
@@ -187,33 +215,59 @@ bool KitOpBase::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inpu
   return true;
 }
 
-std::shared_ptr<ov::Node> make_kit_op(OpKind kind, const ov::OutputVector& args, std::vector<int64_t> slots,
+namespace {
+
+template <int I>
+std::shared_ptr<ov::Node> make_op(const ov::OutputVector& args, std::vector<int64_t> slots,
+                                  std::vector<AttrValue> values, int64_t num_outputs) {
+  return std::make_shared<KitOp<I>>(args, std::move(slots), std::move(values), num_outputs);
+}
+
+using MakeFn = std::shared_ptr<ov::Node> (*)(const ov::OutputVector&, std::vector<int64_t>, std::vector<AttrValue>,
+                                             int64_t);
+
+template <int... I>
+std::vector<MakeFn> makers(std::integer_sequence<int, I...>) {
+  return {&make_op<I>...};
+}
+
+template <int I>
+ov::Extension::Ptr extension() {
+  return std::make_shared<ov::OpExtension<KitOp<I>>>();
+}
+
+using ExtFn = ov::Extension::Ptr (*)();
+
+template <int... I>
+std::vector<ExtFn> extension_makers(std::integer_sequence<int, I...>) {
+  return {&extension<I>...};
+}
+
+int index_of(const OpDecl& op) {
+  const auto& table = op_table();
+  for (size_t i = 0; i < table.size(); ++i)
+    if (table[i] == &op) return static_cast<int>(i);
+  return -1;
+}
+
+}  // namespace
+
+std::shared_ptr<ov::Node> make_kit_op(const OpDecl& op, const ov::OutputVector& args, std::vector<int64_t> slots,
                                       std::vector<AttrValue> values, int64_t num_outputs) {
-  switch (kind) {
-#define DCNKIT_OV_CASE(K) \
-  case K: return std::make_shared<KitOp<K>>(args, std::move(slots), std::move(values), num_outputs);
-    DCNKIT_OV_CASE(OpKind::kDeformConv2d)
-    DCNKIT_OV_CASE(OpKind::kRoIAlign)
-    DCNKIT_OV_CASE(OpKind::kDeformRoIPool)
-    DCNKIT_OV_CASE(OpKind::kDeformPSRoIPool)
-    DCNKIT_OV_CASE(OpKind::kMultiLevelRoIAlign)
-    DCNKIT_OV_CASE(OpKind::kMultiScaleDeformableAttention)
-    DCNKIT_OV_CASE(OpKind::kDCNv3)
-    DCNKIT_OV_CASE(OpKind::kDCNv4)
-#undef DCNKIT_OV_CASE
-  }
-  OPENVINO_THROW("dcnkit: unknown op kind ", static_cast<int>(kind));
+  static const std::vector<MakeFn> make = makers(std::make_integer_sequence<int, kMaxOps>());
+  const int i = index_of(op);
+  OPENVINO_ASSERT(i >= 0 && i < kMaxOps, "dcnkit: ", op.def.onnx_type, " is past the ", kMaxOps,
+                  " operators the OpenVINO library serves (raise kMaxOps)");
+  return make[static_cast<size_t>(i)](args, std::move(slots), std::move(values), num_outputs);
 }
 
 std::vector<ov::Extension::Ptr> op_extensions() {
-  return {std::make_shared<ov::OpExtension<KitOp<OpKind::kDeformConv2d>>>(),
-          std::make_shared<ov::OpExtension<KitOp<OpKind::kRoIAlign>>>(),
-          std::make_shared<ov::OpExtension<KitOp<OpKind::kDeformRoIPool>>>(),
-          std::make_shared<ov::OpExtension<KitOp<OpKind::kDeformPSRoIPool>>>(),
-          std::make_shared<ov::OpExtension<KitOp<OpKind::kMultiLevelRoIAlign>>>(),
-          std::make_shared<ov::OpExtension<KitOp<OpKind::kMultiScaleDeformableAttention>>>(),
-          std::make_shared<ov::OpExtension<KitOp<OpKind::kDCNv3>>>(),
-          std::make_shared<ov::OpExtension<KitOp<OpKind::kDCNv4>>>()};
+  static const std::vector<ExtFn> make = extension_makers(std::make_integer_sequence<int, kMaxOps>());
+  OPENVINO_ASSERT(op_table().size() <= make.size(), "dcnkit: the op table has more than ", kMaxOps,
+                  " operators (raise kMaxOps)");
+  std::vector<ov::Extension::Ptr> out;
+  for (size_t i = 0; i < op_table().size(); ++i) out.push_back(make[i]());
+  return out;
 }
 
 }  // namespace dcnkit::ov_ext

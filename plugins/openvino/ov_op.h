@@ -1,14 +1,14 @@
 // OpenVINO front end: the kit's operators as OpenVINO operations (ov::op::Op) computed by the core's CPU launchers.
 //
-// One class template, KitOp<OpKind>, serves every operator of the op table: its type name is the op's ONNX type
-// (op_defs.h) in the opset "dcnkit", its attributes are the canonical ones (names, kinds and defaults from the
-// table, so an IR written by `dcnkit convert` names them as docs/operators.md does), and what it computes is the
-// launcher of its kind. A node holds:
+// One class template, KitOp<I>, serves the I-th operator of the op table (op_table(), dcnkit/op_decl.h): its type
+// name is the op's ONNX type (or its declared OpDef::openvino_type) in the opset "dcnkit", its attributes are the canonical ones (names, kinds and defaults
+// from the table, so an IR written by `dcnkit convert` names them as docs/operators.md does), and what it computes is
+// the op's forward_cpu entry point. No operator is named here. A node holds:
 //   - the canonical attribute values (read from any variant by read_attrs, checked by make_op_attrs),
 //   - `dcnkit_inputs`: the canonical input (TensorDef index) each of its inputs carries (absent optional inputs
-//     are left out; MultiLevelRoIAlign's feature maps repeat the variadic index),
+//     are left out; a variadic input's tensors repeat its index),
 //   - `dcnkit_outputs`: how many outputs (DeformPSRoIPool: output and count).
-// Shapes are checked by the core's make_params wherever the input shapes are static (validate_and_infer_types and
+// Shapes are checked by the op's declaration wherever the input shapes are static (validate_and_infer_types and
 // every evaluate), so a mistake reads the same as on every other backend.
 #pragma once
 
@@ -24,9 +24,13 @@
 namespace dcnkit::ov_ext {
 
 constexpr const char* kOpset = "dcnkit";  // the IR opset (version) of every kit operation
+// Operators the library can serve (KitOp<0> .. KitOp<kMaxOps - 1>); the table has fewer.
+constexpr int kMaxOps = 32;
 
-// The kit's own variant (domain "dcnkit", canonical names and input order) of an op kind.
-const OpVariant& canonical_variant(OpKind kind);
+// The kit's own variant (domain "dcnkit", canonical names and input order) of an op.
+const OpVariant& canonical_variant(const OpDecl& op);
+// The op type of the table's I-th op ("" past its end).
+const char* kit_op_type(int i);
 
 class KitOpBase : public ov::op::Op {
  public:
@@ -35,52 +39,54 @@ class KitOpBase : public ov::op::Op {
   bool has_evaluate() const override { return true; }
   bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;
 
-  OpKind kind() const { return kind_; }
+  const OpDecl& op() const { return *op_; }
   const OpAttrs& attrs() const { return attrs_; }
   const std::vector<int64_t>& slots() const { return slots_; }
-  // DeformConv2d whose weight is a constant of the model: that weight in the launcher's layout, made on the first
-  // run from `weight` (the constant's memory, which the plugin keeps) and kept; null for a weight that is an input.
-  std::shared_ptr<const std::vector<float>> weight_kc(const float* weight, const Shape& weight_shape) const;
+  int64_t num_outputs() const { return num_outputs_; }
+  // A constant input of the model (canonical input i) in the launcher's layout (OpEntry::pack), made on the first run
+  // from `data` (the constant's memory, which the plugin keeps) and kept; null where the op has no such layout or the
+  // input is not a constant.
+  std::shared_ptr<const std::vector<char>> packed(int i, const void* data, const Shape& shape) const;
 
  protected:
-  explicit KitOpBase(OpKind kind);
-  KitOpBase(OpKind kind, const ov::OutputVector& args, std::vector<int64_t> slots, std::vector<AttrValue> values,
+  explicit KitOpBase(int index);
+  KitOpBase(int index, const ov::OutputVector& args, std::vector<int64_t> slots, std::vector<AttrValue> values,
             int64_t num_outputs);
   // The same op over new inputs (clone_with_new_inputs of the derived class).
   void copy_config_from(const KitOpBase& other);
 
-  OpKind kind_;
-  std::vector<AttrValue> values_;  // canonical attribute values, in op_defs order
+  const OpDecl* op_;
+  std::vector<AttrValue> values_;  // canonical attribute values, in the table's order
   std::vector<int64_t> slots_;     // canonical input index of each input
   int64_t num_outputs_ = 1;
   OpAttrs attrs_;                  // from values_, checked
-  // DeformConv2d: whether the weight input is a Constant of the model (seen when the node was made: the plugin's
-  // copies may see other nodes there), and the weight in the launcher's layout, made once.
-  bool constant_weight_ = false;
-  struct PackedWeight {
-    const float* source = nullptr;
+  // The canonical inputs that are Constants of the model (seen when the node was made: the plugin's copies may see
+  // other nodes there), and their packed layouts, made once.
+  std::vector<bool> constant_;
+  struct Packed {
+    const void* source = nullptr;
     Shape shape;
-    std::vector<float> data;
+    std::vector<char> data;
   };
-  mutable std::mutex weight_mutex_;
-  mutable std::shared_ptr<const PackedWeight> weight_kc_;
+  mutable std::mutex packed_mutex_;
+  mutable std::shared_ptr<const Packed> packed_[kMaxInputs];
 
  private:
   std::string where() const;  // "<op type> node '<name>': " for messages
-  void note_constant_weight();
+  void note_constant_inputs();
 };
 
-template <OpKind K>
+template <int I>
 class KitOp : public KitOpBase {
  public:
-  OPENVINO_OP(kOpDefs[static_cast<int>(K)].onnx_type, kOpset, KitOpBase);
-  KitOp() : KitOpBase(K) {}
+  OPENVINO_OP(kit_op_type(I), kOpset, KitOpBase);
+  KitOp() : KitOpBase(I) {}
   KitOp(const ov::OutputVector& args, std::vector<int64_t> slots, std::vector<AttrValue> values, int64_t num_outputs)
-      : KitOpBase(K, args, std::move(slots), std::move(values), num_outputs) {
+      : KitOpBase(I, args, std::move(slots), std::move(values), num_outputs) {
     constructor_validate_and_infer_types();
   }
   std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& new_args) const override {
-    auto op = std::make_shared<KitOp<K>>();
+    auto op = std::make_shared<KitOp<I>>();
     op->set_arguments(new_args);
     op->copy_config_from(*this);
     op->constructor_validate_and_infer_types();
@@ -88,11 +94,11 @@ class KitOp : public KitOpBase {
   }
 };
 
-// A kit operation of `kind` over `args` (one per entry of `slots`), with canonical attribute values.
-std::shared_ptr<ov::Node> make_kit_op(OpKind kind, const ov::OutputVector& args, std::vector<int64_t> slots,
+// A kit operation of `op` over `args` (one per entry of `slots`), with canonical attribute values.
+std::shared_ptr<ov::Node> make_kit_op(const OpDecl& op, const ov::OutputVector& args, std::vector<int64_t> slots,
                                       std::vector<AttrValue> values, int64_t num_outputs);
 
-// Every KitOp<K> as an OpExtension (IR reading and writing), in op_defs order.
+// Every KitOp<I> of the table as an OpExtension (IR reading and writing), in table order.
 std::vector<ov::Extension::Ptr> op_extensions();
 
 }  // namespace dcnkit::ov_ext

@@ -50,11 +50,11 @@ CpuContext cpu_context() {
 
 namespace {
 
+// A call of `op`: the shapes (and data) of its inputs by canonical index, a variadic input's tensors in order.
 struct Gathered {
-  const Shape* shapes[kMaxInputs] = {};   // null: absent
-  const void* data[kMaxInputs] = {};
-  std::vector<Shape> features;            // MultiLevelRoIAlign's maps
-  std::vector<const float*> feature_data;
+  std::vector<Shape> storage;
+  OpShapes shapes;
+  OpBuffers buffers;
 };
 
 Status gather(const KitOpBase& op, const std::vector<Shape>& shapes, const ov::TensorVector* tensors, Gathered* g) {
@@ -63,122 +63,21 @@ Status gather(const KitOpBase& op, const std::vector<Shape>& shapes, const ov::T
     return Status::Internal("expected " + std::to_string(slots.size()) + " inputs, got " +
                             std::to_string(shapes.size()));
   }
-  const bool multi_level = op.kind() == OpKind::kMultiLevelRoIAlign;
+  const OpDef& def = op.op().def;
+  g->storage = shapes;
   for (size_t i = 0; i < slots.size(); ++i) {
     const int64_t slot = slots[i];
     const void* data = tensors ? (*tensors)[i].data() : nullptr;
-    if (multi_level && slot == kMlFeatures) {
-      g->features.push_back(shapes[i]);
-      g->feature_data.push_back(static_cast<const float*>(data));
-    } else {
-      g->shapes[slot] = &shapes[i];
-      g->data[slot] = data;
+    if (def.inputs[slot].variadic) {
+      g->shapes.variadic.push_back(shapes[i]);
+      g->buffers.variadic.push_back(data);
+      if (g->shapes.in[slot] != nullptr) continue;  // the canonical entry is the first tensor
     }
+    g->shapes.in[slot] = &g->storage[i];
+    g->buffers.in[slot] = data;
   }
   return Status::Ok();
 }
-
-template <typename T>
-const T* in(const Gathered& g, int slot) {
-  return static_cast<const T*>(g.data[slot]);
-}
-
-const char* op_type(const KitOpBase& op) { return op_def(op.kind()).onnx_type; }
-
-// The op's params from the gathered shapes (the core checks them), and the output shape.
-template <typename Params>
-Status params_for(const KitOpBase& op, const Gathered& g, Params* p) {
-  return make_params(op_type(op), op.attrs(), g.shapes, p);
-}
-template <>
-Status params_for(const KitOpBase& op, const Gathered& g, MultiLevelRoIAlignParams* p) {
-  if (g.shapes[kMlRois] == nullptr) return arg_error(op_type(op), "rois", "a tensor", "no input");
-  return make_params(op_type(op), op.attrs(), *g.shapes[kMlRois], g.features, p);
-}
-
-// Calls f(params) with the params type of the op's kind.
-template <typename F>
-Status with_params(const KitOpBase& op, const Gathered& g, F&& f) {
-  switch (op.kind()) {
-#define DCNKIT_OV_PARAMS(K, P)                     \
-  case K: {                                        \
-    P p;                                           \
-    DCNKIT_RETURN_IF_ERROR(params_for(op, g, &p)); \
-    return f(p);                                   \
-  }
-    DCNKIT_OV_PARAMS(OpKind::kDeformConv2d, DeformConv2dParams)
-    DCNKIT_OV_PARAMS(OpKind::kRoIAlign, RoIAlignParams)
-    DCNKIT_OV_PARAMS(OpKind::kDeformRoIPool, DeformRoIPoolParams)
-    DCNKIT_OV_PARAMS(OpKind::kDeformPSRoIPool, DeformPSRoIPoolParams)
-    DCNKIT_OV_PARAMS(OpKind::kMultiLevelRoIAlign, MultiLevelRoIAlignParams)
-    DCNKIT_OV_PARAMS(OpKind::kMultiScaleDeformableAttention, MsdaParams)
-    DCNKIT_OV_PARAMS(OpKind::kDCNv3, Dcnv3Params)
-    DCNKIT_OV_PARAMS(OpKind::kDCNv4, Dcnv3Params)
-#undef DCNKIT_OV_PARAMS
-  }
-  return Status::Internal("unknown op kind");
-}
-
-// ---------------------------------------------------------------------------------------------
-// The launchers, one per params type
-
-struct Launch {
-  const KitOpBase& op;
-  const Gathered& g;
-  float* y;
-  float* count;  // DeformPSRoIPool's second output (null: not an output of the node)
-  CpuContext cpu;
-
-  Status operator()(const DeformConv2dParams& p) const {
-    // The workspace stays with the thread that runs the node (grown when needed): a fresh allocation per run
-    // costs its page faults every time. It is taken out of the thread's cache while in use, so that a node this
-    // thread runs while it waits inside the launcher's parallel loop (TBB may hand it one) makes its own.
-    thread_local std::vector<char> cache;
-    std::vector<char> ws;
-    ws.swap(cache);
-    const size_t bytes = deform_conv2d_forward_workspace_cpu(p, DType::kFloat32, cpu);
-    if (ws.size() < bytes) ws.resize(bytes);
-    const auto packed = op.weight_kc(in<float>(g, kDcWeight), *g.shapes[kDcWeight]);
-    const Status s = deform_conv2d_forward_cpu<float>(p, in<float>(g, kDcInput), in<float>(g, kDcOffset),
-                                                      in<float>(g, kDcWeight), in<float>(g, kDcBias),
-                                                      in<float>(g, kDcMask), y, ws.data(), cpu,
-                                                      packed ? packed->data() : nullptr);
-    cache.swap(ws);
-    return s;
-  }
-  Status operator()(const RoIAlignParams& p) const {
-    return roi_align_forward_cpu<float>(p, in<float>(g, kRaInput), in<float>(g, kRaRois), y, cpu);
-  }
-  Status operator()(const DeformRoIPoolParams& p) const {
-    return deform_roi_pool_forward_cpu<float>(p, in<float>(g, kDrInput), in<float>(g, kDrRois), in<float>(g, kDrOffset),
-                                              y, cpu);
-  }
-  Status operator()(const DeformPSRoIPoolParams& p) const {
-    std::vector<float> own;  // the launcher always writes the count
-    float* c = count;
-    if (c == nullptr) {
-      int64_t n = 1;
-      for (int64_t d : p.output_shape()) n *= d;
-      own.resize(static_cast<size_t>(n));
-      c = own.data();
-    }
-    return deform_psroi_pool_forward_cpu<float>(p, in<float>(g, kPsInput), in<float>(g, kPsRois),
-                                                in<float>(g, kPsTrans), y, c, cpu);
-  }
-  Status operator()(const MultiLevelRoIAlignParams& p) const {
-    return multi_level_roi_align_forward_cpu<float>(p, g.feature_data.data(), in<float>(g, kMlRois), y, cpu);
-  }
-  Status operator()(const MsdaParams& p) const {
-    return msda_forward_cpu<float>(p, in<float>(g, kMsdaValue), in<int64_t>(g, kMsdaSpatialShapes),
-                                   in<int64_t>(g, kMsdaLevelStart), in<float>(g, kMsdaLocations),
-                                   in<float>(g, kMsdaWeights), y, cpu);
-  }
-  Status operator()(const Dcnv3Params& p) const {  // DCNv4 reads its weights from offset_mask (p.fused)
-    const float* offset = in<float>(g, kD3Offset);
-    const float* mask = p.fused ? offset : in<float>(g, kD3Mask);
-    return dcnv3_forward_cpu<float>(p, in<float>(g, kD3Input), offset, mask, y, cpu);
-  }
-};
 
 std::vector<Shape> shapes_of(const ov::TensorVector& tensors) {
   std::vector<Shape> out;
@@ -189,15 +88,21 @@ std::vector<Shape> shapes_of(const ov::TensorVector& tensors) {
   return out;
 }
 
+int64_t numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
 }  // namespace
 
-Status output_shape(const KitOpBase& op, const std::vector<Shape>& inputs, Shape* out) {
+Status output_shapes(const KitOpBase& op, const std::vector<Shape>& inputs, std::vector<Shape>* out) {
   Gathered g;
   DCNKIT_RETURN_IF_ERROR(gather(op, inputs, nullptr, &g));
-  return with_params(op, g, [&](const auto& p) {
-    *out = p.output_shape();
-    return Status::Ok();
-  });
+  Shape y[kMaxOutputs];
+  DCNKIT_RETURN_IF_ERROR(op.op().entry.outputs(op_call(op.attrs(), g.shapes), y));
+  out->assign(y, y + op.op().def.num_outputs);
+  return Status::Ok();
 }
 
 bool is_kernel_float_type(const ov::element::Type& t) {
@@ -210,14 +115,47 @@ Status run_f32(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorV
   const std::vector<Shape> shapes = shapes_of(inputs);
   Gathered g;
   DCNKIT_RETURN_IF_ERROR(gather(op, shapes, &inputs, &g));
-  return with_params(op, g, [&](const auto& p) {
-    const Shape y = p.output_shape();
-    for (ov::Tensor& t : outputs) t.set_shape(ov::Shape(y.begin(), y.end()));
-    if (outputs.empty()) return Status::Internal("no output tensor");
-    Launch launch{op, g, outputs[0].data<float>(), outputs.size() > 1 ? outputs[1].data<float>() : nullptr,
-                  cpu_context()};
-    return launch(p);
-  });
+  const OpCall call = op_call(op.attrs(), g.shapes);
+  const OpEntry& e = op.op().entry;
+  Shape y[kMaxOutputs];
+  DCNKIT_RETURN_IF_ERROR(e.outputs(call, y));
+  if (outputs.empty()) return Status::Internal("no output tensor");
+  // Every output the op has: the node's own, scratch for one it does not have (the launchers write them all).
+  std::vector<std::vector<float>> scratch;
+  bool empty = true;
+  for (size_t o = 0; o < op.op().def.num_outputs; ++o) {
+    empty = empty && numel(y[o]) == 0;
+    if (o < outputs.size()) {
+      outputs[o].set_shape(ov::Shape(y[o].begin(), y[o].end()));
+      g.buffers.out[o] = outputs[o].data<float>();
+    } else {
+      scratch.emplace_back(static_cast<size_t>(numel(y[o])));
+      g.buffers.out[o] = scratch.back().data();
+    }
+  }
+  if (empty) return Status::Ok();
+  std::shared_ptr<const std::vector<char>> packed[kMaxInputs];
+  for (size_t i = 0; i < kMaxInputs; ++i) {
+    if (g.shapes.in[i] == nullptr) continue;
+    packed[i] = op.packed(static_cast<int>(i), g.buffers.in[i], *g.shapes.in[i]);
+    if (packed[i]) g.buffers.packed[i] = packed[i]->data();
+  }
+  const CpuContext cpu = cpu_context();
+  OpDevice dev;
+  dev.cpu = &cpu;
+  OpTypes types;  // float32 (run_cpu converts 16-bit tensors around the kernels)
+  // The workspace stays with the thread that runs the node (grown when needed): a fresh allocation per run costs its
+  // page faults every time. It is taken out of the thread's cache while in use, so that a node this thread runs while
+  // it waits inside the launcher's parallel loop (TBB may hand it one) makes its own.
+  thread_local std::vector<char> cache;
+  std::vector<char> ws;
+  ws.swap(cache);
+  const size_t bytes = e.workspace ? e.workspace(call, Pass::kForward, types, dev) : 0;
+  if (ws.size() < bytes) ws.resize(bytes);
+  g.buffers.workspace = bytes ? ws.data() : nullptr;
+  const Status s = e.forward_cpu(call, types, g.buffers, dev);
+  cache.swap(ws);
+  return s;
 }
 
 // A float16 / bfloat16 tensor as float32, and back.
@@ -237,7 +175,7 @@ void convert_back(const ov::Tensor& from, ov::Tensor& to) {
 }  // namespace
 
 Status run_cpu(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorVector& inputs) {
-  const OpDef& def = op_def(op.kind());
+  const OpDef& def = op.op().def;
   ov::element::Type float_type = ov::element::f32;
   for (size_t i = 0; i < inputs.size() && i < op.slots().size(); ++i) {
     const TensorDef& td = def.inputs[op.slots()[i]];
@@ -245,7 +183,7 @@ Status run_cpu(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorV
     const bool ok = td.int64 ? (got == ov::element::i64 || got == ov::element::i32) : is_kernel_float_type(got);
     if (!ok) {
       const char* want = td.int64 ? "element type i64 (or i32)" : "element type f32 (or f16 / bf16)";
-      return arg_error(op_type(op), td.name, want, got.get_type_name());
+      return arg_error(def.onnx_type, td.name, want, got.get_type_name());
     }
     if (!td.int64) float_type = got;
   }

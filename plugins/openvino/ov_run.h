@@ -1,5 +1,6 @@
-// The CPU work of a kit operation: shapes to the core's params (checked), and the core's launcher over OpenVINO's
-// threads (the TBB arena of the inference stream that runs the node) and OpenBLAS.
+// The CPU work of a kit operation: its inputs by canonical index, the op's declaration (shapes checked, its
+// forward_cpu entry point) over OpenVINO's threads (the TBB arena of the inference stream that runs the node) and
+// OpenBLAS.
 #pragma once
 
 #include <vector>
@@ -12,8 +13,8 @@ namespace dcnkit::ov_ext {
 
 class KitOpBase;
 
-// The output shape of `op` for its inputs' shapes (in the node's input order), checked by the core.
-Status output_shape(const KitOpBase& op, const std::vector<Shape>& inputs, Shape* out);
+// The output shapes of `op` for its inputs' shapes (in the node's input order), checked by its declaration.
+Status output_shapes(const KitOpBase& op, const std::vector<Shape>& inputs, std::vector<Shape>* out);
 
 // The floating types a kit operation accepts: float32, and float16 / bfloat16 (converted to float32 and back around
 // the kernel) where OpenVINO's inference precision hints have converted the graph around the node.

@@ -1,6 +1,6 @@
-// The plugin creators and the library's entry points: one creator per operator variant of
-// dcnkit/op_attrs.h -- the kit's ops (namespace "dcnkit"), the names mmdeploy / mmcv export and TensorRT's own
-// MultiscaleDeformableAttnPlugin_TRT (namespace ""), version "1" -- so models from either exporter build unchanged.
+// The plugin creators and the library's entry points: one creator per operator variant of the op table -- the kit's
+// ops (namespace "dcnkit"), the names mmdeploy / mmcv export and TensorRT's own plugin names (namespace ""), version
+// "1" -- so models from either exporter build unchanged.
 //
 // getCreators and setLoggerFinder are what IPluginRegistry::loadLibrary calls (trtexec --dynamicPlugins,
 // trt.get_plugin_registry().load_library): they only hand over a static list and a pointer, and never call
@@ -59,9 +59,8 @@ class Creator final : public IPluginCreatorV3One {
 // for the whole library when any creator it gets from getCreators is registered already, so these creators are
 // not in getCreators' list: dcnkit_trt_register_creators (libdcnkit_trt_autoreg.so) offers them, and where the
 // registry holds TensorRT's own creator already, that one serves the nodes.
-bool registered_by_tensorrt_itself(const OpVariant& v) {
-  return std::strcmp(v.op_type, "MultiscaleDeformableAttnPlugin_TRT") == 0;
-}
+// Those are the declarations' TensorRT-only names (OpVariant::tensorrt_only: TensorRT's own plugin names).
+bool registered_by_tensorrt_itself(const OpVariant& v) { return v.tensorrt_only; }
 
 // The kit's own ops, then the first variant of every other op type (mmdeploy's and mmcv's domains carry
 // the same names; TensorRT has no domains).

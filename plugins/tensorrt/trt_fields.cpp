@@ -122,7 +122,7 @@ void declare_fields(const OpVariant& v, FieldStore* out) {
 
 void serialize_fields(const OpVariant& v, const OpAttrs& attrs, FieldStore* out) {
   out->clear();
-  const std::vector<AttrValue> values = op_attr_values(attrs);
+  const std::vector<AttrValue>& values = attrs.values;
   for (const VariantField& f : variant_fields(v)) {
     const AttrValue& a = values[f.canonical];
     switch (f.kind) {
@@ -170,7 +170,7 @@ Status attrs_from_fields(const OpVariant& v, const PluginFieldCollection* fc, Op
   };
   std::vector<AttrValue> values;
   DCNKIT_RETURN_IF_ERROR(read_attrs(v, lookup, &values));
-  return make_op_attrs(v, values, out);
+  return make_op_attrs(v, std::move(values), out);
 }
 
 }  // namespace dcnkit::trt

@@ -1,5 +1,6 @@
-// The IPluginV3 lifecycle shared by every operator: names, types, formats, validation, cloning,
-// serialization, workspace checks, the context's cuBLAS handle, the timing-cache ID. No kernel math here.
+// The IPluginV3 lifecycle of every operator: names, types, formats, validation, cloning, serialization, workspace
+// checks, the context's cuBLAS handle, the timing-cache ID (the calls into the op's declaration: trt_plugin_decl.cpp).
+// No kernel math here, and no op named.
 #include "trt_plugin.h"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <exception>
 #include <memory>
 
+#include "dcnkit/cublas_gemm.h"
 #include "trt_blas.h"
 
 using namespace nvinfer1;
@@ -38,7 +40,7 @@ const char* plugin_namespace(const OpVariant& v) { return std::strcmp(v.domain, 
 
 int32_t max_node_inputs(const OpVariant& v) {
   const auto slots = static_cast<int32_t>(v.inputs.size());
-  return has_variadic_input(v) ? slots - 1 + static_cast<int32_t>(kMaxFeatureLevels) : slots;
+  return has_variadic_input(v) ? slots - 1 + static_cast<int32_t>(kMaxVariadic) : slots;
 }
 
 const InputSlot& input_slot(const OpVariant& v, int32_t i) {
@@ -48,7 +50,7 @@ const InputSlot& input_slot(const OpVariant& v, int32_t i) {
 
 Status canonical_inputs(const OpVariant& v, const Dims* dims, void const* const* data, int32_t nb,
                         CanonicalInputs* out) {
-  const OpDef& def = op_def(v.kind);
+  const OpDef& def = v.op->def;
   *out = CanonicalInputs();
   if (nb < 0 || nb > max_node_inputs(v)) {
     return arg_error(v.op_type, "inputs", "at most " + std::to_string(max_node_inputs(v)), std::to_string(nb));
@@ -80,7 +82,7 @@ Status canonical_inputs(const OpVariant& v, const Dims* dims, void const* const*
 bool rois_type_fits(DataType rois, DataType features) { return rois == features || rois == DataType::kFLOAT; }
 
 bool index_input(const OpVariant& v, int32_t i) {
-  return i >= 0 && i < max_node_inputs(v) && op_def(v.kind).inputs[input_slot(v, i).canonical].int64;
+  return i >= 0 && i < max_node_inputs(v) && v.op->def.inputs[input_slot(v, i).canonical].int64;
 }
 
 bool core_dtype(DataType t, DType* out) {
@@ -146,22 +148,6 @@ int32_t PluginBase::max_inputs() const { return max_node_inputs(*variant_); }
 
 namespace {
 
-// The canonical input of the (first) feature map and of the RoIs (-1: none) of an op.
-int features_canonical(OpKind kind) { return kind == OpKind::kMultiLevelRoIAlign ? kMlFeatures : 0; }
-int rois_canonical(OpKind kind) {
-  switch (kind) {
-    case OpKind::kDeformConv2d: return -1;
-    case OpKind::kRoIAlign: return kRaRois;
-    case OpKind::kDeformRoIPool: return kDrRois;
-    case OpKind::kDeformPSRoIPool: return kPsRois;
-    case OpKind::kMultiLevelRoIAlign: return kMlRois;
-    case OpKind::kMultiScaleDeformableAttention:
-    case OpKind::kDCNv3:
-    case OpKind::kDCNv4: return -1;
-  }
-  return -1;
-}
-
 // The first node input (of nb) that carries canonical input c; -1 if none.
 int32_t node_position(const OpVariant& v, int c, int32_t nb) {
   for (int32_t i = 0; c >= 0 && i < nb; ++i)
@@ -172,11 +158,11 @@ int32_t node_position(const OpVariant& v, int c, int32_t nb) {
 }  // namespace
 
 int32_t PluginBase::features_position(int32_t nb) const {
-  return node_position(*variant_, features_canonical(variant_->kind), nb);
+  return node_position(*variant_, features_input(variant_->op->def), nb);
 }
 
 int32_t PluginBase::rois_position(int32_t nb) const {
-  return node_position(*variant_, rois_canonical(variant_->kind), nb);
+  return node_position(*variant_, rois_input(variant_->op->def), nb);
 }
 
 bool PluginBase::tensor_types(const DataType* input_types, int32_t nb, TensorTypes* out) const {
@@ -216,7 +202,7 @@ const char* PluginBase::getPluginName() const noexcept { return variant_->op_typ
 const char* PluginBase::getPluginVersion() const noexcept { return kPluginVersion; }
 const char* PluginBase::getPluginNamespace() const noexcept { return plugin_namespace(*variant_); }
 
-int32_t PluginBase::getNbOutputs() const noexcept { return static_cast<int32_t>(op_num_outputs(variant_->kind)); }
+int32_t PluginBase::getNbOutputs() const noexcept { return static_cast<int32_t>(op_num_outputs(*variant_)); }
 
 int32_t PluginBase::getOutputDataTypes(DataType* output_types, int32_t nb_outputs, const DataType* input_types,
                                        int32_t nb_inputs) const noexcept {
@@ -454,8 +440,8 @@ void append_value(const AttrDef& def, const AttrValue& v, std::string* out) {
 // shapes, types and formats, so the RoIs' type (the float32-RoI launchers) is already told apart.
 const char* PluginBase::getTimingCacheID() noexcept {
   try {
-    const OpDef& def = op_def(variant_->kind);
-    const std::vector<AttrValue> values = op_attr_values(attrs_);
+    const OpDef& def = variant_->op->def;
+    const std::vector<AttrValue>& values = attrs_.values;
     std::string id = std::string("dcnkit.") + def.onnx_type;
     for (size_t i = 0; i < def.num_attrs && i < values.size(); ++i) {
       id += std::string(";") + def.attrs[i].name + "=";

@@ -5,12 +5,13 @@
 // rules, PluginTensorDesc <-> pointers and dtype. Everything else (validation, workspace sizing, kernels)
 // is core code that the other backends already run and test.
 //
-// Per operator one final class (DeformConv2dPlugin, ...) supplies the op's output shapes, workspace and
-// enqueue; PluginBase does the rest of the IPluginV3 lifecycle for all of them.
+// One class serves every op of the table: the op's declaration (dcnkit/op_decl.h) supplies its output dims (over
+// TensorRT's dimension expressions), checks, workspace and forward launcher; PluginBase does the IPluginV3
+// lifecycle around them. No op is named here.
 //
-// Types: every tensor is in the features' type (float32, float16 or bfloat16), except the RoIs of the RoI
-// operators, which may also be float32 with 16-bit features (dcnkit/roi_float32_rois.h), and the index tables
-// (TensorDef.int64: MultiScaleDeformableAttention's level tables), int64 or int32, all of one type.
+// Types: every tensor is in the features' type (float32, float16 or bfloat16), except the RoIs (TensorDef.rois),
+// which may also be float32 with 16-bit features, and the index tables (TensorDef.int64), int64 or int32, all of one
+// type.
 #pragma once
 
 #include <NvInferRuntime.h>
@@ -74,7 +75,7 @@ struct CanonicalInputs {
   std::vector<const void*> variadic_data;
 };
 
-// Node inputs a variant takes at most: its slots, with a variadic last slot taking up to kMaxFeatureLevels.
+// Node inputs a variant takes at most: its slots, with a variadic last slot taking up to kMaxVariadic.
 int32_t max_node_inputs(const OpVariant& v);
 // The variant's slot that node input i fills (the variadic last slot for every i past it).
 const InputSlot& input_slot(const OpVariant& v, int32_t i);
@@ -115,6 +116,7 @@ class PluginBase : public nvinfer1::IPluginV3,
   PluginBase(const PluginBase& other);
   PluginBase& operator=(const PluginBase&) = delete;
   ~PluginBase() override;
+  PluginBase* make_copy() const { return new PluginBase(*this); }
 
   // IPluginV3
   nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
@@ -151,24 +153,24 @@ class PluginBase : public nvinfer1::IPluginV3,
   const nvinfer1::PluginFieldCollection* getFieldsToSerialize() noexcept override;
 
  protected:
-  // What each operator supplies. Shapes come in canonical order (index c: canonical input c, or null).
-  virtual PluginBase* make_copy() const = 0;
+  // The call of a node's inputs (canonical order, see CanonicalInputs) for the op's entry points.
+  OpCall call(const CanonicalInputs& in) const;
   // Output dims from the inputs' dims expressions (canonical order, null: absent).
-  virtual Status output_shapes(const nvinfer1::DimsExprs* const* in, nvinfer1::IExprBuilder& b,
-                               nvinfer1::DimsExprs* outputs) const = 0;
-  // Validates the shapes of one call (the core's make_*_params).
-  virtual Status check(const CanonicalInputs& in) const = 0;
+  Status output_shapes(const nvinfer1::DimsExprs* const* in, nvinfer1::IExprBuilder& b,
+                       nvinfer1::DimsExprs* outputs) const;
+  // Validates the shapes of one call (the op's declaration).
+  Status check(const CanonicalInputs& in) const;
   // Workspace bytes of every call whose dims are at most `max_in` in each dimension. `max_in` is one
   // optimisation profile's maxima per input, which need not form a consistent problem (TensorRT takes each
   // input's range separately), so it is bounded dimension by dimension, never through the shape checks.
-  virtual size_t workspace_bound(const CanonicalInputs& max_in, const TensorTypes& t) const = 0;
+  size_t workspace_bound(const CanonicalInputs& max_in, const TensorTypes& t) const;
   // Workspace bytes of one checked call.
-  virtual size_t workspace_needed(const CanonicalInputs& in, const TensorTypes& t) const = 0;
+  size_t workspace_needed(const CanonicalInputs& in, const TensorTypes& t) const;
   // Runs the forward launcher on `stream` (never synchronises).
-  virtual Status run(const CanonicalInputs& in, const TensorTypes& t, void* const* outputs, void* workspace,
-                     cudaStream_t stream) = 0;
+  Status run(const CanonicalInputs& in, const TensorTypes& t, void* const* outputs, void* workspace,
+             cudaStream_t stream);
   // Whether the op runs a GEMM (OpDef::gemm; then attached instances share their context's cuBLAS handle).
-  bool needs_blas() const { return op_def(variant_->kind).gemm; }
+  bool needs_blas() const { return variant_->op->def.gemm; }
 
   // The message prefix "<op_type> node '<name>': ".
   std::string where() const;
@@ -200,10 +202,7 @@ class PluginBase : public nvinfer1::IPluginV3,
   std::string timing_cache_id_;
 };
 
-// The plugin of `variant`'s op kind, with checked attrs (creators call it).
+// The plugin of `variant`'s op, with checked attrs (creators call it).
 PluginBase* make_plugin(const OpVariant* variant, const OpAttrs& attrs, const std::string& name);
-// The attention plugins (trt_ops_msda.cpp) and the DCNv3 / DCNv4 plugin (trt_ops_dcnv3.cpp).
-PluginBase* make_msda_plugin(const OpVariant* variant, const OpAttrs& attrs, const std::string& name);
-PluginBase* make_dcnv3_plugin(const OpVariant* variant, const OpAttrs& attrs, const std::string& name);
 
 }  // namespace dcnkit::trt

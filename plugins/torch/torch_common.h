@@ -106,6 +106,8 @@ Status aten_gemm(void* device_options, const GemmArgs& g);
 
 // ATen's intra-op thread pool and GEMM.
 CpuContext cpu_context();
+// The same with the GEMM straight through the BLAS libtorch_cpu exports (torch_blas.cpp): the ops' CPU context.
+CpuContext fast_cpu_context();
 
 // Workspace of `bytes` bytes on the device of `like` (kept alive by the returned tensor).
 inline at::Tensor workspace_for(const at::Tensor& like, size_t bytes) {
@@ -117,49 +119,14 @@ inline at::Tensor workspace_for(const at::Tensor& like, size_t bytes) {
 CudaContext cuda_context(const at::Tensor& like);
 #endif
 
-// The CUDA backward kernels of DCNv3 / DCNv4 and MSDA (the others have a deterministic path) scatter
-// gradients with atomic adds, so the order of the additions (the last bits of the result) can differ between runs.
-// Under torch.use_deterministic_algorithms(True) this raises torch's standard "does not have a deterministic
+// The CUDA backward kernels without an atomic-free path for a call (OpEntry::deterministic) scatter gradients with
+// atomic adds, so the order of the additions (the last bits of the result) can differ between runs. Under
+// torch.use_deterministic_algorithms(True) this raises torch's standard "does not have a deterministic
 // implementation" error (a warning with warn_only=True), as torch's own atomic-add kernels do. The CPU kernels are
 // deterministic (disjoint writes, fixed order per thread count).
 inline void alert_atomic_cuda_backward(const char* op, const at::Tensor& input) {
   if (input.is_cuda()) at::globalContext().alertNotDeterministic(std::string("dcnkit::") + op + " (CUDA)");
 }
 
-// Runs an op's launcher on the device of `input` and raises its error: `cpu(T{})` for a CPU input, T
-// float or double (CPU float16/bfloat16 were converted to float32 before: computes_in_float32);
-// `cuda(ctx)` for a CUDA input, on its device, with cuda_context(input). Both return a Status.
-// Autocast is excluded inside: the ATen calls the launchers make (the GEMM's at::bmm / baddbmm_) run in
-// the dtype the op was given, never recast; our autocast kernels (autocast.cpp) chose it at the boundary.
-template <typename Cpu, typename Cuda>
-void run_on_device([[maybe_unused]] const char* op, const at::Tensor& input, Cpu&& cpu,
-                   [[maybe_unused]] Cuda&& cuda) {
-  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  if (input.is_cpu()) {
-    TORCH_CHECK_TYPE(input.scalar_type() == at::kFloat || input.scalar_type() == at::kDouble, op,
-                     ": input: expected float32 or float64 inside the CPU kernel, got ",
-                     input.scalar_type());
-    throw_if_error(input.scalar_type() == at::kFloat ? cpu(float{}) : cpu(double{}));
-    return;
-  }
-#ifdef DCNKIT_WITH_CUDA
-  const c10::cuda::CUDAGuard guard(input.device());
-  throw_if_error(cuda(cuda_context(input)));
-#else
-  TORCH_CHECK(false, op, ": input: expected a CPU tensor (dcnkit was built without CUDA), got ",
-              input.device());
-#endif
-}
-
 }  // namespace dcnkit::torch_binding
 
-// Registers one kernel list, `register_fn(torch::Library&)`, for the CPU and (built with CUDA) the CUDA
-// dispatch key: every kernel serves both devices.
-#ifdef DCNKIT_WITH_CUDA
-#define DCNKIT_TORCH_IMPL_CPU_CUDA(register_fn)          \
-  TORCH_LIBRARY_IMPL(dcnkit, CPU, m) { register_fn(m); }  \
-  TORCH_LIBRARY_IMPL(dcnkit, CUDA, m) { register_fn(m); }
-#else
-#define DCNKIT_TORCH_IMPL_CPU_CUDA(register_fn)          \
-  TORCH_LIBRARY_IMPL(dcnkit, CPU, m) { register_fn(m); }
-#endif

@@ -60,8 +60,8 @@ def native_libraries() -> dict[str, Path | None]:
 
 
 @functools.lru_cache(maxsize=None)
-def op_defs() -> dict:
-    """The operator definitions (input order, attribute names, defaults) from the C++ core."""
+def _table_library():
+    """A native library with the op table (the ONNX Runtime library, else the PyTorch one), loaded once."""
     import ctypes
 
     for stem in ("dcnkit_ort", "dcnkit_torch"):
@@ -70,10 +70,47 @@ def op_defs() -> dict:
         except FileNotFoundError:
             continue
         try:
-            lib = ctypes.CDLL(str(path), mode=getattr(os, "RTLD_LAZY", 1) | ctypes.RTLD_LOCAL)
+            return ctypes.CDLL(str(path), mode=getattr(os, "RTLD_LAZY", 1) | ctypes.RTLD_LOCAL)
         except OSError:
             continue
-        fn = lib.dcnkit_op_defs_json
-        fn.restype = ctypes.c_char_p
-        return json.loads(fn().decode())
     raise FileNotFoundError("dcnkit: no native library with the operator definitions was found")
+
+
+@functools.lru_cache(maxsize=None)
+def op_defs() -> dict:
+    """The operator definitions (input order, attribute names, defaults, other tools' names) from the C++ core."""
+    import ctypes
+
+    fn = _table_library().dcnkit_op_defs_json
+    fn.restype = ctypes.c_char_p
+    return json.loads(fn().decode())
+
+
+def op_output_dims(op_type: str, attrs: list, inputs: list, variadic: list) -> list | None:
+    """An op's output dims from its declaration (ONNX shape inference of the kit's nodes).
+
+    ``attrs``: the canonical attribute values in the table's order; ``inputs``: per canonical input None or its dims;
+    ``variadic``: the dims of each tensor of a variadic last input. A dim is an int, a name or None. Returns one dims
+    list per output (None: the op declares no rule), or raises ValueError with the core's message.
+
+    With ``op_type`` ``"<domain>::<op type>"`` (any name of an op, as a model writes it): ``attrs`` the node's
+    attributes as ``[name, kind, value]`` (kind ``"int"``, ``"float"``, ``"string"``, ``"ints"``, ``"floats"``),
+    ``inputs`` its inputs' dims in node order, ``variadic`` empty.
+    """
+    import ctypes
+
+    fn = _table_library().dcnkit_op_infer
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    request = json.dumps([attrs, inputs, variadic]).encode()
+    size = 4096
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = fn(op_type.encode(), request, buf, size)
+        if n < size:
+            break
+        size = n + 1
+    answer = json.loads(buf.value.decode())
+    if "error" in answer:
+        raise ValueError(answer["error"])
+    return answer["outputs"]

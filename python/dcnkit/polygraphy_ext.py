@@ -6,10 +6,12 @@ the entry point is :func:`arg_groups`, which returns argument groups). With dcnk
 
 ``--dcnkit`` (alias ``--dcnkit-ops``)
     ONNX-Runtime sessions of ``--onnxrt`` register the kit's custom-op library (``dcnkit.ort_library()``),
-    so models with ``dcnkit``-domain nodes (DeformConv2d, RoIAlign, DeformRoIPool, DeformPSRoIPool) load.
+    so models with ``dcnkit``-domain nodes (every operator of the kit's table, ``dcnkit.op_defs()``) and the names
+    mmdeploy / mmcv export load.
 ``--dcnkit-reference``
-    A runner: the whole model in ``onnx.reference`` with the kit's slow NumPy references for the deformable /
-    RoI nodes (custom and standard ``DeformConv`` / ``RoiAlign``); see :mod:`dcnkit.runtime.reference_runner`.
+    A runner: the whole model in ``onnx.reference`` with the kit's slow NumPy references for the kit's nodes (every
+    name of every operator of the table, and standard ``DeformConv`` / ``RoiAlign``); see
+    :mod:`dcnkit.runtime.reference_runner`.
 
 Example::
 
@@ -88,8 +90,8 @@ class DcnkitArgs(BaseArgs):
             action="store_true",
             default=False,
             help="Register the dcnkit ONNX Runtime custom-op library (dcnkit.ort_library()) in the sessions of "
-            "--onnxrt, so that models with dcnkit-domain nodes (DeformConv2d, RoIAlign, DeformRoIPool, "
-            "DeformPSRoIPool) load. Compare with --dcnkit-reference.",
+            "--onnxrt, so that models with dcnkit-domain nodes (the operators of dcnkit.op_defs()) and the names "
+            "mmdeploy / mmcv export load. Compare with --dcnkit-reference.",
         )
 
     def parse_impl(self, args):
@@ -146,7 +148,7 @@ class DcnkitReferenceRunnerArgs(BaseRunnerArgs):
     def get_extra_help_text_impl(self):
         return (
             "Slow and independent of ONNX Runtime: onnx.reference for standard nodes, dcnkit.reference for "
-            "DeformConv2d/RoIAlign/DeformRoIPool/DeformPSRoIPool and standard DeformConv/RoiAlign."
+            "every name of every operator of dcnkit.op_defs() and standard DeformConv/RoiAlign."
         )
 
     def add_to_script_impl(self, script):

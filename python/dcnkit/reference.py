@@ -1,4 +1,4 @@
-"""Slow, obviously-correct NumPy references of the five operators, written straight from docs/operators.md.
+"""Slow, obviously-correct NumPy references of the operators, written straight from docs/operators.md.
 
 They compute in float64 with plain loops (vectorised only over whole feature maps or channels), share no
 code with the C++ core, and are what the tests, `dcnkit compare` and the Polygraphy reference runner
@@ -12,7 +12,7 @@ import numpy as np
 
 __all__ = ["deform_conv2d", "roi_align", "deform_roi_pool", "deform_psroi_pool", "multi_level_roi_align",
            "sample_dcn", "sample_roi"]
-__all__ += ["multi_scale_deformable_attn"]
+__all__ += ["multi_scale_deformable_attn", "roi_align_rotated"]
 
 
 def _pair(v) -> tuple[int, int]:
@@ -170,6 +170,38 @@ def roi_align(x, rois, output_size, spatial_scale=1.0, sampling_ratio=0, aligned
                     continue
                 stack = np.stack(samples)
                 out[k, :, p, q] = stack.mean(axis=0) if pool_mode == "avg" else stack.max(axis=0)
+    return out
+
+
+def roi_align_rotated(x, rois, output_size, spatial_scale=1.0, sampling_ratio=0, aligned=True, clockwise=False):
+    """RoIAlignRotated (mmcv's), per docs/operators.md. rois (K, 6) rows [batch_index, cx, cy, w, h, angle], the
+    angle in radians (counter-clockwise in image space unless `clockwise`)."""
+    x, rois = _f64(x), _f64(rois)
+    oh, ow = _pair(output_size)
+    N, C, H, W = x.shape
+    out = np.zeros((rois.shape[0], C, oh, ow))
+    o = 0.5 if aligned else 0.0
+    for k in range(rois.shape[0]):
+        b = _batch_index(rois, k, N)
+        cx, cy = rois[k, 1] * spatial_scale - o, rois[k, 2] * spatial_scale - o
+        roi_w, roi_h = rois[k, 3] * spatial_scale, rois[k, 4] * spatial_scale
+        theta = -rois[k, 5] if clockwise else rois[k, 5]
+        if not aligned:
+            roi_w, roi_h = max(roi_w, 1.0), max(roi_h, 1.0)
+        bin_h, bin_w = roi_h / oh, roi_w / ow
+        gh = sampling_ratio if sampling_ratio > 0 else int(math.ceil(roi_h / oh))
+        gw = sampling_ratio if sampling_ratio > 0 else int(math.ceil(roi_w / ow))
+        gh, gw = max(gh, 0), max(gw, 0)
+        cos, sin = math.cos(theta), math.sin(theta)
+        for p in range(oh):
+            for q in range(ow):
+                acc = np.zeros(C)
+                for iy in range(gh):
+                    yy = -roi_h / 2 + p * bin_h + (iy + 0.5) * bin_h / gh
+                    for ix in range(gw):
+                        xx = -roi_w / 2 + q * bin_w + (ix + 0.5) * bin_w / gw
+                        acc += sample_roi(x[b], yy * cos - xx * sin + cy, yy * sin + xx * cos + cx)
+                out[k, :, p, q] = acc / max(gh * gw, 1)
     return out
 
 

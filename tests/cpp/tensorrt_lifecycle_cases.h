@@ -140,6 +140,31 @@ std::vector<Case> cases() {
                {{1, 3, 8, 8}, {2, 6}},
                {{{flt("sampling_ratio", 2.5f)}, "sampling_ratio"}, {{flt("sampling_ratio", 1073741824.f)}, "sampling_ratio"}},
                0});
+  // Rotated RoIAlign (issue 38's new operator: served with no line in the plugin library): rois (K, 6).
+  c.push_back({"RoIAlignRotated", "dcnkit",
+               {{"output_size", I32, 2}, {"spatial_scale", F32, 1}, {"sampling_ratio", I32, 1}, {"aligned", I32, 1},
+                {"clockwise", I32, 1}},
+               {ints("output_size", {7, 5}), flt("spatial_scale", 0.25f), ints("sampling_ratio", {2}),
+                ints("aligned", {1}), ints("clockwise", {0})},
+               {{2, 16, 32, 32}, {5, 6}},
+               {{5, 16, 7, 5}},
+               1,
+               {{2, 16, 32, 32}, {5, 5}},
+               {{{flt("spatial_scale", 0.f)}, "spatial_scale"},
+                {{ints("output_size", {0, 7})}, "output_size"},
+                {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
+               0});
+  c.push_back({"MMCVRoIAlignRotated", "",
+               {{"output_height", I32, 1}, {"output_width", I32, 1}, {"spatial_scale", F32, 1},
+                {"sampling_ratio", I32, 1}, {"aligned", I32, 1}, {"clockwise", I32, 1}},
+               {ints("output_height", {2}), ints("output_width", {3}), flt("spatial_scale", 1.f),
+                ints("sampling_ratio", {0}), ints("aligned", {0}), ints("clockwise", {1})},
+               {{1, 3, 8, 8}, {2, 6}},
+               {{2, 3, 2, 3}},
+               1,
+               {{1, 3, 8}, {2, 6}},
+               {{{ints("output_width", {-3})}, "output_width"}, {{ints("sampling_ratio", {1 << 30})}, "sampling_ratio"}},
+               0});
   // Multi-level RoIAlign: rois, then the L maps (variadic); level by box size, output (K, C, oh, ow).
   const std::vector<std::vector<int64_t>> ml_inputs = {{6, 5}, {2, 8, 32, 32}, {2, 8, 16, 16}, {2, 8, 8, 8}};
   const std::vector<std::vector<int64_t>> ml_bad = {{6, 5}, {2, 8, 32, 32}, {2, 7, 16, 16}, {2, 8, 8, 8}};

@@ -3,15 +3,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 namespace dcnkit {
 
-const OpDef& op_def(OpKind kind) { return kOpDefs[static_cast<int>(kind)]; }
-
 // ---------------------------------------------------------------------------------------------
 // Variants
-
-namespace {
 
 std::vector<InputSlot> canonical_inputs(const OpDef& d) {
   std::vector<InputSlot> v;
@@ -21,115 +18,19 @@ std::vector<InputSlot> canonical_inputs(const OpDef& d) {
   return v;
 }
 
-std::vector<OpVariant> build_variants() {
-  std::vector<OpVariant> v;
-  // The kit's own operators: names, input order and defaults straight from op_defs.h.
-  const OpKind kinds[] = {OpKind::kDeformConv2d, OpKind::kRoIAlign, OpKind::kDeformRoIPool,
-                          OpKind::kDeformPSRoIPool, OpKind::kMultiLevelRoIAlign,
-                          OpKind::kMultiScaleDeformableAttention, OpKind::kDCNv3, OpKind::kDCNv4};
-  for (OpKind k : kinds) {
-    const OpDef& d = op_def(k);
-    v.push_back({kOnnxDomain, d.onnx_type, k, canonical_inputs(d), {}, false, false});
-  }
-  // mmcv 1.x / mmdeploy exports. ModulatedDeformConv2d: (input, offset, mask, weight[, bias]),
-  // attributes stride, padding, dilation, groups, deform_groups.
-  const std::vector<AttrAlias> dcn_aliases = {
-      {"stride", kDeformConv2dAttrs[kDcStride].name, -1},
-      {"padding", kDeformConv2dAttrs[kDcPadding].name, -1},
-      {"dilation", kDeformConv2dAttrs[kDcDilation].name, -1},
-      {"groups", kDeformConv2dAttrs[kDcGroups].name, -1},
-      {"deform_groups", kDeformConv2dAttrs[kDcDeformGroups].name, -1},
-  };
-  const std::vector<InputSlot> mdcn_inputs = {
-      {kDcInput, false}, {kDcOffset, false}, {kDcMask, false}, {kDcWeight, false}, {kDcBias, true}};
-  const std::vector<InputSlot> dcn_inputs = {{kDcInput, false}, {kDcOffset, false}, {kDcWeight, false}};
-  for (const char* domain : {"mmdeploy", "mmcv"}) {
-    v.push_back({domain, "MMCVModulatedDeformConv2d", OpKind::kDeformConv2d, mdcn_inputs, dcn_aliases,
-                 true, true});
-    // mmcv 1.x DeformConv2d also writes bias (always 0) and im2col_step: ignored.
-    v.push_back({domain, "MMCVDeformConv2d", OpKind::kDeformConv2d, dcn_inputs, dcn_aliases, true, true});
-  }
-  // mmcv::MMCVRoiAlign: output_height, output_width, spatial_scale, sampling_ratio, mode, aligned.
-  v.push_back({"mmcv",
-               "MMCVRoiAlign",
-               OpKind::kRoIAlign,
-               {{kRaInput, false}, {kRaRois, false}},
-               {{"output_height", kRoIAlignAttrs[kRaOutputSize].name, 0},
-                {"output_width", kRoIAlignAttrs[kRaOutputSize].name, 1},
-                {"spatial_scale", kRoIAlignAttrs[kRaScale].name, -1},
-                {"sampling_ratio", kRoIAlignAttrs[kRaSampling].name, -1},
-                {"mode", kRoIAlignAttrs[kRaPoolMode].name, -1},
-                {"aligned", kRoIAlignAttrs[kRaAligned].name, -1}},
-               true,
-               true});
-  // mmcv::MMCVDeformRoIPool: (input, rois[, offset]); pooled_height, pooled_width, spatial_scale,
-  // sampling_ratio (written as a float by mmcv), gamma.
-  v.push_back({"mmcv",
-               "MMCVDeformRoIPool",
-               OpKind::kDeformRoIPool,
-               {{kDrInput, false}, {kDrRois, false}, {kDrOffset, true}},
-               {{"pooled_height", kDeformRoIPoolAttrs[kDrOutputSize].name, 0},
-                {"pooled_width", kDeformRoIPoolAttrs[kDrOutputSize].name, 1},
-                {"spatial_scale", kDeformRoIPoolAttrs[kDrScale].name, -1},
-                {"sampling_ratio", kDeformRoIPoolAttrs[kDrSampling].name, -1},
-                {"gamma", kDeformRoIPoolAttrs[kDrGamma].name, -1}},
-               true,
-               true});
-  // mmdeploy::MMCVMultiLevelRoiAlign: (rois, feat_0, ..., feat_{L-1}); output_height, output_width,
-  // featmap_strides (floats), sampling_ratio, finest_scale, roi_scale_factor (float), aligned, and pool_mode
-  // as an int (0: max, 1: avg).
-  v.push_back({"mmdeploy",
-               "MMCVMultiLevelRoiAlign",
-               OpKind::kMultiLevelRoIAlign,
-               {{kMlRois, false}, {kMlFeatures, false, true}},
-               {{"output_height", kMultiLevelRoIAlignAttrs[kMlOutputSize].name, 0},
-                {"output_width", kMultiLevelRoIAlignAttrs[kMlOutputSize].name, 1},
-                {"featmap_strides", kMultiLevelRoIAlignAttrs[kMlStrides].name, -1},
-                {"sampling_ratio", kMultiLevelRoIAlignAttrs[kMlSampling].name, -1},
-                {"finest_scale", kMultiLevelRoIAlignAttrs[kMlFinestScale].name, -1},
-                {"roi_scale_factor", kMultiLevelRoIAlignAttrs[kMlRoIScaleFactor].name, -1},
-                {"aligned", kMultiLevelRoIAlignAttrs[kMlAligned].name, -1},
-                {"pool_mode", kMultiLevelRoIAlignAttrs[kMlPoolMode].name, -1, "max|avg"}},
-               false,
-               true});
-  // mmdeploy's and mmcv's MMCVMultiScaleDeformableAttention: the canonical inputs, in the same order; their
-  // im2col_step attribute is ignored.
-  for (const char* domain : {"mmdeploy", "mmcv"}) {
-    v.push_back({domain, "MMCVMultiScaleDeformableAttention", OpKind::kMultiScaleDeformableAttention,
-                 canonical_inputs(op_def(OpKind::kMultiScaleDeformableAttention)), {}, false, false});
-  }
-  // InternImage's exporter: mmdeploy::TRTDCNv3 (input, offset, mask) with the canonical attribute names and an
-  // im2col_step that is ignored.
-  v.push_back({"mmdeploy", "TRTDCNv3", OpKind::kDCNv3, canonical_inputs(op_def(OpKind::kDCNv3)), {}, false, false});
-  // TensorRT's own plugin name (no fields): the same five inputs (TensorRT's plugin takes the level tables in int32;
-  // the kit's takes int32 or int64), output (N, Lq, M, D). TensorRT has no domains: the variant of domain "" is its
-  // creator, and the ONNX Runtime library does not register it (the default ONNX domain). ONNX Runtime runs the
-  // name in the domains the exporters that write it use (torch symbolics: "nvidia::", "trt::", "TRT::"), with
-  // int64 tables as torch writes them (TensorRT's ONNX parser casts them to int32 for this plugin).
-  for (const char* domain : {"", "nvidia", "trt", "TRT"}) {
-    OpVariant trt_msda{domain, "MultiscaleDeformableAttnPlugin_TRT", OpKind::kMultiScaleDeformableAttention,
-                       canonical_inputs(op_def(OpKind::kMultiScaleDeformableAttention)), {}, false, false};
-    trt_msda.tensorrt_only = domain[0] == '\0';
-    trt_msda.per_head_output = true;
-    v.push_back(trt_msda);
-  }
-  // ONNX's DeformConv (opset 19): DeformConv(X, W, offset[, B][, mask]) with strides, pads [t, l, b, r],
-  // dilations, group, offset_group (kernel_shape is checked against W by the ONNX Runtime kernel).
-  OpVariant onnx_dcn{"",
-                     "DeformConv",
-                     OpKind::kDeformConv2d,
-                     {{kDcInput, false}, {kDcWeight, false}, {kDcOffset, false}, {kDcBias, true}, {kDcMask, true}},
-                     {{"strides", kDeformConv2dAttrs[kDcStride].name, -1},
-                      {"pads", kDeformConv2dAttrs[kDcPadding].name, -1},
-                      {"dilations", kDeformConv2dAttrs[kDcDilation].name, -1},
-                      {"group", kDeformConv2dAttrs[kDcGroups].name, -1},
-                      {"offset_group", kDeformConv2dAttrs[kDcDeformGroups].name, -1}},
-                     false,
-                     false};
-  onnx_dcn.onnx_standard = true;
-  v.push_back(onnx_dcn);
-  return v;
+int features_input(const OpDef& d) {
+  for (size_t i = 0; i < d.num_inputs; ++i)
+    if (!d.inputs[i].rois && !d.inputs[i].int64) return static_cast<int>(i);
+  return -1;
 }
+
+int rois_input(const OpDef& d) {
+  for (size_t i = 0; i < d.num_inputs; ++i)
+    if (d.inputs[i].rois) return static_cast<int>(i);
+  return -1;
+}
+
+namespace {
 
 int canonical_index(const OpDef& def, const char* name) {
   for (size_t i = 0; i < def.num_attrs; ++i)
@@ -169,13 +70,8 @@ std::string enum_name(const char* enum_values, int64_t i) {
   return e ? std::string(p, e) : std::string(p);
 }
 
-const std::vector<OpVariant>& op_variants() {
-  static const std::vector<OpVariant> v = build_variants();
-  return v;
-}
-
 std::vector<VariantField> variant_fields(const OpVariant& v) {
-  const OpDef& def = op_def(v.kind);
+  const OpDef& def = v.op->def;
   std::vector<VariantField> out;
   if (v.aliases.empty()) {
     for (size_t i = 0; i < def.num_attrs; ++i) {
@@ -367,7 +263,7 @@ Status convert(const char* op, const char* onnx_name, const AttrDef& def, int el
 
 Status read_attrs(const OpVariant& variant, const std::function<RawAttr(const char*)>& lookup,
                   std::vector<AttrValue>* out) {
-  const OpDef& def = op_def(variant.kind);
+  const OpDef& def = variant.op->def;
   out->clear();
   for (size_t i = 0; i < def.num_attrs; ++i) out->push_back(parse_default(def.attrs[i]));
   for (const VariantField& f : variant_fields(variant)) {
@@ -381,3 +277,58 @@ Status read_attrs(const OpVariant& variant, const std::function<RawAttr(const ch
 }
 
 }  // namespace dcnkit
+
+namespace dcnkit {
+
+Status make_op_attrs(const OpVariant& variant, std::vector<AttrValue> values, OpAttrs* out) {
+  out->variant = &variant;
+  out->values = std::move(values);
+  const auto check = variant.op->entry.check;
+  const Status s = check ? check(variant.op_type, out->values.data()) : Status::Ok();
+  if (s.ok() || variant.aliases.empty()) return s;
+  // The core names canonical attributes ("<op>: <arg>: expected ..."): add the names the model used.
+  const std::string& m = s.message();
+  const size_t b = std::strlen(variant.op_type) + 2, e = m.find(": ", b);
+  if (m.compare(0, b, std::string(variant.op_type) + ": ") != 0 || e == std::string::npos) return s;
+  const std::string arg = ", " + m.substr(b, e - b) + ",";
+  std::string names;
+  for (const AttrAlias& al : variant.aliases) {
+    if (arg.find(std::string(", ") + al.canonical + ",") != std::string::npos) {
+      names += (names.empty() ? "" : ", ") + std::string(al.onnx_name);
+    }
+  }
+  return names.empty() ? s : Status(s.code(), m + " (attribute " + names + ")");
+}
+
+Status roi_pool_output_dims(const OpCall& c, int features, int rois, int64_t oh, int64_t ow, DimArith& a,
+                            OpDims* d) {
+  const OpDef& def = c.decl->def;
+  for (const auto& [i, rank] : {std::pair<int, int>{features, 4}, {rois, 2}}) {
+    if (d->rank[i] != rank) {
+      return arg_error(c.op, def.inputs[i].name, std::to_string(rank) + "-D tensor", std::to_string(d->rank[i]) + "-D");
+    }
+  }
+  d->out_rank[0] = 4;
+  d->out[0][0] = d->in[rois][0];
+  d->out[0][1] = d->in[features][1];
+  d->out[0][2] = a.constant(oh);
+  d->out[0][3] = a.constant(ow);
+  return Status::Ok();
+}
+
+}  // namespace dcnkit
+
+namespace dcnkit::op_decl_detail {
+
+Status require_inputs(const OpCall& c) {
+  const OpDef& d = c.decl->def;
+  for (size_t i = 0; i < d.num_inputs; ++i) {
+    // A variadic input's count is the op's to check (its params: "1 to 8 feature maps, got 0").
+    if (!d.inputs[i].optional && !d.inputs[i].variadic && c.shapes.in[i] == nullptr) {
+      return arg_error(c.op, d.inputs[i].name, "a tensor", "no input");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace dcnkit::op_decl_detail

@@ -133,17 +133,6 @@ _STANDARD: dict[str, Callable[[dict[str, Any], dict[str, Any], Emitter, int], An
 }
 
 
-def _derived_attrs(info: _table.OpInfo, tensors: dict[str, Any]) -> dict[str, Any]:
-    # Attributes with no torch argument: DeformPSRoIPool's no_trans says that the optional trans
-    # input is absent.
-    derived = {}
-    names = {a.name for a in info.attrs}
-    if "no_trans" in names:
-        optional = [t.name for t in info.inputs if t.optional]
-        derived["no_trans"] = int(all(tensors.get(n) is None for n in optional))
-    return derived
-
-
 def lower(
     name: str,
     tensors: dict[str, Any],
@@ -154,7 +143,8 @@ def lower(
 ) -> Any:
     """Emits the ONNX nodes for one call of ``torch.ops.dcnkit.<name>``; returns its output(s)."""
     info = _table.op(name)
-    attrs = _table.attrs_from_scalars(info, scalars, _derived_attrs(info, tensors))
+    absent = all(tensors.get(t.name) is None for t in info.inputs if t.optional)
+    attrs = _table.attrs_from_scalars(info, scalars, absent)
     if standard is None:
         standard = standard_ops_enabled()
     if standard and name in _STANDARD:
@@ -162,10 +152,11 @@ def lower(
         out = _STANDARD[name](full, attrs, em, opset)
         if out is not None:
             return out
-    if name in _CAST_TO_FIRST:
+    if any(t.cast for t in info.inputs):  # as the eager op casts them (TensorDef::cast)
         tensors = dict(tensors)
-        for t in _CAST_TO_FIRST[name]:
-            tensors[t] = em.cast_like(tensors[t], tensors[info.inputs[0].name])
+        for t in info.inputs:
+            if t.cast and tensors.get(t.name) is not None:
+                tensors[t.name] = em.cast_like(tensors[t.name], tensors[info.inputs[0].name])
     inputs = [tensors.get(t.name) for t in info.inputs]
     if info.inputs and info.inputs[-1].variadic:
         # A variadic input (MultiLevelRoIAlign's feature maps, a torch Tensor[]): one node input per tensor.
@@ -183,13 +174,6 @@ def _zero_bias(tensors: dict[str, Any], em: Emitter) -> Any:
     # zeros(Cout) in the weight's dtype, Cout = weight.shape[0] (folds to a constant for static weights).
     cout = em.op("Slice", em.op("Shape", tensors["weight"]), em.const_i64([0]), em.const_i64([1]), em.const_i64([0]))
     return em.op("CastLike", em.op("ConstantOfShape", cout), tensors["weight"])
-
-
-# Inputs that take the first input's dtype, as the eager op casts them (mmcv's MultiScaleDeformableAttnFunction:
-# float32 locations with float16 value under autocast; the TorchScript trace may also type them as double).
-_CAST_TO_FIRST: dict[str, tuple[str, ...]] = {
-    "multi_scale_deformable_attn": ("sampling_locations", "attention_weights"),
-}
 
 
 # Values equivalent to an absent optional input, by (op, input).

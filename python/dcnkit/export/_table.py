@@ -3,7 +3,8 @@
 Input order, attribute names, kinds and defaults come from the table; nothing here spells them again.
 The only knowledge added is how a torch schema's scalar arguments fill the table's attributes: in
 order, an ``ints`` attribute taking as many scalars as its default has entries (``stride_h, stride_w``
-fill ``stride``). Attributes left over are derived from absent optional inputs (``no_trans``).
+fill ``stride``). An int attribute left over says whether the optional inputs are absent (``no_trans``), the rule
+the torch kernels follow too (plugins/torch/torch_ops.cpp).
 """
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ class TensorInfo:
     doc: str
     variadic: bool = False  # the last input only: one or more tensors (a torch ``Tensor[]``)
     int64: bool = False  # an int64 index tensor (MultiScaleDeformableAttention's level tables)
+    rois: bool = False  # RoIs: the features' type, or float32 with 16-bit features (kept float32 by precision rules)
+    cast: bool = False  # the eager op casts it to the first input's type: the exporters write that cast
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +96,7 @@ def _load() -> tuple[str, int, dict[str, OpInfo]]:
             onnx_type=d["onnx_type"],
             inputs=tuple(
                 TensorInfo(t["name"], bool(t["optional"]), t["doc"], bool(t.get("variadic", False)),
-                           bool(t.get("int64", False)))
+                           bool(t.get("int64", False)), bool(t.get("rois", False)), bool(t.get("cast", False)))
                 for t in d["inputs"]
             ),
             outputs=tuple(TensorInfo(t["name"], bool(t["optional"]), t["doc"]) for t in d["outputs"]),
@@ -136,16 +139,17 @@ def plugin_attrs() -> dict[str, str]:
     return {"plugin_namespace": domain()}
 
 
-def attrs_from_scalars(info: OpInfo, scalars: list[Any], derived: dict[str, Any]) -> dict[str, Any]:
+def attrs_from_scalars(info: OpInfo, scalars: list[Any], optional_absent: bool) -> dict[str, Any]:
     """Fills the table's attributes, in order, from a torch schema's scalar arguments.
 
-    ``derived`` gives the attributes that have no torch argument (computed by the caller).
+    An ``int`` attribute left over once the scalars are used up has no torch argument: it says whether every optional
+    input is absent (``optional_absent``: DeformPSRoIPool's ``no_trans``), as the torch kernels read it.
     """
     out: dict[str, Any] = {}
     pos = 0
     for a in info.attrs:
-        if a.name in derived:
-            out[a.name] = a.convert(derived[a.name])
+        if pos >= len(scalars) and a.kind == "int":
+            out[a.name] = int(optional_absent)
             continue
         if pos + a.arity > len(scalars):
             raise ValueError(

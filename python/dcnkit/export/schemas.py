@@ -303,6 +303,31 @@ def _infer_dcnv3(info, ctx, attrs):
     return [[n, ho, wo, g * gc]]
 
 
+def _infer_declared(info, ctx, attrs):
+    """Output dims from the op's declaration in the C++ core (dcnkit.op_output_dims): every op without a function
+    above. With every input dim known the core checks the node (its messages); otherwise the op's output rule runs
+    on the dims there are, symbolic ones kept."""
+    from dcnkit import _lib
+
+    inputs = [_shape(ctx, i) if i < ctx.get_num_inputs() else None for i in range(len(info.inputs))]
+    variadic = []
+    if info.inputs and info.inputs[-1].variadic:
+        first = len(info.inputs) - 1
+        variadic = [_shape(ctx, i) or [] for i in range(first, ctx.get_num_inputs())]
+    values = []
+    for a in info.attrs:
+        v = attrs[a.name]
+        values.append(list(v) if isinstance(v, (list, tuple)) else v)
+    try:
+        shapes = _lib.op_output_dims(info.onnx_type, values, inputs, variadic)
+    except ValueError as e:
+        import onnx.shape_inference
+        raise onnx.shape_inference.InferenceError(str(e)) from None
+    return shapes or []
+
+
+# The ops whose inference is written here (their tests check these messages); every other op's comes from its
+# declaration (_infer_declared).
 _INFER = {
     "deform_conv2d": _infer_deform_conv2d,
     "roi_align": _infer_roi_align,
@@ -321,7 +346,7 @@ def _make_inference(info: _table.OpInfo):
     first_t = [_type_param(t) for t in info.inputs].index("T")
 
     def infer(ctx: Any) -> None:
-        shapes = _INFER[info.name](info, ctx, _attrs(ctx, info))
+        shapes = _INFER.get(info.name, _infer_declared)(info, ctx, _attrs(ctx, info))
         elem = 0
         # The element type of the first T input (the features: MultiLevelRoIAlign's come after its RoIs).
         t0 = ctx.get_input_type(first_t)
@@ -342,7 +367,7 @@ def _make_inference(info: _table.OpInfo):
 
 def _type_param(t: _table.TensorInfo) -> str:
     """I: int64 level tables; R: RoIs (float32 RoIs may go with float16 / bfloat16 features); T: the rest."""
-    return "I" if t.int64 else "R" if t.name == "rois" else "T"
+    return "I" if t.int64 else "R" if t.rois else "T"
 
 
 def _build_schema(info: _table.OpInfo) -> Any:

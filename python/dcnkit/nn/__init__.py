@@ -11,6 +11,7 @@ from dcnkit.nn.deform_conv import (
 from dcnkit.nn.msda import MultiScaleDeformableAttention
 from dcnkit.nn.multi_level_roi_align import MultiLevelRoIAlign, MultiScaleRoIAlign
 from dcnkit.nn.resnet import deformable_resnet
+from dcnkit.nn.roi_align_rotated import RoIAlignRotated
 from dcnkit.nn.roi_ops import (
     DeformPSRoIPool,
     DeformRoIPool,
@@ -35,4 +36,4 @@ __all__ = [
     "MultiLevelRoIAlign",
     "deformable_resnet",
 ]
-__all__ += ["MultiScaleDeformableAttention"]
+__all__ += ["MultiScaleDeformableAttention", "RoIAlignRotated"]

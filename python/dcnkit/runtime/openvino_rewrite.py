@@ -22,12 +22,12 @@ from dcnkit.runtime.ort_rewrite import rewrite_deform_conv
 
 __all__ = ["KIT_MIN_OUTPUT_POSITIONS", "kit_is_faster", "prepare_onnx", "rewrite_roi_align"]
 
-# The measured rule (benchmarks/bench_openvino.py --layers, docs/openvino.md "Which kernel runs a DeformConv"; AMD EPYC
-# Zen 3, AVX2, 1 thread, CPU time, 2026-11-27): on ten of the eleven DCNv2 layers of bench_ort_deform_conv.py (49 to
-# 4096 output positions, 256 and 512 channels, stride 1 and 2) OpenVINO's DeformableConvolution-8 took 1.24-1.82x the
-# kit kernel's time inside OpenVINO; on the 64-channel 64x64 one the two were level (0.92 and 1.08 against the two
-# columns that run the kit's kernel). So every node the kit can represent runs on the kit's kernel; the threshold
-# stays, as ONNX Runtime's does, for a machine where small maps measure otherwise.
+# The measured rule (benchmarks/bench_openvino.py --layers, docs/openvino.md "Which kernel runs a DeformConv"; Intel
+# Xeon, AVX-512/AMX, 1 thread, CPU time, 2026-11-27): on ten of the eleven DCNv2 layers of bench_ort_deform_conv.py
+# (49 to 4096 output positions, 256 and 512 channels, stride 1 and 2) OpenVINO's DeformableConvolution-8 took
+# 1.24-1.82x the kit kernel's time inside OpenVINO; on the 64-channel 64x64 one the two were level (0.92 and 1.08
+# against the two columns that run the kit's kernel). So every node the kit can represent runs on the kit's kernel;
+# the threshold stays, as ONNX Runtime's does, for a machine where small maps measure otherwise.
 KIT_MIN_OUTPUT_POSITIONS = 0
 
 

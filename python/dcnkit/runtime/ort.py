@@ -4,10 +4,9 @@
 >>> sess = ort_session("model.onnx", intra_op_num_threads=2)        # CUDA when available, else CPU
 >>> y, = sess.run(None, {"input": x})
 
-The library implements domain ``dcnkit`` (``DeformConv2d``, ``RoIAlign``, ``DeformRoIPool``,
-``DeformPSRoIPool``) and the ops mmdeploy / mmcv 1.x export (``mmdeploy::MMCVModulatedDeformConv2d``,
-``mmdeploy::MMCVDeformConv2d``, ``mmcv::MMCVModulatedDeformConv2d``, ``mmcv::MMCVDeformConv2d``,
-``mmcv::MMCVRoiAlign``, ``mmcv::MMCVDeformRoIPool``), so models exported by those tools run unchanged.
+The library implements every operator of the kit's table in domain ``dcnkit`` and every other name the table lists
+(the ops mmdeploy / mmcv 1.x export, ``mmdeploy::MMCVModulatedDeformConv2d``, ``mmcv::MMCVRoiAlign``, ...; see
+``dcnkit.op_defs()``), so models exported by those tools run unchanged.
 Two builds exist: ``libdcnkit_ort.so`` (CPU kernels, no CUDA dependency) and ``libdcnkit_ort_cuda.so``
 (CPU + CUDA execution-provider kernels, built when CUDA is); :func:`ort_library` picks one.
 

@@ -13,10 +13,9 @@ and offsets, **but float32 RoIs**:
 - an input or output of a node whose ONNX schema does not accept the target type (``Resize`` scales,
   ``Range``, ``NonMaxSuppression``...) stays float32, with a ``Cast`` around it. The schemas decide, so the result
   passes ``onnx.checker`` wherever the original did.
-- the RoI input of every RoI operator the plugins run (``dcnkit`` RoIAlign, DeformRoIPool, DeformPSRoIPool,
-  MultiLevelRoIAlign; mmcv's / mmdeploy's MMCVRoiAlign, MMCVDeformRoIPool, MMCVMultiLevelRoiAlign) stays float32
-  (a float16 box coordinate steps by 1 px above 1024 px: boxes move and FPN levels flip). A float32 graph input or
-  initializer feeds it as it is. RoIs computed inside the graph are computed in float32: the nodes of box
+- the RoI input of every RoI operator the plugins run (the inputs the op table marks ``rois``, under the kit's
+  names and the names mmcv / mmdeploy export) stays float32 (a float16 box coordinate steps by 1 px above
+  1024 px: boxes move and FPN levels flip). A float32 graph input or initializer feeds it as it is. RoIs computed inside the graph are computed in float32: the nodes of box
   arithmetic and data movement (``_BOX_OPS``: Add, Mul, Concat, Gather, Reshape, Constant...) that lead to a RoI
   input stay float32, with a ``Cast`` to float32 where a converted tensor (a Conv's deltas) enters them and a
   ``Cast`` to the target type where one of their results leaves for a converted node. ONNX's own ``RoiAlign``
@@ -112,23 +111,30 @@ def _float32_only(node, opset: dict, target: int) -> tuple[set[int], set[int]]:
     return fixed(list(schema.inputs), len(node.input)), fixed(list(schema.outputs), len(node.output))
 
 
-# mmcv's / mmdeploy's names of the kit's RoI operators (any domain) -> the kit's op type (its input order).
-_ROI_ALIASES = {"MMCVRoiAlign": "RoIAlign", "MMCVDeformRoIPool": "DeformRoIPool",
-                "MMCVMultiLevelRoiAlign": "MultiLevelRoIAlign"}
+def _roi_positions() -> tuple[dict[str, int], dict[str, int]]:
+    """Where the RoIs of the plugins' RoI operators are (an input the op table marks ``rois``): (the kit's op type ->
+    node input position, another tool's op type (mmcv's / mmdeploy's names, any domain) -> node input position),
+    from every variant's input order in the op table."""
+    from dcnkit import op_defs
+
+    table = op_defs()
+    kit: dict[str, int] = {}
+    other: dict[str, int] = {}
+    for op in table["ops"]:
+        r = next((i for i, t in enumerate(op["inputs"]) if t.get("rois")), None)
+        if r is None:
+            continue
+        for v in op.get("variants", []):
+            pos = next((i for i, s in enumerate(v["inputs"]) if s["canonical"] == r), None)
+            if pos is not None:
+                (kit if v["domain"] == table["domain"] else other)[v["op_type"]] = pos
+    return kit, other
 
 
-def _roi_positions() -> dict[str, int]:
-    """The kit's op type -> the position of its ``rois`` input (from the op table)."""
-    from dcnkit.export import _table
-
-    return {info.onnx_type: [t.name for t in info.inputs].index("rois")
-            for info in _table.ops().values() if any(t.name == "rois" for t in info.inputs)}
-
-
-def _roi_input(node, positions: dict[str, int], domain: str) -> set[int]:
+def _roi_input(node, positions: tuple[dict[str, int], dict[str, int]], domain: str) -> set[int]:
     """{the node's RoI input position} for a RoI operator of the plugins, else an empty set."""
-    kind = node.op_type if node.domain == domain else _ROI_ALIASES.get(node.op_type)
-    pos = positions.get(kind) if kind else None
+    kit, other = positions
+    pos = kit.get(node.op_type) if node.domain == domain else other.get(node.op_type)
     return {pos} if pos is not None and pos < len(node.input) else set()
 
 

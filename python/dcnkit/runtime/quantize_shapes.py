@@ -5,10 +5,9 @@ ONNX's shape inference stops at a node of a custom domain (everything after it h
 symbolic shape inference (``quant_pre_process``'s first step) does too, and can run for many minutes on a detector
 (sympy simplifying data-dependent sizes). :func:`infer` walks the graph once, in order:
 
-- a node of the kit (every name the kit's ONNX Runtime library runs) gets its output shape from the kit's shape rules
-  (the operator contract, docs/operators.md): deformable convolutions ``(N, Cout, Ho, Wo)`` = (input's N, weight's
-  Cout, the offsets' ``Ho, Wo``); DCNv3 / DCNv4 ``(N, Ho, Wo, C)``; RoI poolings ``(K, C, oh, ow)``; multi-scale
-  deformable attention ``(N, Lq, M*D)``;
+- a node of the kit (every name of every op of the op table, ``dcnkit.op_defs()``) gets its output shapes from the
+  op's declaration (``dcnkit._lib.op_output_dims``: the rules every backend uses, unknown dims kept), the quantized
+  ``dcnkit::QDeformConv2d`` from its rule here;
 - a standard node gets ONNX's shape inference of that node alone, on its inputs' shapes and on the values of the
   small integer tensors computed so far (so a Reshape to a computed shape has a shape);
 - shape arithmetic (Shape, Gather, Slice, Concat, Add, Div, ...) is evaluated on integers, element by element, an
@@ -24,68 +23,38 @@ import numpy as np
 __all__ = ["infer", "value_info", "KIT_SHAPE_RULES", "SHAPE_OPS"]
 
 
-def _mul(a, b):
-    return a * b if isinstance(a, int) and isinstance(b, int) else None
+def _qdeform(s, a):
+    """dcnkit::QDeformConv2d (x, offset, mask, weight, ...): (input's N, weight's Cout, the offsets' Ho, Wo)."""
+    return [s(0)[0], s(3)[0], s(1)[2], s(1)[3]]
 
 
-def _deform(x, w, off):
-    return lambda s, a: [s(x)[0], s(w)[0], s(off)[2], s(off)[3]]
+# (domain, op type) -> (rule(shape_of, attrs) -> output dims, index of the input whose element type the output has):
+# the nodes the op table does not declare (every other kit node: _declared).
+KIT_SHAPE_RULES = {("dcnkit", "QDeformConv2d"): (_qdeform, 0)}
+
+_ATTR_KINDS = {1: "float", 2: "int", 3: "string", 6: "floats", 7: "ints"}  # AttributeProto.AttributeType
 
 
-def _roi(rois, feat, size_attrs):
-    def rule(s, a):
-        if len(size_attrs) == 1:
-            size = a.get(size_attrs[0], [1, 1])
-            oh, ow = (size[0], size[-1]) if isinstance(size, (list, tuple)) else (size, size)
-        else:
-            oh, ow = a.get(size_attrs[0], 1), a.get(size_attrs[1], 1)
-        return [s(rois)[0], s(feat)[1], int(oh), int(ow)]
+def _declared() -> dict:
+    """(domain, op type) -> the node input whose element type the outputs have (the op's feature map), for every name
+    of every op of the table (ONNX's own domain also as "ai.onnx"); empty without the native library."""
+    from dcnkit import op_defs
 
-    return rule
+    try:
+        table = op_defs()
+    except (FileNotFoundError, OSError):
+        return {}
+    out = {}
+    for op in table["ops"]:
+        features = next((i for i, t in enumerate(op["inputs"]) if not t["rois"] and not t["int64"]), 0)
+        for v in op.get("variants", []):
+            if v["tensorrt_only"]:
+                continue
+            pos = next((k for k, slot in enumerate(v["inputs"]) if slot["canonical"] == features), 0)
+            for domain in (v["domain"], "ai.onnx") if v["domain"] == "" else (v["domain"],):
+                out[(domain, v["op_type"])] = pos
+    return out
 
-
-def _psroi(s, a):
-    size = a.get("output_size", 7)
-    p = size[0] if isinstance(size, (list, tuple)) else size
-    return [s(1)[0], int(a.get("output_dim", 1)), int(p), int(p)]
-
-
-def _channels_last(s, a):
-    return [s(0)[0], s(1)[1], s(1)[2], s(0)[3]]
-
-
-def _msda(per_head):
-    def rule(s, a):
-        v, loc = s(0), s(3)
-        return [v[0], loc[1], v[2], v[3]] if per_head else [v[0], loc[1], _mul(v[2], v[3])]
-
-    return rule
-
-
-# (domain, op type) -> (rule(shape_of, attrs) -> output dims, index of the input whose element type the output has)
-KIT_SHAPE_RULES = {
-    ("dcnkit", "DeformConv2d"): (_deform(0, 2, 1), 0),
-    ("dcnkit", "QDeformConv2d"): (_deform(0, 3, 6), 0),
-    ("", "DeformConv"): (_deform(0, 1, 2), 0),
-    ("ai.onnx", "DeformConv"): (_deform(0, 1, 2), 0),
-    ("dcnkit", "RoIAlign"): (_roi(1, 0, ("output_size",)), 0),
-    ("dcnkit", "DeformRoIPool"): (_roi(1, 0, ("output_size",)), 0),
-    ("dcnkit", "DeformPSRoIPool"): (_psroi, 0),
-    ("dcnkit", "MultiLevelRoIAlign"): (_roi(0, 1, ("output_size",)), 1),
-    ("mmcv", "MMCVRoiAlign"): (_roi(1, 0, ("output_height", "output_width")), 0),
-    ("mmcv", "MMCVDeformRoIPool"): (_roi(1, 0, ("pooled_height", "pooled_width")), 0),
-    ("mmdeploy", "MMCVMultiLevelRoiAlign"): (_roi(0, 1, ("output_height", "output_width")), 1),
-    ("dcnkit", "DCNv3"): (_channels_last, 0),
-    ("dcnkit", "DCNv4"): (_channels_last, 0),
-    ("mmdeploy", "TRTDCNv3"): (_channels_last, 0),
-    ("dcnkit", "MultiScaleDeformableAttention"): (_msda(False), 0),
-}
-for _d in ("mmdeploy", "mmcv"):
-    KIT_SHAPE_RULES[(_d, "MMCVModulatedDeformConv2d")] = (_deform(0, 3, 1), 0)
-    KIT_SHAPE_RULES[(_d, "MMCVDeformConv2d")] = (_deform(0, 2, 1), 0)
-    KIT_SHAPE_RULES[(_d, "MMCVMultiScaleDeformableAttention")] = (_msda(False), 0)
-for _d in ("nvidia", "trt", "TRT"):
-    KIT_SHAPE_RULES[(_d, "MultiscaleDeformableAttnPlugin_TRT")] = (_msda(True), 0)
 
 # Shape arithmetic evaluated on integers (outputs of rank 0 or 1).
 SHAPE_OPS = {"Shape", "Size", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Cast",
@@ -131,6 +100,28 @@ class _Walk:
             return
         self.types[node.output[0]] = self.types.get(node.input[type_input], 0)
         self.dims[node.output[0]] = dims
+
+    def declared_node(self, node, type_input):
+        """Output dims from the op's declaration; unknown where it cannot say (an inconsistent node included)."""
+        from onnx import helper
+
+        from dcnkit._lib import op_output_dims
+
+        attrs = []
+        for a in node.attribute:
+            if a.type in _ATTR_KINDS:
+                v = helper.get_attribute_value(a)
+                attrs.append([a.name, _ATTR_KINDS[a.type], v.decode() if isinstance(v, bytes) else list(v)
+                              if isinstance(v, (list, tuple)) else v])
+        inputs = [self.dims.get(name) if name else None for name in node.input]
+        try:
+            outputs = op_output_dims(f"{node.domain}::{node.op_type}", attrs, inputs, [])
+        except ValueError:
+            return
+        for name, dims in zip(node.output, outputs or []):
+            if name and dims is not None:
+                self.types[name] = self.types.get(node.input[type_input], 0) if type_input < len(node.input) else 0
+                self.dims[name] = dims
 
     def standard_node(self, node, opsets):
         """ONNX's inference of this node alone; integer values where the node is shape arithmetic."""
@@ -254,6 +245,7 @@ def infer(model) -> _Walk:
     from onnx import helper
 
     walk = _Walk(model)
+    declared = _declared()
     opsets = [helper.make_opsetid(o.domain, o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")]
     for node in model.graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
@@ -269,6 +261,8 @@ def infer(model) -> _Walk:
         entry = KIT_SHAPE_RULES.get((node.domain, node.op_type))
         if entry is not None:
             walk.kit_node(node, entry)
+        elif (node.domain, node.op_type) in declared:
+            walk.declared_node(node, declared[(node.domain, node.op_type)])
         elif node.domain in ("", "ai.onnx"):
             walk.standard_node(node, opsets)
     return walk

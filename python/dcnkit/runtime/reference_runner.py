@@ -4,14 +4,17 @@ Every standard node runs in ONNX's own reference evaluator (``onnx.reference.Ref
 deformable / RoI nodes run in :mod:`dcnkit.reference`, the slow NumPy loops written straight from docs/operators.md that
 the test-suite also uses:
 
-- ``dcnkit`` domain: ``DeformConv2d``, ``QDeformConv2d`` (dequantize -> DeformConv2d -> quantize), ``RoIAlign``,
-  ``DeformRoIPool``, ``DeformPSRoIPool``,
-  ``MultiLevelRoIAlign``, ``MultiScaleDeformableAttention``, ``DCNv3``, ``DCNv4``; ``mmdeploy::TRTDCNv3``; TensorRT's
-  ``MultiscaleDeformableAttnPlugin_TRT`` in the domains ``nvidia``, ``trt`` and ``TRT``;
+- every name of every operator of the op table (the kit's domain, mmdeploy's and mmcv's names, InternImage's
+  ``mmdeploy::TRTDCNv3``) through the op's reference with its canonical inputs and attributes
+  (:func:`dcnkit.runtime.reference_ops.declared_ops`), and the classes below where a reference does not take the
+  table's attributes: ``DeformConv2d``, ``QDeformConv2d`` (dequantize -> DeformConv2d -> quantize),
+  ``DeformPSRoIPool``; TensorRT's ``MultiscaleDeformableAttnPlugin_TRT`` in the domains ``nvidia``, ``trt`` and
+  ``TRT`` (output split per head);
 - standard domain: ``DeformConv`` (opset 19) and ``RoiAlign`` (opset 10/16) are replaced too, so a model
   exported with ``standard_ops=True`` is checked against the same contract as one with custom nodes.
 
-No ONNX Runtime and no native library is involved, which is what makes it a useful partner in a comparison.
+No ONNX Runtime and no native kernel is involved (the native library only lends the op table's names), which is
+what makes it a useful partner in a comparison.
 
 >>> from dcnkit.runtime.reference_runner import ReferenceRunner
 >>> with ReferenceRunner("model.onnx") as r:
@@ -29,25 +32,9 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from dcnkit.runtime.base import Backend, Runner, TensorInfo, load_model, value_infos
+from dcnkit.runtime.reference_ops import _attr, _ref, declared_ops
 
 DCNKIT_DOMAIN = "dcnkit"
-
-
-def _ref():
-    from dcnkit import reference
-
-    return reference
-
-
-def _attr(op: OpRun, name: str, default):
-    v = getattr(op, name, None)
-    if v is None:
-        return default
-    if isinstance(v, bytes):
-        v = v.decode()
-    if isinstance(v, np.ndarray):
-        v = v.tolist()
-    return v
 
 
 def _pair(v, name: str, op: str) -> tuple[int, int]:
@@ -133,40 +120,6 @@ class QDeformConv2d(OpRun):
         return (np.clip(q, info.min, info.max).astype(x.dtype),)
 
 
-class RoIAlign(OpRun):
-    op_domain = DCNKIT_DOMAIN
-
-    def _run(self, x, rois, **_):
-        x, rois = _f32(x, rois)
-        out = _ref().roi_align(
-            x,
-            rois,
-            _pair(_attr(self, "output_size", [1, 1]), "output_size", "RoIAlign"),
-            spatial_scale=float(_attr(self, "spatial_scale", 1.0)),
-            sampling_ratio=int(_attr(self, "sampling_ratio", 0)),
-            aligned=bool(_attr(self, "aligned", 0)),
-            pool_mode=str(_attr(self, "pool_mode", "avg")),
-        )
-        return (np.asarray(out).astype(x.dtype, copy=False),)
-
-
-class DeformRoIPool(OpRun):
-    op_domain = DCNKIT_DOMAIN
-
-    def _run(self, x, rois, offset=None, **_):
-        x, rois, offset = _f32(x, rois, offset)
-        out = _ref().deform_roi_pool(
-            x,
-            rois,
-            offset,
-            _pair(_attr(self, "output_size", [1, 1]), "output_size", "DeformRoIPool"),
-            spatial_scale=float(_attr(self, "spatial_scale", 1.0)),
-            sampling_ratio=int(_attr(self, "sampling_ratio", 0)),
-            gamma=float(_attr(self, "gamma", 0.1)),
-        )
-        return (np.asarray(out).astype(x.dtype, copy=False),)
-
-
 class DeformPSRoIPool(OpRun):
     op_domain = DCNKIT_DOMAIN
 
@@ -192,34 +145,6 @@ class DeformPSRoIPool(OpRun):
         return (out, count) if n_out > 1 else (out,)
 
 
-class MultiLevelRoIAlign(OpRun):
-    op_domain = DCNKIT_DOMAIN
-
-    def _run(self, rois, *features, **_):
-        rois, *features = _f32(rois, *features)
-        out = _ref().multi_level_roi_align(
-            features,
-            rois,
-            _pair(_attr(self, "output_size", [1, 1]), "output_size", "MultiLevelRoIAlign"),
-            [float(s) for s in _attr(self, "featmap_strides", [])],
-            sampling_ratio=int(_attr(self, "sampling_ratio", 0)),
-            finest_scale=int(_attr(self, "finest_scale", 56)),
-            roi_scale_factor=float(_attr(self, "roi_scale_factor", 1.0)),
-            aligned=bool(_attr(self, "aligned", 1)),
-            pool_mode=str(_attr(self, "pool_mode", "avg")),
-        )
-        return (np.asarray(out).astype(features[0].dtype, copy=False),)
-
-
-class MultiScaleDeformableAttention(OpRun):
-    op_domain = DCNKIT_DOMAIN
-
-    def _run(self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights, **_):
-        out = _ref().multi_scale_deformable_attn(value, spatial_shapes, level_start_index, sampling_locations,
-                                                 attention_weights)
-        return (np.asarray(out).astype(value.dtype, copy=False),)
-
-
 def _trt_msda(domain: str) -> type:
     """TensorRT's MultiscaleDeformableAttnPlugin_TRT as the torch symbolics that write it name its domain: the
     same computation, output split per head (N, Lq, M, D)."""
@@ -234,38 +159,6 @@ def _trt_msda(domain: str) -> type:
 
 
 TRT_MSDA_OPS = tuple(_trt_msda(d) for d in ("nvidia", "trt", "TRT"))
-
-_DCNV3_ATTRS = (("kernel_h", 3), ("kernel_w", 3), ("stride_h", 1), ("stride_w", 1), ("pad_h", 1), ("pad_w", 1),
-                ("dilation_h", 1), ("dilation_w", 1), ("group", 1), ("group_channels", 1))
-
-
-def _dcnv3_args(node: OpRun) -> list:
-    """DCNv3 / DCNv4's attributes in the reference's argument order (ignoring mmdeploy's im2col_step)."""
-    ints = [int(_attr(node, name, default)) for name, default in _DCNV3_ATTRS]
-    return ints + [float(_attr(node, "offset_scale", 1.0)), int(_attr(node, "remove_center", 0))]
-
-
-class DCNv3(OpRun):
-    op_domain = DCNKIT_DOMAIN
-
-    def _run(self, input, offset, mask, **_):
-        out = _ref().dcnv3(input, offset, mask, *_dcnv3_args(self))
-        return (np.asarray(out).astype(input.dtype, copy=False),)
-
-
-class TRTDCNv3(DCNv3):
-    """InternImage's export: mmdeploy::TRTDCNv3, the same attributes plus an ignored im2col_step."""
-
-    op_domain = "mmdeploy"
-
-
-class DCNv4(OpRun):
-    op_domain = DCNKIT_DOMAIN
-
-    def _run(self, value, offset_mask, **_):
-        out = _ref().dcnv4(value, offset_mask, *_dcnv3_args(self), softmax=bool(_attr(self, "softmax", 0)))
-        return (np.asarray(out).astype(value.dtype, copy=False),)
-
 
 # ------------------------------------------------------------------------------------------------
 # Standard domain replacements (same contract, other attribute spellings)
@@ -364,15 +257,18 @@ class Flatten(OpRun):
         return (x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), int(np.prod(x.shape[axis:], dtype=np.int64))),)
 
 
-CUSTOM_OPS = (DeformConv2d, QDeformConv2d, RoIAlign, DeformRoIPool, DeformPSRoIPool, MultiLevelRoIAlign, DeformConv, RoiAlign)
-CUSTOM_OPS += (MultiScaleDeformableAttention, DCNv3, TRTDCNv3, DCNv4, Flatten, GatherElements) + TRT_MSDA_OPS
+# The ops written here: those whose reference does not take the op table's canonical attributes (deform_conv2d infers
+# its groups from the shapes; deform_psroi_pool has no no_trans), the quantized one, TensorRT's per-head attention,
+# the standard-domain replacements and ONNX ops onnx.reference gets wrong. Every other name of the op table:
+# reference_ops.declared_ops.
+CUSTOM_OPS = (DeformConv2d, QDeformConv2d, DeformPSRoIPool, DeformConv, RoiAlign, Flatten, GatherElements) + TRT_MSDA_OPS
 
 
 def reference_evaluator(model, verbose: int = 0) -> ReferenceEvaluator:
     """An ``onnx.reference.ReferenceEvaluator`` for ``model`` with the kit's op implementations."""
     proto = load_model(model)
     opsets = {o.domain: o.version for o in proto.opset_import}
-    ops = list(CUSTOM_OPS)
+    ops = list(CUSTOM_OPS) + list(declared_ops({(c.op_domain, c.__name__) for c in CUSTOM_OPS}))
     if opsets.get("", opsets.get("ai.onnx", 16)) < 16:
         # RoiAlign's default coordinate mode changed in opset 16.
         class RoiAlignV10(RoiAlign):
@@ -476,4 +372,4 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-__all__ = ["ReferenceRunner", "PolygraphyReferenceRunner", "reference_evaluator", "CUSTOM_OPS"]
+__all__ = ["ReferenceRunner", "PolygraphyReferenceRunner", "reference_evaluator", "CUSTOM_OPS", "declared_ops"]

@@ -67,4 +67,11 @@ Status deform_conv2d_forward_quant_cpu(const DeformConv2dParams& p, const Deform
 void deform_conv2d_weight_kc_quant_cpu(int64_t out_channels, int64_t in_per_group, int64_t kernel_size,
                                        const int8_t* weight, int8_t* weight_kc);
 
+struct AttrValue;
+// The params of a DeformConv2d call from the op table's canonical attribute values and the shapes of its canonical
+// inputs (null: absent), checked by the core (defined by its declaration, plugins/core/ops/deform_conv2d.cpp): how
+// QDeformConv2d, which has DeformConv2d's attributes, reads them.
+Status deform_conv2d_params_from(const char* op, const AttrValue* attrs, const Shape* const* in,
+                                 DeformConv2dParams* p);
+
 }  // namespace dcnkit

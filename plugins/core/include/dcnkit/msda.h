@@ -82,4 +82,9 @@ Status msda_levels_to_int64_cuda(const MsdaParams& p, const int32_t* spatial_sha
                                  void* workspace, const CudaContext& ctx, const int64_t** spatial_shapes64,
                                  const int64_t** level_start_index64);
 
+// A device-side assert when the level tables break msda_levels_valid's rules (the torch op reports a bad table as
+// torch reports a bad index; the kernels give zeros for it). Never synchronises.
+Status msda_assert_levels_cuda(const MsdaParams& p, const int64_t* spatial_shapes, const int64_t* level_start_index,
+                               const CudaContext& ctx);
+
 }  // namespace dcnkit

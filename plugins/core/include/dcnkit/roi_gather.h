@@ -1,7 +1,7 @@
 // The deterministic backward of the RoI operators (torch.use_deterministic_algorithms): grad_input without atomics,
 // for any valid input, in memory the host sizes from the shapes alone. RoIAlign, MultiLevelRoIAlign (per level),
-// DeformRoIPool and DeformPSRoIPool use it (roi_gather_ops.h, psroi_gather.h); a RoIAlign-like op (a rotated RoIAlign)
-// plugs in the same way.
+// DeformRoIPool and DeformPSRoIPool use it (roi_gather_ops.h, psroi_gather.h); any RoIAlign-like op (one
+// whose samples lie on a per-bin grid) plugs in the same way.
 //
 // Bilinear sampling is separable: a sample's weight on pixel (y, x) is (its weight on row y) x (its weight on column
 // x), and whether it is inside the map is (inside along y) and (inside along x). So in avg mode a bin's gradient onto
@@ -128,6 +128,57 @@ struct PSRoIAxisTapsOf {
     return psroi_axis_taps(v, n);
   }
 };
+
+// 32-bit versions of sample_range / sample_run_end (roi_kernels.h) and a clamped floor, for gathers whose loops must
+// stay free of 64-bit index conversions (a RoIAlign-like op's add(); kernel_report's LOOP_CLEAN).
+
+// [lo, hi) of the samples i in [0, n) whose coordinate c(i) (monotone: increasing when `up`) lies in [a, b].
+template <typename Coord>
+DCNKIT_HD void roi_range32(int32_t n, bool up, decltype(Coord()(0)) a, decltype(Coord()(0)) b, const Coord& c,
+                             int32_t* lo, int32_t* hi) {
+  const auto first = [](int32_t l, int32_t h, const auto& pred) {
+    while (l < h) {
+      const int32_t mid = l + (h - l) / 2;
+      if (pred(mid)) {
+        h = mid;
+      } else {
+        l = mid + 1;
+      }
+    }
+    return l;
+  };
+  if (up) {
+    *lo = first(0, n, [&](int32_t i) { return c(i) >= a; });
+    *hi = first(*lo, n, [&](int32_t i) { return !(c(i) <= b); });
+  } else {
+    *lo = first(0, n, [&](int32_t i) { return c(i) <= b; });
+    *hi = first(*lo, n, [&](int32_t i) { return !(c(i) >= a); });
+  }
+}
+
+// The end of the run of samples from i on (within [i, hi)) that equal sample i: same(j) says whether j does.
+template <typename Same>
+DCNKIT_HD int32_t roi_run_end32(int32_t i, int32_t hi, const Same& same) {
+  if (i + 1 >= hi || !same(i + 1)) return i + 1;
+  int32_t l = i + 2, h = hi;
+  while (l < h) {
+    const int32_t mid = l + (h - l) / 2;
+    if (!same(mid)) {
+      h = mid;
+    } else {
+      l = mid + 1;
+    }
+  }
+  return l;
+}
+
+// floor(v) within [lo, hi] (NaN: lo).
+template <typename Acc>
+DCNKIT_HD int32_t roi_floor32(Acc v, int32_t lo, int32_t hi) {
+  if (!(v > static_cast<Acc>(lo))) return lo;
+  if (!(v < static_cast<Acc>(hi))) return hi;
+  return static_cast<int32_t>(std::floor(v));
+}
 
 // ---------------------------------------------------------------------------------------------
 // The gather's grid: blocks (image, tile) flattened on x (a grid-stride loop over them), channel groups on y (a loop

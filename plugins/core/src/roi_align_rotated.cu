@@ -1,0 +1,142 @@
+// RoIAlignRotated CUDA launchers: grid-stride kernels over the bodies of roi_align_rotated.h, and in deterministic
+// mode the tile gather of roi_gather_cuda.cuh over its RotatedGather. float32, float64, float16, bfloat16 features;
+// RoIs of the features' type or float32. 16-bit gradients accumulate in a float32 workspace buffer. A RoI whose batch
+// index is outside [0, N) or NaN gives zeros (and a device-side assert where the params ask for it).
+#include "dcnkit/cuda_utils.cuh"
+#include "dcnkit/roi_align_rotated.h"
+#include "dcnkit/roi_batch_assert.h"
+#include "dcnkit/roi_gather_cuda.cuh"
+
+namespace dcnkit {
+namespace {
+
+// One thread per RoI (the first threads of the forward grid): the batch-index assert of the torch op.
+template <typename Acc, typename R>
+__device__ __forceinline__ void rotated_check_batch(const RoIAlignRotatedParams& p, const R* rois, int64_t i) {
+  int64_t b = 0;
+  if (p.assert_batch_index && i < p.num_rois && !roi_batch_index<Acc>(rois + i * 6, p.batch, &b)) {
+    roi_batch_index_assert_fail();
+  }
+}
+
+// The double instantiation may take all the registers a 256-thread block leaves (the bounded visit, 8 channels'
+// accumulators): with ptxas's default budget it spilled 8 bytes.
+template <typename T, typename R>
+__global__ void __launch_bounds__(kCudaThreads, sizeof(typename AccType<T>::type) == 8 ? 1 : 0)
+    roi_align_rotated_forward_kernel(RoIAlignRotatedParams p, const T* __restrict__ input, const R* __restrict__ rois,
+                                     T* __restrict__ output, int64_t items) {
+  using Acc = typename AccType<T>::type;
+  DCNKIT_CUDA_KERNEL_LOOP(i, items) {
+    rotated_check_batch<Acc>(p, rois, i);
+    roi_align_rotated_forward_item<Acc>(p, input, rois, i, output);
+  }
+}
+
+template <typename Acc>
+struct AtomicAddAt {
+  Acc* base;
+  __device__ __forceinline__ void operator()(int64_t i, Acc v) const { atomicAdd(base + i, v); }
+};
+
+template <typename T, typename R>
+__global__ void __launch_bounds__(kCudaThreads)
+    roi_align_rotated_backward_kernel(RoIAlignRotatedParams p, const T* __restrict__ grad_output,
+                                      const R* __restrict__ rois, typename AccType<T>::type* __restrict__ grad,
+                                      int64_t items) {
+  using Acc = typename AccType<T>::type;
+  DCNKIT_CUDA_KERNEL_LOOP(i, items) {
+    rotated_check_batch<Acc>(p, rois, i);
+    roi_align_rotated_backward_item<Acc>(p, grad_output, rois, i, AtomicAddAt<Acc>{grad});
+  }
+}
+
+// Calls f(T{}, R{}) with the features' storage type T and the RoIs' R (T, or float with 16-bit features).
+template <typename F>
+Status dispatch_rois(DType dtype, DType rois_dtype, F&& f) {
+  return dispatch_dtype(dtype, [&](auto t) -> Status {
+    using T = decltype(t);
+    if (rois_dtype == dtype) return f(t, T{});
+    if (rois_dtype == DType::kFloat32 && is_16bit(dtype)) return f(t, float{});
+    return Status::Invalid(std::string("roi_align_rotated: rois: expected dtype ") + dtype_name(dtype) +
+                           " or float32 (with 16-bit features), got " + dtype_name(rois_dtype));
+  });
+}
+
+int64_t forward_items(const RoIAlignRotatedParams& p) {
+  return p.num_rois * roi_align_rotated_slices(p.channels) * p.attrs.pooled_h * p.attrs.pooled_w;
+}
+
+// The deterministic gather's workspace: every RoI's footprint, one chunk's boxes, the float32 running sums of a
+// 16-bit gradient.
+RoIGatherSizes gather_sizes(const RoIAlignRotatedParams& p, DType dtype) {
+  RoIGatherSizes s;
+  s.num_rois = p.num_rois;
+  s.table_entries = kRtEntries;
+  s.partial = is_16bit(dtype) ? p.batch * p.channels * p.height * p.width : 0;
+  s.acc_bytes = dtype == DType::kFloat64 ? 8 : 4;
+  return s;
+}
+
+}  // namespace
+
+size_t roi_align_rotated_backward_workspace_cuda(const RoIAlignRotatedParams& p, DType dtype, bool deterministic) {
+  if (deterministic) {
+    RoIGatherBuffers b;
+    return roi_gather_carve(gather_sizes(p, dtype), nullptr, &b);
+  }
+  return grad_acc_bytes(dtype, p.batch * p.channels * p.height * p.width);
+}
+
+Status roi_align_rotated_forward_cuda(const RoIAlignRotatedParams& p, DType dtype, DType rois_dtype,
+                                      const void* input, const void* rois, void* output, const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("roi_align_rotated_forward_cuda"));
+  const int64_t items = forward_items(p);
+  if (items == 0) return Status::Ok();
+  auto stream = static_cast<cudaStream_t>(ctx.stream);
+  return dispatch_rois(dtype, rois_dtype, [&](auto t, auto r) -> Status {
+    using T = decltype(t);
+    using R = decltype(r);
+    roi_align_rotated_forward_kernel<T, R><<<cuda_blocks(items), kCudaThreads, 0, stream>>>(
+        p, static_cast<const T*>(input), static_cast<const R*>(rois), static_cast<T*>(output), items);
+    return cuda_launch_status("roi_align_rotated_forward_cuda");
+  });
+}
+
+Status roi_align_rotated_backward_cuda(const RoIAlignRotatedParams& p, DType dtype, DType rois_dtype,
+                                       const void* grad_output, const void* rois, void* grad_input, void* workspace,
+                                       const CudaContext& ctx) {
+  DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("roi_align_rotated_backward_cuda"));
+  const int64_t count = p.batch * p.channels * p.height * p.width;
+  if (count == 0) return Status::Ok();
+  auto stream = static_cast<cudaStream_t>(ctx.stream);
+  return dispatch_rois(dtype, rois_dtype, [&](auto t, auto r) -> Status {
+    using T = decltype(t);
+    using R = decltype(r);
+    char* ws = static_cast<char*>(workspace);
+    const auto* go = static_cast<const T*>(grad_output);
+    const auto* rr = static_cast<const R*>(rois);
+    if (ctx.deterministic) {  // the tile gather: every grad_input element written once, in a fixed order
+      using Acc = typename AccType<T>::type;
+      if (p.assert_batch_index) {
+        DCNKIT_RETURN_IF_ERROR(roi_assert_batch_indices_cuda("roi_align_rotated_backward_cuda", rois, rois_dtype,
+                                                             p.num_rois, 6, p.batch, ctx));
+      }
+      RoIGatherBuffers b;
+      roi_gather_carve(gather_sizes(p, dtype), ws, &b);
+      const RotatedGather<Acc, T, R> g{p, rr, go, 0, nullptr};
+      return roi_gather_cuda<T>("roi_align_rotated_backward_cuda: deterministic gather", g, p.num_rois,
+                                roi_gather_grid(p.batch, p.channels, p.height, p.width), static_cast<const T*>(nullptr),
+                                p.batch, false, b, static_cast<T*>(grad_input), stream);
+    }
+    const GradAcc<T> g = grad_acc(static_cast<T*>(grad_input), count, &ws);
+    DCNKIT_RETURN_IF_ERROR(grad_acc_zero(g, stream, "roi_align_rotated_backward_cuda"));
+    const int64_t items = forward_items(p);
+    if (items > 0) {
+      roi_align_rotated_backward_kernel<T, R><<<cuda_blocks(items), kCudaThreads, 0, stream>>>(p, go, rr, g.acc, items);
+    }
+    DCNKIT_RETURN_IF_ERROR(cuda_launch_status("roi_align_rotated_backward_cuda"));
+    return grad_acc_store(g, stream, "roi_align_rotated_backward_cuda");
+  });
+}
+
+}  // namespace dcnkit

@@ -1,0 +1,89 @@
+// The CPU GEMM of the torch ops: straight through the BLAS that libtorch_cpu exports (Fortran sgemm_ / dgemm_),
+// ATen's GEMM where those symbols are absent (torch_common.h: fast_cpu_context).
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "torch_common.h"
+
+namespace dcnkit::torch_binding {
+
+namespace {
+
+// ---- CPU GEMM straight through the BLAS that libtorch_cpu exports (Fortran sgemm_/dgemm_) --------
+// The tiled forward issues one small GEMM per tile; wrapping pointers in tensors for every call costs
+// more than the GEMM itself on small tiles. When the symbols are absent, ATen's GEMM is used.
+using FortranSgemm = void (*)(const char*, const char*, const int*, const int*, const int*,
+                              const float*, const float*, const int*, const float*, const int*,
+                              const float*, float*, const int*);
+using FortranDgemm = void (*)(const char*, const char*, const int*, const int*, const int*,
+                              const double*, const double*, const int*, const double*, const int*,
+                              const double*, double*, const int*);
+
+using SetLocalThreads = int (*)(int);
+
+struct Blas {
+  FortranSgemm sgemm = nullptr;
+  FortranDgemm dgemm = nullptr;
+  // MKL's thread-local thread count: GEMMs from inside parallel tasks must not start nested threads.
+  SetLocalThreads set_local_threads = nullptr;
+};
+
+const Blas& blas() {
+  static const Blas b = [] {
+    Blas r;
+    if (std::getenv("DCNKIT_NO_DIRECT_BLAS") != nullptr) return r;
+    void* h = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD);
+    if (h == nullptr) return r;
+    r.sgemm = reinterpret_cast<FortranSgemm>(dlsym(h, "sgemm_"));
+    r.dgemm = reinterpret_cast<FortranDgemm>(dlsym(h, "dgemm_"));
+    r.set_local_threads = reinterpret_cast<SetLocalThreads>(dlsym(h, "MKL_Set_Num_Threads_Local"));
+    return r;
+  }();
+  return b;
+}
+
+bool fits_int(int64_t v) { return v >= 0 && v <= 0x7fffffff; }
+
+Status blas_gemm(void* aten_self, const GemmArgs& g) {
+  const Blas& b = blas();
+  const bool f32 = g.dtype == DType::kFloat32 && b.sgemm;
+  const bool f64 = g.dtype == DType::kFloat64 && b.dgemm;
+  const bool ints = fits_int(g.m) && fits_int(g.n) && fits_int(g.k) && fits_int(g.lda) &&
+                    fits_int(g.ldb) && fits_int(g.ldc);
+  if (!(f32 || f64) || !ints || g.m == 0 || g.n == 0 || g.k == 0) return aten_gemm(aten_self, g);
+  // Row-major C = op(A) op(B)  <=>  column-major C^T = op(B)^T op(A)^T.
+  const char ta = g.trans_b ? 'T' : 'N', tb = g.trans_a ? 'T' : 'N';
+  const int m = static_cast<int>(g.n), n = static_cast<int>(g.m), k = static_cast<int>(g.k);
+  const int lda = static_cast<int>(std::max<int64_t>(1, g.ldb));
+  const int ldb = static_cast<int>(std::max<int64_t>(1, g.lda));
+  const int ldc = static_cast<int>(std::max<int64_t>(1, g.ldc));
+  // The core calls this GEMM from inside parallel tasks (CpuContext: "single-threaded GEMM").
+  const int previous = b.set_local_threads ? b.set_local_threads(1) : 0;
+  for (int64_t i = 0; i < g.batch; ++i) {
+    if (f32) {
+      const float alpha = g.alpha, beta = g.beta;
+      b.sgemm(&ta, &tb, &m, &n, &k, &alpha, static_cast<const float*>(g.b) + i * g.stride_b, &lda,
+              static_cast<const float*>(g.a) + i * g.stride_a, &ldb, &beta,
+              static_cast<float*>(g.c) + i * g.stride_c, &ldc);
+    } else {
+      const double alpha = g.alpha, beta = g.beta;
+      b.dgemm(&ta, &tb, &m, &n, &k, &alpha, static_cast<const double*>(g.b) + i * g.stride_b, &lda,
+              static_cast<const double*>(g.a) + i * g.stride_a, &ldb, &beta,
+              static_cast<double*>(g.c) + i * g.stride_c, &ldc);
+    }
+  }
+  if (b.set_local_threads) b.set_local_threads(previous);
+  return Status::Ok();
+}
+
+}  // namespace
+
+CpuContext fast_cpu_context() {
+  CpuContext ctx = cpu_context();  // gemm_self stays ATen's options, for the fallback
+  ctx.gemm = &blas_gemm;
+  return ctx;
+}
+
+}  // namespace dcnkit::torch_binding
