@@ -114,7 +114,8 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     so_kwargs = {"intra_op_num_threads": args.threads, "inter_op_num_threads": 1}
     result = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "threads": args.threads,
-              "size": args.size, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d %H:%M"), "families": {}}
+              "size": args.size, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d %H:%M"),
+              "load_average_1_5_15": os.getloadavg(), "families": {}}
     tmp = Path(tempfile.mkdtemp(prefix="bench_hf_"))
     rows = []
     for family in args.families.split(","):
@@ -173,8 +174,10 @@ def main(argv=None) -> dict:
         print("  ORT kit,   time by op type (%):", _fmt(prof_kit))
         print(f"  eager: grid_sampler {share_orig:.1f}% of the original's op time, the kit's op {share_kit:.1f}% of "
               "the patched model's")
+    result["load_average_at_end"] = os.getloadavg()
     print(f"\n{args.size} models, {args.threads} thread(s), fastest of {args.rounds} interleaved rounds (ms); "
-          "targets <= 0.8")
+          f"targets <= 0.8; load average {result['load_average_1_5_15'][0]:.1f} at the start, "
+          f"{result['load_average_at_end'][0]:.1f} at the end")
     C.print_table(["family", "ORT plain", "ORT kit", "kit/plain", "eager orig", "eager patched", "patched/orig"], rows)
     return C.write_json(args, result)
 

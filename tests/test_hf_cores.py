@@ -85,6 +85,81 @@ def test_v2_matches_transformers(counts, method):
     _check(ref, got)
 
 
+_CORES = {  # call site -> (transformers' core, the kit's stand-in), as (value, locations, weights) -> output
+    "module": (lambda v, lo, w: modeling_deformable_detr.MultiScaleDeformableAttention()(
+                   v, torch.tensor(LEVELS), LEVELS, None, lo.reshape(*lo.shape[:3], len(LEVELS), 3, 2),
+                   w.reshape(*w.shape[:3], len(LEVELS), 3), 64),
+               lambda v, lo, w: _hf_cores.msda_module_forward(
+                   None, v, torch.tensor(LEVELS), LEVELS, torch.tensor([0, 42, 54, 58]),
+                   lo.reshape(*lo.shape[:3], len(LEVELS), 3, 2), w.reshape(*w.shape[:3], len(LEVELS), 3), 64)),
+    "function": (lambda v, lo, w: modeling_mask2former.multi_scale_deformable_attention(
+                     v, LEVELS, lo.reshape(*lo.shape[:3], len(LEVELS), 3, 2), w.reshape(*w.shape[:3], len(LEVELS), 3)),
+                 lambda v, lo, w: _hf_cores.multi_scale_deformable_attention(
+                     v, LEVELS, lo.reshape(*lo.shape[:3], len(LEVELS), 3, 2), w.reshape(*w.shape[:3], len(LEVELS), 3))),
+    "v2": (lambda v, lo, w: modeling_d_fine.multi_scale_deformable_attention_v2(v, LEVELS, lo, w, [4, 1, 3, 4]),
+           lambda v, lo, w: _hf_cores.multi_scale_deformable_attention_v2(v, LEVELS, lo, w, [4, 1, 3, 4])),
+}
+
+
+def _value_grad(core, batch):
+    """The gradient reaching ``value`` (a non-leaf, as in the models) and its strides."""
+    leaf = torch.randn(batch, sum(h * w for h, w in LEVELS), M, D, dtype=torch.float64, requires_grad=True)
+    value, seen = leaf * 1.0, []
+    value.register_hook(lambda g: seen.append(g) or None)
+    out = core(value, _locs(batch, LQ, M, 12, 2), _weights(batch, LQ, M, 12))
+    out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape))
+    return seen[0]
+
+
+@pytest.mark.parametrize("site, batch", [("module", 1), ("function", 1), ("v2", 1), ("v2", 2)])
+def test_value_gradient_has_transformers_layout(site, batch):
+    """value's gradient comes back with the strides transformers' core gives it: the model's own backward kernels
+    upstream then see the same tensors as in the original model. (The module's and v1 function's layout for a batch
+    over one depends on the level shapes; the batch-norm fault below needs a batch of one.)"""
+    ref, got = (_value_grad(core, batch) for core in _CORES[site])
+    assert got.stride() == ref.stride(), (site, batch)
+    torch.testing.assert_close(got, ref, atol=1e-10, rtol=1e-9)
+
+
+def test_batch_norm_upstream_gets_the_original_gradients():
+    """D-FINE's case in small: a batch-1 Conv + BatchNorm feature map, flattened and transposed into value. PyTorch's
+    CPU batch-norm backward (2.14) misreads the channels-last gradient with a batch stride of C that a contiguous value
+    gradient becomes there (its parameters' gradients came out wrong by their own size); with transformers' layout they
+    equal the original's."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, M * D, 1), torch.nn.BatchNorm2d(M * D), torch.nn.SiLU()).double()
+    net.eval()
+    images = [torch.randn(1, 3, h, w, dtype=torch.float64) for h, w in LEVELS]
+    loc, w = _locs(1, LQ, M, 12, 2), _weights(1, LQ, M, 12)
+    grads = []
+    for core in _CORES["v2"]:
+        net.zero_grad()
+        value = torch.cat([net(x).flatten(2).transpose(1, 2) for x in images], 1).reshape(1, -1, M, D)
+        core(value, loc, w).mul(torch.linspace(-1, 1, LQ * M * D, dtype=torch.float64).reshape(1, LQ, M * D)).sum() \
+            .backward()
+        grads.append([p.grad.clone() for p in net.parameters()])
+    for ref, got in zip(*grads):
+        torch.testing.assert_close(got, ref, atol=1e-10, rtol=1e-9)
+
+
+def test_level_tables_are_built_once_and_serve_inference_then_training():
+    """Eager calls reuse the level tables (no host-to-device copy per layer on a GPU); tables first built under
+    torch.inference_mode() are normal tensors, which a later call with gradients can save for its backward."""
+    _hf_cores._TABLES.clear()
+    loc, w = _locs(N, LQ, M, len(LEVELS), 4, 2), _weights(N, LQ, M, len(LEVELS), 4)
+    with torch.inference_mode():
+        first = _hf_cores.multi_scale_deformable_attention(_value(), LEVELS, loc, w)
+    tables = _hf_cores._level_tables(LEVELS, torch.device("cpu"))
+    assert tables is _hf_cores._level_tables([tuple(hw) for hw in LEVELS], torch.device("cpu"))
+    assert not any(t.is_inference() for t in tables)
+    torch.testing.assert_close(tables[1], torch.tensor([0, 42, 54, 58]))
+    ref = _grads(lambda v, lo, ww: modeling_mask2former.multi_scale_deformable_attention(v, LEVELS, lo, ww),
+                 _value(), loc, w)
+    got = _grads(lambda v, lo, ww: _hf_cores.multi_scale_deformable_attention(v, LEVELS, lo, ww), _value(), loc, w)
+    _check(ref, got)
+    torch.testing.assert_close(first, ref[0], atol=1e-10, rtol=1e-9)
+
+
 def test_v2_discrete_picks_transformers_pixel_at_the_borders():
     """Points exactly between pixels, on the last pixel's far edge and far outside: the same pixel as
     transformers' int64 cast and clamp (float32, as models run)."""

@@ -13,6 +13,10 @@ Each function keeps the signature and the result of the transformers code it sta
   (``(N, Lq, M, sum(num_points_list), 2)``), possibly a different count per level. ``method="discrete"`` (nearest
   pixel, clamped to the map) is computed exactly: every point is moved to the centre of the pixel transformers
   picks, where bilinear sampling returns that pixel's value.
+
+Each gives ``value``'s gradient the memory layout transformers' code gives it for a batch of one (the v2 stand-in
+through :func:`_like_transformers`), so that the model's own backward kernels upstream of the attention see the same
+tensors as in the original model.
 """
 from __future__ import annotations
 
@@ -44,15 +48,66 @@ def _level_list(shapes: Any, name: str) -> list[tuple[Any, Any]]:
     return levels
 
 
+_TABLES: dict[tuple[Any, ...], tuple[Tensor, Tensor]] = {}
+_TABLES_MAX = 64  # distinct (levels, device) kept; more (many image sizes) empty the cache
+
+
 def _level_tables(levels: Sequence[tuple[Any, Any]], device: torch.device) -> tuple[Tensor, Tensor]:
     """The kit op's int64 ``spatial_shapes (L, 2)`` and ``level_start_index (L,)`` from Python sizes (constants
-    of an exported graph, as transformers' own Python list makes its split sizes)."""
+    of an exported graph, as transformers' own Python list makes its split sizes).
+
+    In eager mode they are built once per (levels, device) and reused: on a GPU each build is a host-to-device copy
+    from pageable memory, which waits for the work queued before it (it was one such wait per attention layer)."""
+    key = None
+    if all(type(n) is int for hw in levels for n in hw) and not torch.jit.is_tracing() \
+            and not torch.compiler.is_compiling():
+        key = (tuple(levels), device)
+        cached = _TABLES.get(key)
+        if cached is not None:
+            return cached
     starts, total = [], 0
     for h, w in levels:
         starts.append(total)
         total = total + h * w
-    shapes = torch.tensor([[h, w] for h, w in levels], dtype=torch.int64, device=device)
-    return shapes, torch.tensor(starts, dtype=torch.int64, device=device)
+    # Normal tensors even under torch.inference_mode(): the op saves them for a later backward.
+    with torch.inference_mode(False):
+        shapes = torch.tensor([[h, w] for h, w in levels], dtype=torch.int64, device=device)
+        tables = shapes, torch.tensor(starts, dtype=torch.int64, device=device)
+    if key is not None:
+        if len(_TABLES) >= _TABLES_MAX:
+            _TABLES.clear()
+        _TABLES[key] = tables
+    return tables
+
+
+class _GradLayout(torch.autograd.Function):
+    """The identity on ``value`` (N, S, M, D); its backward returns the gradient with the strides of a
+    ``(N, M, D, S)``-contiguous tensor, the layout of the gradient that transformers' grid_sample code gives
+    ``value`` (the kit's backward returns a contiguous one)."""
+
+    @staticmethod
+    def forward(ctx, value: Tensor) -> Tensor:
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+
+
+def _like_transformers(value: Tensor) -> Tensor:
+    """``value``, through :class:`_GradLayout` when a gradient is taken (not while tracing or exporting: an
+    identity there). transformers' v2 function gives value's gradient the (N, M, D, S) layout of its
+    ``value.permute(0, 2, 3, 1)``, whatever the batch and levels; the module and the v1 function give a contiguous one
+    for a batch of one (as the kit's backward), and for larger batches one that depends on the level shapes.
+
+    The layout matters beyond rounding: PyTorch's CPU batch-norm backward (2.14) reads a batch-1 ``grad_output``
+    that is channels-last with a batch stride other than H*W*C as if it were NCHW. The flattened feature maps' (1, S,
+    C) gradient, when contiguous, reaches a model's BatchNorm layers in that layout: D-FINE's and DEIMv2's encoder
+    gradients came out wrong in the patched model and not in the original."""
+    if value.requires_grad and torch.is_grad_enabled() and not torch.jit.is_tracing() \
+            and not torch.compiler.is_exporting():
+        return _GradLayout.apply(value)
+    return value
 
 
 def msda_module_forward(self, value: Tensor, value_spatial_shapes: Tensor, value_spatial_shapes_list: Any,
@@ -125,4 +180,4 @@ def multi_scale_deformable_attention_v2(value: Tensor, value_spatial_shapes: Any
         locations = torch.stack(loc_parts, dim=3)
         weights = torch.stack(w_parts, dim=3)
     shapes, starts = _level_tables(levels, value.device)
-    return multi_scale_deformable_attn(value, shapes, starts, locations, weights)
+    return multi_scale_deformable_attn(_like_transformers(value), shapes, starts, locations, weights)
