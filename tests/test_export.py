@@ -366,6 +366,41 @@ def test_opset_18_falls_back_to_custom_deform_conv(tmp_path):
     assert ("", "DeformConv") not in _node_types(proto)
 
 
+class _MaskNoBias(torch.nn.Module):
+    """DCNv2 with a mask and no bias: the bias slot before the mask gets zeros (the neutral value)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 3, 3, 3) * 0.3)
+
+    def forward(self, x, offset, mask):
+        return ops.deform_conv2d(x, offset, self.w, None, padding=1, mask=mask)
+
+
+@pytest.mark.parametrize("opset", [11, 13, 17])
+def test_plain_torchscript_export_below_opset_15_has_no_castlike(opset, tmp_path):
+    """The zero bias filled in for an absent bias before a present mask uses only ops of the file's opset."""
+    g = torch.Generator().manual_seed(opset)
+    model = _MaskNoBias()
+    x, off, m = torch.randn(1, 3, 7, 7, generator=g), torch.randn(1, 18, 7, 7, generator=g), \
+        torch.rand(1, 9, 7, 7, generator=g)
+    path = tmp_path / "m.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x, off, m), str(path), dynamo=False, opset_version=opset,
+                          input_names=["x", "offset", "mask"])
+    proto = onnx.load(str(path))
+    onnx.checker.check_model(proto, full_check=True)
+    assert "CastLike" not in {n.op_type for n in proto.graph.node}
+    node = next(n for n in proto.graph.node if n.domain == DOMAIN)
+    assert node.input[3] != "" and len(node.input) == 5
+    from dcnkit.runtime import ort_session
+    sess = ort_session(str(path), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"x": x.numpy(), "offset": off.numpy(), "mask": m.numpy()})[0]
+    with torch.no_grad():
+        _assert_close(model(x, off, m), got, f"opset {opset}")
+
+
 # ---- to_onnx argument checks ---------------------------------------------------------------------
 
 

@@ -173,7 +173,8 @@ def lower(
 def _zero_bias(tensors: dict[str, Any], em: Emitter) -> Any:
     # zeros(Cout) in the weight's dtype, Cout = weight.shape[0] (folds to a constant for static weights).
     cout = em.op("Slice", em.op("Shape", tensors["weight"]), em.const_i64([0]), em.const_i64([1]), em.const_i64([0]))
-    return em.op("CastLike", em.op("ConstantOfShape", cout), tensors["weight"])
+    # A Cast where the weight's type is known (CastLike is opset 15: plain TorchScript exports go down to opset 9).
+    return em.cast_like(em.op("ConstantOfShape", cout), tensors["weight"])
 
 
 # Values equivalent to an absent optional input, by (op, input).
