@@ -77,6 +77,7 @@ def _sides(path, threads, names):
         "ov kit": lambda: make_runner(path, "openvino", deform_conv="kit", **ov),
         "ov auto": lambda: make_runner(path, "openvino", **ov),
         "ort kit": lambda: make_runner(path, "ort-cpu", intra_op_num_threads=threads, inter_op_num_threads=1),
+        "ov auto bf16": lambda: make_runner(path, "openvino", inference_precision="bf16", **ov),
     }
     return {k: runners[k]() for k in names}
 
@@ -89,6 +90,13 @@ def measure(name, path, feeds, args, sides=("ov native", "ov kit", "ov auto", "o
     base = outs["ort kit"]
     for k, o in outs.items():  # every side computes the same outputs (detections: the same boxes)
         for key in base:
+            if k.endswith("bf16"):
+                same = base[key].shape == o[key].shape
+                diff = float(np.max(np.abs(o[key] - base[key]))) if same and o[key].size else float("nan")
+                scale = float(np.max(np.abs(base[key]))) if base[key].size else float("nan")
+                print(f"  {name}: {k} output {key}: " + (f"max |diff| {diff:.3g} (largest |value| {scale:.3g})"
+                      if same else f"shape {o[key].shape} vs {base[key].shape}"))
+                continue
             if base[key].shape != o[key].shape or not np.allclose(o[key], base[key], rtol=1e-3, atol=1e-3):
                 print(f"  note: {name}: {k} output {key} differs from ort kit "
                       f"(shape {o[key].shape} vs {base[key].shape})")
@@ -116,6 +124,7 @@ def main(argv=None) -> list[dict]:
     C.add_common_args(ap, repeat=15)
     ap.add_argument("--models", default="resnet50,frcnn", help="comma-separated: resnet50, frcnn (default both)")
     ap.add_argument("--layers", action="store_true", help="also the single DCNv2 layers (the per-node rule)")
+    ap.add_argument("--bf16", action="store_true", help="also ov auto with inference_precision=bf16 (reported apart)")
     args = ap.parse_args(argv)
     if args.quick:
         args.repeat, args.warmup = 1, 0
@@ -124,19 +133,20 @@ def main(argv=None) -> list[dict]:
     torch.set_num_threads(args.threads)
     out = Path(tempfile.mkdtemp())
     rows = []
+    sides = ("ov native", "ov kit", "ov auto", "ort kit") + (("ov auto bf16",) if args.bf16 else ())
     if args.layers:
         import bench_ort_deform_conv as b
 
         for shape in (b.QUICK_SHAPES if args.quick else b.SHAPES):
             path, feeds, _ = _layer(*shape, out)
-            rows.append(measure("DCNv2 {}x{}x{}x{} s{}".format(*shape), path, feeds, args))
+            rows.append(measure("DCNv2 {}x{}x{}x{} s{}".format(*shape), path, feeds, args, sides))
     builders = {"resnet50": ("ResNet-50-DCN 224", _resnet), "frcnn": ("Faster R-CNN-DCN 320 (fused pooler)", _frcnn)}
     for key in [m.strip() for m in args.models.split(",") if m.strip()]:
         if key not in builders:
             raise SystemExit(f"--models: expected resnet50 or frcnn, got {key!r}")
         title, build = builders[key]
         path, feeds, _ = build(args.quick, out)
-        rows.append(measure(title, path, feeds, args))
+        rows.append(measure(title, path, feeds, args, sides))
     sides = list(rows[0]["ms"]) if rows else []
     print(f"threads {args.threads}, {args.clock} clock, fastest of {args.repeat} interleaved rounds; "
           "ratio = time / ort kit's time")

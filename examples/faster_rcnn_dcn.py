@@ -108,11 +108,20 @@ def blank_image(size: int = 256) -> np.ndarray:
     return np.broadcast_to(np.asarray(IMAGE_MEAN, np.float32)[None, :, None, None], (1, 3, size, size)).copy()
 
 
-def reference_detections(path: Path, image: np.ndarray) -> dict:
-    """The detections of the NumPy reference runner (``dcnkit run --backend reference``) for ``image``."""
+def runner_detections(path: Path, image: np.ndarray, backend: str) -> dict:
+    """The detections of one of the kit's backends (``dcnkit run --backend BACKEND``) for ``image``."""
     from dcnkit.runtime.registry import make_runner
 
-    return make_runner(str(path), "reference").run({"images": image})
+    runner = make_runner(str(path), backend)
+    try:
+        return runner.run({"images": image})
+    finally:
+        runner.close()
+
+
+def reference_detections(path: Path, image: np.ndarray) -> dict:
+    """The detections of the NumPy reference runner (``dcnkit run --backend reference``) for ``image``."""
+    return runner_detections(path, image, "reference")
 
 
 def eager_detections(model, image: np.ndarray) -> dict:

@@ -53,7 +53,7 @@ from torchvision.models.detection.rpn import RegionProposalNetwork
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from faster_rcnn_dcn import (OUTPUTS, blank_image, check_detections, cli_checks, detector_parser,  # noqa: E402,F401
                              eager_detections, export, graph_summary, make_image, ort_detections,
-                             reference_detections)
+                             reference_detections, runner_detections)
 
 K = 7  # group_size = output_size = part_size of every DeformPSRoIPool (the authors' 7x7 bins)
 STRIDE = 16

@@ -3,6 +3,7 @@ dcnkit::MultiScaleDeformableAttention node in each exporter's graph, ONNX Runtim
 PyTorch's, ``dcnkit compare`` against the NumPy reference runner and ``dcnkit serve`` (one KServe v2 request)."""
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -119,3 +120,6 @@ def test_blank_image_on_every_backend(small, tmp_path):
     want = ex.eager_outputs(model, blank)
     ex.check_outputs(ex.ort_outputs(path, blank), want)
     ex.check_outputs(make_runner(str(path), "reference").run({"images": blank}), want)
+    if importlib.util.find_spec("openvino") is not None:  # the [openvino] extra (scripts/setup.sh installs it)
+        with make_runner(str(path), "openvino") as runner:
+            ex.check_outputs(runner.run({"images": blank}), want)

@@ -266,3 +266,38 @@ def test_serve_answers_on_the_backend(tmp_path):
     assert meta["platform"] == "openvino"
     want = eager(module, inputs)
     assert_close(np.array(out["data"], np.float32).reshape(out["shape"]), want)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float32])
+def test_empty_constant_in_a_branch_stays_empty(dtype, tmp_path):
+    """OpenVINO 2026.4 reads an empty ``Constant`` inside an ``If`` branch as one element (torchvision's batched_nms
+    returns one when there is no box: a detector gave a detection of uninitialised memory on a blank image); the
+    backend rewrites it to ``ConstantOfShape`` and returns what ONNX Runtime returns, for both branches."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from dcnkit.runtime.openvino_rewrite import rewrite_empty_constants
+    from dcnkit.runtime.registry import make_runner
+
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+    def branch(name, value):
+        return helper.make_graph([helper.make_node("Constant", [], [name], name=name, value=numpy_helper.from_array(
+            value))], name, [], [helper.make_tensor_value_info(name, elem, None)])
+
+    node = helper.make_node("If", ["c"], ["y"], then_branch=branch("empty", np.zeros((0, 4), dtype)),
+                            else_branch=branch("full", np.arange(8, dtype=dtype).reshape(2, 4)))
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", elem, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    rewritten, count = rewrite_empty_constants(model)
+    assert count == 1 and rewritten is not model
+    then = next(a.g for a in rewritten.graph.node[0].attribute if a.name == "then_branch")
+    assert [n.op_type for n in then.node] == ["Constant", "ConstantOfShape"]
+    path = tmp_path / "if.onnx"
+    onnx.save(model, str(path))
+    for cond, want in ((True, np.zeros((0, 4), dtype)), (False, np.arange(8, dtype=dtype).reshape(2, 4))):
+        for backend in ("openvino", "ort-cpu"):
+            with make_runner(str(path), backend) as runner:
+                got = runner.run({"c": np.array(cond)})["y"]
+            assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want), (backend, cond)

@@ -134,14 +134,14 @@ class _Builder:
 
 def _explicit_shape(b: _Builder, x: str, s: str, length: int, p: int | None, copy_zeros: bool) -> str:
     shape_x = b.op("Shape", x)
-    one, zero, minus_one = b.const([1]), b.const([0]), b.const([-1])
     s_eff = s
     if copy_zeros:  # allowzero 0: the 0 entries copy the input's dimensions
-        padded = b.op("Slice", b.op("Concat", shape_x, b.const([1] * length), axis=0), b.const([0]),
-                      b.const([length]))
+        zero = b.const([0])
+        padded = b.op("Slice", b.op("Concat", shape_x, b.const([1] * length), axis=0), zero, b.const([length]))
         s_eff = b.op("Where", b.op("Equal", s, zero), padded, s)
-    if p is None:  # no -1: the copies made explicit are all
+    if p is None:  # no -1: the copies made explicit are all (no constant is made that no node reads)
         return s_eff
+    one, zero, minus_one = b.const([1]), b.const([0]), b.const([-1])
     is_fill = b.op("Equal", s, minus_one)
     numel = b.op("ReduceProd", shape_x, keepdims=1)
     known = b.op("ReduceProd", b.op("Where", is_fill, one, s_eff), keepdims=1)

@@ -163,7 +163,8 @@ class Runner:
                     )
             if a.dtype != info.dtype:
                 a = a.astype(info.dtype)
-            out[info.name] = np.ascontiguousarray(a)
+            # np.ascontiguousarray makes a 0-d array 1-d: a scalar input keeps its rank
+            out[info.name] = a if a.flags.c_contiguous else np.ascontiguousarray(a)
         return out
 
 

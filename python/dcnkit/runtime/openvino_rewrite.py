@@ -13,6 +13,11 @@ computes the same values on finite maps, but reads the pixel at (0, 0) with weig
 or NaN there turns such bins into NaN, as torchvision's CPU kernel does; docs/operators.md says 0) and reads outside
 the map for a negative batch index; the kit's kernel gives 0 and an error naming the RoI. ``max`` mode (ONNX's own
 definition, which the kit's exporter never writes) stays OpenVINO's.
+
+Empty constants in subgraphs (:func:`rewrite_empty_constants`): OpenVINO 2026.4 reads a ``Constant`` of zero
+elements inside an ``If`` branch as a one-element tensor. torchvision's ``batched_nms`` returns such a constant when
+there is no box, so a detector fed an image without proposals got one detection of uninitialised memory. Such a
+constant becomes ``ConstantOfShape`` of its (empty) shape, which OpenVINO reads right.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from typing import Any
 
 from dcnkit.runtime.ort_rewrite import rewrite_deform_conv
 
-__all__ = ["KIT_MIN_OUTPUT_POSITIONS", "kit_is_faster", "prepare_onnx", "rewrite_roi_align"]
+__all__ = ["KIT_MIN_OUTPUT_POSITIONS", "kit_is_faster", "prepare_onnx", "rewrite_empty_constants", "rewrite_roi_align"]
 
 # The measured rule (benchmarks/bench_openvino.py --layers, docs/openvino.md "Which kernel runs a DeformConv"; Intel
 # Xeon, AVX-512/AMX, 1 thread, CPU time, 2026-11-27): on ten of the eleven DCNv2 layers of bench_ort_deform_conv.py
@@ -101,12 +106,56 @@ def rewrite_roi_align(model: Any) -> tuple[Any, int]:
     return out, rewritten
 
 
+def _empty_value(node: Any) -> Any:
+    """The tensor of a ``Constant`` node with a ``value`` of zero elements, else None."""
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+        return None
+    value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
+    return value if value is not None and 0 in value.dims else None
+
+
+def rewrite_empty_constants(model: Any) -> tuple[Any, int]:
+    """(a copy of ``model`` whose subgraphs' empty ``Constant`` nodes are ``ConstantOfShape`` of their shape,
+    nodes rewritten); the model itself when there is none (module docstring)."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from dcnkit.runtime.ort_rewrite import _subgraphs, _walk
+
+    def subgraph_nodes(m):
+        return [(g, n) for top in m.graph.node for sub in _subgraphs(top) for g, n in _walk(sub)]
+
+    if not any(_empty_value(n) is not None for _, n in subgraph_nodes(model)):
+        return model, 0
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    rewritten = 0
+    for graph, node in subgraph_nodes(out):
+        value = _empty_value(node)
+        if value is None:
+            continue
+        name = node.name or node.output[0]
+        dims = helper.make_node("Constant", [], [f"{name}_dcnkit_dims"], name=f"{name}_dcnkit_dims",
+                                value=numpy_helper.from_array(np.array(list(value.dims), np.int64)))
+        fill = numpy_helper.from_array(np.zeros(1, helper.tensor_dtype_to_np_dtype(value.data_type)))
+        new = helper.make_node("ConstantOfShape", [dims.output[0]], list(node.output), name=name, value=fill)
+        at = next(i for i, n in enumerate(graph.node) if n is node)
+        graph.node.remove(node)
+        graph.node.insert(at, new)
+        graph.node.insert(at, dims)
+        rewritten += 1
+    return out, rewritten
+
+
 def prepare_onnx(model: Any, deform_conv: str = "auto") -> tuple[Any, int]:
-    """(the model OpenVINO reads, standard DeformConv nodes moved to the kit's kernel): RoiAlign (avg) nodes always
-    move to the kit's (:func:`rewrite_roi_align`); ``deform_conv``: ``"auto"`` (the rule above), ``"kit"`` (every
+    """(the model OpenVINO reads, standard DeformConv nodes moved to the kit's kernel): empty constants in subgraphs
+    become ``ConstantOfShape`` (:func:`rewrite_empty_constants`), RoiAlign (avg) nodes always move to the kit's
+    (:func:`rewrite_roi_align`); ``deform_conv``: ``"auto"`` (the rule above), ``"kit"`` (every
     DeformConv node the kit can represent) or ``"openvino"`` (none)."""
     if deform_conv not in ("auto", "kit", "openvino"):
         raise ValueError(f"deform_conv: expected 'auto', 'kit' or 'openvino', got {deform_conv!r}")
+    model, _ = rewrite_empty_constants(model)
     model, _ = rewrite_roi_align(model)
     if deform_conv == "openvino":
         return model, 0
