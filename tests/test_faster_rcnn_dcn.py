@@ -3,7 +3,6 @@ exported (legacy exporter, named outputs) with one MultiLevelRoIAlign node and n
 detections in ONNX Runtime (in process, ``dcnkit run`` and ``dcnkit serve``) equal to eager PyTorch's."""
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 import faster_rcnn_dcn as ex  # noqa: E402
+from detector_checks import assert_empty_on_every_backend, unread_initializers  # noqa: E402
 
 SIZE = 256  # the example's default; 1x3x256x256 keeps the test short
 # Above the objectness of a blank image's anchors (0.5: ex.blank_image) and below that of the example image's 100
@@ -178,20 +178,10 @@ def test_blank_image_gives_empty_outputs_on_every_backend(exported):
         images, _ = model.transform(torch.from_numpy(blank))
         proposals, _ = model.rpn(images, model.backbone(images.tensors))
     assert [len(p) for p in proposals] == [0]
-    results = [("eager", ex.eager_detections(model, blank)), ("ort-cpu", ex.ort_detections(path, blank)),
-               ("reference", ex.reference_detections(path, blank))]
-    if importlib.util.find_spec("openvino") is not None:  # the [openvino] extra (scripts/setup.sh installs it)
-        results.append(("openvino", ex.runner_detections(path, blank, "openvino")))
-    for backend, got in results:
-        assert {k: (got[k].shape, got[k].dtype) for k in ex.OUTPUTS} == {
-            "boxes": ((0, 4), np.float32), "labels": ((0,), np.int64), "scores": ((0,), np.float32)}, backend
+    assert_empty_on_every_backend(ex, model, path, blank)
 
 
 def test_exported_file_has_no_unread_initializer(exported):
     """Every initializer of the exported file is read by a node (the exporter's own rewrites make none that is not:
     ONNX Runtime warns about each such one at every session start)."""
-    import onnx
-
-    graph = onnx.load(str(exported[3])).graph
-    read = {i for n in graph.node for i in n.input}
-    assert [t.name for t in graph.initializer if t.name not in read] == []
+    assert unread_initializers(exported[3]) == []

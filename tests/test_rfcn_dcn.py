@@ -6,7 +6,6 @@ dcnkit::DeformPSRoIPool node per pass and branch, its detections in ONNX Runtime
 with a dynamic image batch and RoI count."""
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 import rfcn_dcn as ex  # noqa: E402
+from detector_checks import assert_empty_on_every_backend, unread_initializers  # noqa: E402
 
 SIZE, TOP_N = 128, 50  # 8x8 maps at stride 16, 50 proposals: a short test
 CLASSES = 4  # with the background
@@ -224,20 +224,10 @@ def test_blank_image_gives_empty_outputs_on_every_backend(exported):
     model, _, want, path = exported
     assert len(want["scores"]) > 0
     blank = ex.blank_image(SIZE)
-    results = [("eager", ex.eager_detections(model, blank)), ("ort-cpu", ex.ort_detections(path, blank)),
-               ("reference", ex.reference_detections(path, blank))]
-    if importlib.util.find_spec("openvino") is not None:  # the [openvino] extra (scripts/setup.sh installs it)
-        results.append(("openvino", ex.runner_detections(path, blank, "openvino")))
-    for backend, got in results:
-        assert {k: (got[k].shape, got[k].dtype) for k in ex.OUTPUTS} == {
-            "boxes": ((0, 4), np.float32), "labels": ((0,), np.int64), "scores": ((0,), np.float32)}, backend
+    assert_empty_on_every_backend(ex, model, path, blank)
 
 
 def test_exported_file_has_no_unread_initializer(exported):
     """Every initializer of the exported file is read by a node (the exporter's own rewrites make none that is not:
     ONNX Runtime warns about each such one at every session start)."""
-    import onnx
-
-    graph = onnx.load(str(exported[3])).graph
-    read = {i for n in graph.node for i in n.input}
-    assert [t.name for t in graph.initializer if t.name not in read] == []
+    assert unread_initializers(exported[3]) == []

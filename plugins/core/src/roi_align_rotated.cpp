@@ -40,19 +40,6 @@ Status make_roi_align_rotated_params(const char* op, const Shape& input, const S
 namespace {
 
 template <typename T>
-Status check_batch_indices(const T* rois, int64_t num_rois, int64_t batch) {
-  for (int64_t k = 0; k < num_rois; ++k) {
-    int64_t b = 0;
-    if (!roi_batch_index<double>(rois + k * 6, batch, &b)) {
-      return arg_error("roi_align_rotated", "rois[" + std::to_string(k) + ", 0] (batch index)",
-                       "a value in [0, " + std::to_string(batch) + ") (the batch size of input)",
-                       to_str(static_cast<double>(rois[k * 6])));
-    }
-  }
-  return Status::Ok();
-}
-
-template <typename T>
 struct PlainAddAt {
   T* base;
   void operator()(int64_t i, T v) const { base[i] += v; }
@@ -97,7 +84,7 @@ void backward_owner(const RoIAlignRotatedParams& p, const T* grad_output, const 
 template <typename T>
 Status roi_align_rotated_forward_cpu(const RoIAlignRotatedParams& p, const T* input, const T* rois, T* output,
                                      const CpuContext& ctx) {
-  DCNKIT_RETURN_IF_ERROR(check_batch_indices(rois, p.num_rois, p.batch));
+  DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("roi_align_rotated", rois, p.num_rois, p.batch, 6));
   const int64_t items =
       p.num_rois * roi_align_rotated_slices(p.channels) * p.attrs.pooled_h * p.attrs.pooled_w;
   if (p.channels == 0) return Status::Ok();
@@ -110,7 +97,7 @@ Status roi_align_rotated_forward_cpu(const RoIAlignRotatedParams& p, const T* in
 template <typename T>
 Status roi_align_rotated_backward_cpu(const RoIAlignRotatedParams& p, const T* grad_output, const T* rois,
                                       T* grad_input, const CpuContext& ctx) {
-  DCNKIT_RETURN_IF_ERROR(check_batch_indices(rois, p.num_rois, p.batch));
+  DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("roi_align_rotated", rois, p.num_rois, p.batch, 6));
   const int64_t slices = roi_align_rotated_slices(p.channels), HW = p.height * p.width;
   std::fill(grad_input, grad_input + p.batch * p.channels * HW, T(0));
   if (p.channels == 0 || HW == 0) return Status::Ok();

@@ -69,16 +69,16 @@ DCNKIT_HD bool roi_batch_index(const T* roi, int64_t batch, int64_t* b) {
   return true;
 }
 
-// Host check of every RoI's batch index (CPU launchers call it before any read).
+// Host check of every RoI's batch index (CPU launchers call it before any read); rows of `row` values.
 template <typename T>
 inline Status check_roi_batch_indices(const char* op, const T* rois, int64_t num_rois,
-                                      int64_t batch) {
+                                      int64_t batch, int64_t row = 5) {
   for (int64_t k = 0; k < num_rois; ++k) {
     int64_t b = 0;
-    if (!roi_batch_index<double>(rois + k * 5, batch, &b)) {
+    if (!roi_batch_index<double>(rois + k * row, batch, &b)) {
       return arg_error(op, "rois[" + std::to_string(k) + ", 0] (batch index)",
                        "a value in [0, " + std::to_string(batch) + ") (the batch size of input)",
-                       to_str(static_cast<double>(rois[k * 5])));
+                       to_str(static_cast<double>(rois[k * row])));
     }
   }
   return Status::Ok();
