@@ -15,18 +15,12 @@ constexpr TensorDef kOutputs[] = {TensorDef{"output", false, "(N, Ho, Wo, C)"}.w
 constexpr int kInput = DCNKIT_INDEX(kInputs, "input"), kOffset = DCNKIT_INDEX(kInputs, "offset"),
               kMask = DCNKIT_INDEX(kInputs, "mask");
 
-struct Op {
-  using Params = Dcnv3Params;
+struct Op : dcnv3_decl::SharedEntries {
 
   static Status check(const char* op, const AttrValue* v) { return check_dcnv3_attrs(op, attrs_of(v)); }
   static Status params(const OpCall& c, Params* p) {
     const OpShapes& s = c.shapes;
     return make_dcnv3_params(c.op, attrs_of(c.attrs), *s.in[kInput], *s.in[kOffset], *s.in[kMask], p);
-  }
-  static void outputs(const OpCall&, const Params& p, Shape* out) { out[0] = p.output_shape(); }
-  static Status output_dims(const OpCall& c, DimArith& a, OpDims* d) { return dcnv3_decl::output_dims(c, a, d); }
-  static size_t workspace_cuda(const Params& p, Pass pass, const OpTypes& t, const CudaContext&) {
-    return pass == Pass::kBackward ? dcnv3_backward_workspace_cuda(p, t.dtype) : 0;
   }
 
   static Status forward_cpu(const Params& p, const OpTypes& t, const OpBuffers& b, const OpDevice& dev) {

@@ -47,4 +47,15 @@ inline Status output_dims(const OpCall& c, DimArith& a, OpDims* d) {
   return Status::Ok();
 }
 
+// The entries DCNv3's and DCNv4's declarations share (each `struct Op` derives from it).
+struct SharedEntries {
+  using Params = Dcnv3Params;
+
+  static void outputs(const OpCall&, const Params& p, Shape* out) { out[0] = p.output_shape(); }
+  static Status output_dims(const OpCall& c, DimArith& a, OpDims* d) { return dcnv3_decl::output_dims(c, a, d); }
+  static size_t workspace_cuda(const Params& p, Pass pass, const OpTypes& t, const CudaContext&) {
+    return pass == Pass::kBackward ? dcnv3_backward_workspace_cuda(p, t.dtype) : 0;
+  }
+};
+
 }  // namespace dcnkit::dcnv3_decl

@@ -21,8 +21,7 @@ constexpr int kSoftmax = DCNKIT_INDEX(kAttrs, "softmax");
 static_assert(kSoftmax == dcnv3_decl::kNumAttrs, "DCNv4's attributes are DCNv3's, then softmax");
 constexpr int kValue = DCNKIT_INDEX(kInputs, "value"), kOffsetMask = DCNKIT_INDEX(kInputs, "offset_mask");
 
-struct Op {
-  using Params = Dcnv3Params;
+struct Op : dcnv3_decl::SharedEntries {
 
   static Status check(const char* op, const AttrValue* v) {
     const int64_t softmax = v[kSoftmax].i();
@@ -32,11 +31,6 @@ struct Op {
   static Status params(const OpCall& c, Params* p) {
     return make_dcnv4_params(c.op, attrs_of(c.attrs), c.attrs[kSoftmax].i() != 0, *c.shapes.in[kValue],
                              *c.shapes.in[kOffsetMask], p);
-  }
-  static void outputs(const OpCall&, const Params& p, Shape* out) { out[0] = p.output_shape(); }
-  static Status output_dims(const OpCall& c, DimArith& a, OpDims* d) { return dcnv3_decl::output_dims(c, a, d); }
-  static size_t workspace_cuda(const Params& p, Pass pass, const OpTypes& t, const CudaContext&) {
-    return pass == Pass::kBackward ? dcnv3_backward_workspace_cuda(p, t.dtype) : 0;
   }
 
   // The weights are read from offset_mask (p.fused): it is passed as the mask too, and its gradient as both.
