@@ -93,11 +93,7 @@ struct Op {
     const auto dim = [&](int i, size_t k) { return known_dim(c, i, k); };
     Params p;
     p.attrs = attrs_of(c.attrs);
-    p.batch = dim(kInput, 0);
-    p.channels = dim(kInput, 1);
-    p.height = dim(kInput, 2);
-    p.width = dim(kInput, 3);
-    p.num_rois = dim(kRois, 0);
+    known_roi_pool_dims(c, kInput, kRois, &p);
     p.attrs.no_trans = p.attrs.no_trans || c.shapes.in[kTrans] == nullptr;
     if (!p.attrs.no_trans) {  // trans elements = num_rois * 2 * num_classes * part_size^2
       p.num_rois = std::max(p.num_rois, dim(kTrans, 0));

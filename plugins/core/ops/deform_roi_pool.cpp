@@ -55,14 +55,9 @@ struct Op {
                                   : deform_roi_pool_backward_workspace_cuda(p, t.dtype, ctx.deterministic);
   }
   static size_t workspace_bound(const OpCall& c, const OpTypes&) {
-    const auto dim = [&](int i, size_t k) { return known_dim(c, i, k); };
     Params p;
     p.attrs = attrs_of(c.attrs);
-    p.batch = dim(kInput, 0);
-    p.channels = dim(kInput, 1);
-    p.height = dim(kInput, 2);
-    p.width = dim(kInput, 3);
-    p.num_rois = dim(kRois, 0);
+    known_roi_pool_dims(c, kInput, kRois, &p);
     p.has_offset = c.shapes.in[kOffset] != nullptr;
     return deform_roi_pool_workspace_cuda(p);
   }

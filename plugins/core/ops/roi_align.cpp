@@ -55,14 +55,9 @@ struct Op {
                                   : roi_align_backward_workspace_cuda(p, t.dtype, ctx.deterministic);
   }
   static size_t workspace_bound(const OpCall& c, const OpTypes&) {
-    const auto dim = [&](int i, size_t k) { return known_dim(c, i, k); };
     Params p;
     if (!attrs_of(c.op, c.attrs, &p.attrs).ok()) return 0;
-    p.batch = dim(kInput, 0);
-    p.channels = dim(kInput, 1);
-    p.height = dim(kInput, 2);
-    p.width = dim(kInput, 3);
-    p.num_rois = dim(kRois, 0);
+    known_roi_pool_dims(c, kInput, kRois, &p);
     return roi_align_workspace_cuda(p);
   }
   // Under torch.use_deterministic_algorithms the CUDA backward takes its atomic-free path (roi_gather.h), for any

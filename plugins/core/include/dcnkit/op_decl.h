@@ -169,6 +169,17 @@ inline int64_t known_dim(const OpCall& c, int i, size_t k) {
   return s != nullptr && k < s->size() && (*s)[k] > 0 ? (*s)[k] : int64_t(0);
 }
 
+// A RoI pooling op's sizes for workspace_bound: batch, channels, height, width of its (N, C, H, W) feature map and
+// num_rois of its (K, ...) RoIs, each as known_dim gives it.
+template <typename P>
+void known_roi_pool_dims(const OpCall& c, int features, int rois, P* p) {
+  p->batch = known_dim(c, features, 0);
+  p->channels = known_dim(c, features, 1);
+  p->height = known_dim(c, features, 2);
+  p->width = known_dim(c, features, 3);
+  p->num_rois = known_dim(c, rois, 0);
+}
+
 // The output dims of a RoI pooling op, (K, C, oh, ow), from its 4-D feature map and 2-D RoIs (canonical inputs).
 Status roi_pool_output_dims(const OpCall& c, int features, int rois, int64_t oh, int64_t ow, DimArith& a,
                             OpDims* d);
