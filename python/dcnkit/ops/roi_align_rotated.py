@@ -10,7 +10,7 @@ signature, its fake kernels (``torch.compile`` / ``torch.export``) and its autog
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List
 
 import torch
 from torch import Tensor
@@ -18,7 +18,7 @@ from torch.jit.annotations import BroadcastingList2
 
 from dcnkit.ops import _loader  # noqa: F401  (loads libdcnkit_torch.so)
 from dcnkit.ops._tracing import eager_call
-from dcnkit.ops.roi_ops import _output_size
+from dcnkit.ops.roi_ops import _output_size, register_input_grad_autograd
 
 __all__ = ["roi_align_rotated"]
 
@@ -56,18 +56,4 @@ def _backward_fake(grad_output, input, rois, *attrs):
     return input.new_empty(input.shape)
 
 
-def _setup(ctx, inputs: Tuple, output) -> None:
-    input, rois, *attrs = inputs
-    ctx.save_for_backward(input, rois)
-    ctx.attrs = attrs
-
-
-def _backward(ctx, grad_output):
-    input, rois = ctx.saved_tensors
-    grad_input = None
-    if ctx.needs_input_grad[0]:
-        grad_input = torch.ops.dcnkit._roi_align_rotated_backward(grad_output, input, rois, *ctx.attrs)
-    return (grad_input, None) + (None,) * len(ctx.attrs)
-
-
-torch.library.register_autograd("dcnkit::roi_align_rotated", _backward, setup_context=_setup)
+register_input_grad_autograd("roi_align_rotated")

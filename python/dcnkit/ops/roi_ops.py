@@ -241,21 +241,27 @@ def _roi_align_quantized(input, rois, pooled_h, pooled_w, spatial_scale, samplin
 # Autograd (gradients for input and offset / trans; none for rois or attributes)
 
 
-def _roi_align_setup(ctx, inputs, output):
-    input, rois, *attrs = inputs
-    ctx.save_for_backward(input, rois)
-    ctx.attrs = attrs
+def register_input_grad_autograd(name: str) -> None:
+    """Autograd of ``dcnkit::<name>(input, rois, *attrs)``: a gradient for ``input`` only, computed by
+    ``dcnkit::_<name>_backward(grad_output, input, rois, *attrs)`` (RoIAlign and RoIAlign-like ops)."""
+    backward_op = getattr(torch.ops.dcnkit, f"_{name}_backward")
+
+    def setup(ctx, inputs, output):
+        input, rois, *attrs = inputs
+        ctx.save_for_backward(input, rois)
+        ctx.attrs = attrs
+
+    def backward(ctx, grad_output):
+        input, rois = ctx.saved_tensors
+        grad_input = None
+        if ctx.needs_input_grad[0]:
+            grad_input = backward_op(grad_output, input, rois, *ctx.attrs)
+        return (grad_input, None) + (None,) * len(ctx.attrs)
+
+    torch.library.register_autograd(f"dcnkit::{name}", backward, setup_context=setup)
 
 
-def _roi_align_backward(ctx, grad_output):
-    input, rois = ctx.saved_tensors
-    grad_input = None
-    if ctx.needs_input_grad[0]:
-        grad_input = torch.ops.dcnkit._roi_align_backward(grad_output, input, rois, *ctx.attrs)
-    return (grad_input, None) + (None,) * len(ctx.attrs)
-
-
-torch.library.register_autograd("dcnkit::roi_align", _roi_align_backward, setup_context=_roi_align_setup)
+register_input_grad_autograd("roi_align")
 
 
 def _deform_roi_pool_setup(ctx, inputs, output):
