@@ -42,9 +42,11 @@ TARGETS = {"dcn fwd": 0.8, "dcn fwdbwd": 0.8, "dcn fwd (8,32,128,128)": 0.5, "ro
            "dcn memory": 1.0}
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+def _load(name: str, path: Path | None = None):
+    """A script as a module, registered in sys.modules first (its dataclasses look their module up there)."""
+    spec = importlib.util.spec_from_file_location(name, path or HERE / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
@@ -55,9 +57,7 @@ def model_sass(log, use_report: bool) -> dict:
     if not use_report:
         log("skip: kernel report (--no-kernel-report): the model uses its default SASS counts")
         return sass
-    spec = importlib.util.spec_from_file_location("kernel_report", HERE.parent / "scripts" / "kernel_report.py")
-    kr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(kr)
+    kr = _load("kernel_report", HERE.parent / "scripts" / "kernel_report.py")
     why = kr.missing_tools()
     if why:
         log(f"skip: kernel report ({why}): the model uses its default SASS counts")

@@ -128,7 +128,7 @@ def test_gpu_ci_runs_the_sanitizers_and_the_fuzz_first():
     text = (ROOT / ".ci" / "gpu").read_text()
     first = text.index("compute-sanitizer")
     assert first < text.index('pytest -m cuda tests -q') and first < text.index("benchmarks/gpu_report.py --out")
-    assert '--tool "$1"' in text and "for tool in memcheck racecheck" in text and 'part "$tool" 0 sanitize' in text
+    assert '--tool "$1"' in text and "for tool in memcheck racecheck" in text and 'part "$tool" 0 "${cmd[@]}"' in text
     assert "fuzz_cases=10000" in text and 'scripts/cuda_fuzz.py --cases "$fuzz_cases"' in text
     # the short-lease mode keeps memcheck and the fuzz run, each under a time limit
     quick = text[text.index('if [ "$quick" = 1 ]; then\n  # side by side'):text.index("else\n  if [ -x")]
