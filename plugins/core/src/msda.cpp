@@ -43,8 +43,10 @@ Status make_msda_params(const char* op, const Shape& value, const Shape& spatial
   DCNKIT_RETURN_IF_ERROR(check_dim(op, "sampling_locations", sl, 5, 2, "(x, y)"));
   DCNKIT_RETURN_IF_ERROR(check_rank(op, "attention_weights", attention_weights, 5, "(N, Lq, M, L, P)"));
   for (size_t d = 0; d < 5; ++d) {
-    DCNKIT_RETURN_IF_ERROR(check_dim(op, "attention_weights", attention_weights, d, sl[d],
-                                     "that of sampling_locations " + shape_str(sl)));
+    if (attention_weights[d] != sl[d]) {  // the message only on a mismatch: no formatting on the success path
+      DCNKIT_RETURN_IF_ERROR(check_dim(op, "attention_weights", attention_weights, d, sl[d],
+                                       "that of sampling_locations " + shape_str(sl)));
+    }
   }
   p->batch = value[0];
   p->num_values = value[1];

@@ -10,8 +10,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
-#include <sstream>
+#include <cstdio>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -72,19 +73,25 @@ class Status {
 
 using Shape = std::vector<int64_t>;
 
+// Messages are formatted without iostreams (std::to_string, snprintf): a torch 2.11 build on an H200 machine
+// (gcc 13) crashed in the first `ostringstream << int64_t` of a call (2026-11-28), and these need no locale.
 inline std::string shape_str(const Shape& s) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
-  os << "]";
-  return os.str();
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
 }
 
+// A number as ostream's default format writes it: integers in full, floating values as %g (6 significant digits,
+// nan, inf, -inf).
 template <typename T>
 inline std::string to_str(const T& v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
+  if constexpr (std::is_integral_v<T>) {
+    return std::to_string(v);
+  } else {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(v));
+    return buf;
+  }
 }
 
 // The one message format of the project: "<op>: <argument>: expected <expected>, got <actual>".
