@@ -108,19 +108,9 @@ GATED = {
 # Kernels known to break a gate, with the reason.
 PENDING: dict[str, str] = {}
 
-# Kernels whose every loop (not only the hot ones) is free of integer-division CALLs and 64-bit int<->float
-# conversions, in every instantiation: their loops run per element (a sampling point, a pixel, an output).
-LOOP_CLEAN = {"deform_conv2d_plan_kernel", "deform_conv2d_pixel_gather_kernel", "multi_level_roi_align_plan_backward_kernel",
-              "roi_align_plan_backward_kernel", "roi_gather_kernel"}
-# Kernels with CALLs or conversions in some loop, and why those loops are not per element.
-NOT_PER_ELEMENT = {
-    "visit": "the bounded visit of grids too large to plan (a fallback): bisections and runs per bin, not per output",
-    "roi_gather_footprint_kernel": "one iteration per RoI (the deterministic backward's footprints)",
-    "roi_gather_table_kernel": "one iteration per table entry: a bisection over one bin's samples along one axis, "
-                               "shared by every channel and pixel of that row",
-    "roi_gather_argmax_kernel": "max mode's arg-max per (RoI, channel, bin): the forward's bounded visit",
-    "deform_psroi_pool_trans_grad_kernel": "one iteration per trans entry, summing its outputs' bins (bisections)",
-}
+# Kernels excused from a gate other than the SASS rules (every kernel of every instantiation keeps those: no loop with
+# a CALL or a 64-bit int<->float conversion, registers <= MAX_REGISTERS, no stack, no spill), by name, with the reason.
+EXCEPTIONS: dict[str, str] = {}
 
 _DTYPES = {"f": "float", "d": "double", "6__half": "half", "13__nv_bfloat16": "bfloat16"}
 
@@ -152,10 +142,10 @@ class Kernel:
     spill_loads: int = 0
     sass: int = 0
     loops: list = field(default_factory=list)  # [(start, end, static count)]
-    call_in_loops: int = 0
-    conv64_in_loops: int = 0
     call_all_loops: int = 0
     conv64_all_loops: int = 0
+    bad_loops: list = field(default_factory=list)  # [(start, end, CALLs, 64-bit conversions)]: the SASS rules' loops
+    violations: int = 0
     sass_per_element: float | None = None
     failures: list = field(default_factory=list)
     status: str = ""
@@ -204,24 +194,9 @@ def is_conv64(op: str) -> bool:
     return parts[0] in ("I2F", "F2I") and any(p in ("S64", "U64") for p in parts[1:])
 
 
-def integer_division_calls(instrs, positions) -> int:
-    """CALLs at `positions` whose callee is an integer division slow path (integer multiply-high work and no
-    floating-point arithmetic; the fp32 division slow path, also a CALL, has FFMA/FSETP)."""
-    pos = {a: i for i, (a, _, _) in enumerate(instrs)}
-    n = 0
-    for i in positions:
-        addr, op, args = instrs[i]
-        t = re.search(r"0x([0-9a-f]+)", args)
-        if not op.startswith("CALL") or t is None or int(t.group(1), 16) not in pos:
-            continue
-        j, ops = pos[int(t.group(1), 16)], []
-        while j < len(instrs) and not instrs[j][1].startswith("RET"):
-            ops.append(instrs[j][1])
-            j += 1
-        fp = any(o.split(".")[0] in ("FFMA", "FSETP", "DFMA", "DSETP", "FMUL", "FADD") for o in ops)
-        if not fp and any(o.startswith("IMAD.HI") or o.startswith("IMAD.WIDE") for o in ops):
-            n += 1
-    return n
+def is_call(op: str) -> bool:
+    """Any CALL (CALL.REL, CALL.ABS...): a subroutine not inlined -- a division or math slow path, an assert."""
+    return op.split(".")[0] == "CALL"
 
 
 def find_loops(instrs) -> list[tuple[int, int]]:
@@ -324,49 +299,54 @@ def _self_branch(instr) -> bool:
 
 
 def analyse(kernel: Kernel, instrs) -> None:
-    """Loops, and CALL / 64-bit conversions inside loops: for a gated kernel only in its hot loops (the element
-    loop, the loops nested in it and those around it), for the others in every loop."""
+    """Loops, the SASS per element of a gated kernel, and every loop holding a CALL or a 64-bit conversion."""
     loops = find_loops(instrs)
     kernel.sass = len(instrs)
     kernel.loops = [(instrs[a][0], instrs[b][0], b - a + 1) for a, b in loops]
     spec = GATED.get(kernel.name)
-    hot = loops
     if spec is not None:
-        kernel.sass_per_element, lp = sass_per_element(instrs, loops, spec)
-        hot = [q for q in loops if lp is not None and (q == lp or _inside(q, lp) or _inside(lp, q))]
-    for which, lps in (("hot", hot), ("all", loops)):
-        in_loop = set()
-        for a, b in lps:
-            in_loop.update(range(a, b + 1))
-        calls = integer_division_calls(instrs, sorted(in_loop))
-        conv = sum(1 for i in in_loop if is_conv64(instrs[i][1]))
-        if which == "hot":
-            kernel.call_in_loops, kernel.conv64_in_loops = calls, conv
-        else:
-            kernel.call_all_loops, kernel.conv64_all_loops = calls, conv
+        kernel.sass_per_element, _ = sass_per_element(instrs, loops, spec)
+    kernel.bad_loops = []
+    in_loop = set()
+    for a, b in loops:
+        calls = sum(1 for i in range(a, b + 1) if is_call(instrs[i][1]))
+        conv = sum(1 for i in range(a, b + 1) if is_conv64(instrs[i][1]))
+        if calls or conv:
+            kernel.bad_loops.append((instrs[a][0], instrs[b][0], calls, conv))
+        in_loop.update(range(a, b + 1))
+    kernel.call_all_loops = sum(1 for i in in_loop if is_call(instrs[i][1]))
+    kernel.conv64_all_loops = sum(1 for i in in_loop if is_conv64(instrs[i][1]))
+
+
+def sass_rules(kernel: Kernel) -> dict[str, int]:
+    """The SASS rules' counters of one instantiation (GPU-DESIGN.md section 7, issue 48): loops holding a CALL or a
+    64-bit int<->float conversion (each loop once; a loop nested in another counts in both), registers over the
+    budget, a stack frame, spills."""
+    return {"loops": len(kernel.bad_loops), "registers": int(kernel.registers > MAX_REGISTERS),
+            "stack": int(kernel.stack > 0), "spill": int(kernel.spill_stores > 0 or kernel.spill_loads > 0)}
 
 
 def gate(kernel: Kernel) -> None:
     f = kernel.failures
+    rules = sass_rules(kernel)
+    kernel.violations = sum(rules.values())
     if kernel.stack:
         f.append(f"stack frame {kernel.stack} B (expected 0)")
     if kernel.spill_stores or kernel.spill_loads:
         f.append(f"spills {kernel.spill_stores}/{kernel.spill_loads} B (expected 0)")
-    if kernel.name in LOOP_CLEAN and (kernel.call_all_loops or kernel.conv64_all_loops):
-        f.append(f"{kernel.call_all_loops} CALL / {kernel.conv64_all_loops} 64-bit conversions in its loops (expected 0)")
+    if rules["registers"]:
+        f.append(f"{kernel.registers} registers (expected <= {MAX_REGISTERS})")
+    if rules["loops"]:
+        calls = sum(c for _, _, c, _ in kernel.bad_loops)
+        conv = sum(v for _, _, _, v in kernel.bad_loops)
+        f.append(f"{rules['loops']} loops with CALL or 64-bit int<->float conversion ({calls} CALL, {conv} conversions; "
+                 "expected none)")
     spec = GATED.get(kernel.name)
-    if spec is not None and kernel.dtype != "double":
-        if kernel.registers > MAX_REGISTERS:
-            f.append(f"{kernel.registers} registers (expected <= {MAX_REGISTERS})")
-        if kernel.call_in_loops:
-            f.append(f"{kernel.call_in_loops} CALL (integer division) in loops (expected 0)")
-        if kernel.conv64_in_loops:
-            f.append(f"{kernel.conv64_in_loops} 64-bit int<->float conversions in loops (expected 0)")
-        if kernel.dtype == "float":
-            if kernel.sass_per_element is None:
-                f.append(f"no loop issues {spec.marker} (the element loop was not found)")
-            elif kernel.sass_per_element > spec.max_sass_per_element:
-                f.append(f"{kernel.sass_per_element:.0f} SASS per element (expected <= {spec.max_sass_per_element:g})")
+    if spec is not None and kernel.dtype == "float" and kernel.name not in EXCEPTIONS:
+        if kernel.sass_per_element is None:
+            f.append(f"no loop issues {spec.marker} (the element loop was not found)")
+        elif kernel.sass_per_element > spec.max_sass_per_element:
+            f.append(f"{kernel.sass_per_element:.0f} SASS per element (expected <= {spec.max_sass_per_element:g})")
     kernel.status = "FAIL: " + "; ".join(f) if f else "ok"
 
 
@@ -451,8 +431,8 @@ def report(sources: list[Path], jobs: int) -> list[Kernel]:
 
 
 def table(kernels: list[Kernel]) -> str:
-    head = ("| source | kernel | dtype | regs | stack | spill | SASS | loops (static SASS) | CALL div/I2F64 in (hot) loops "
-            "| all loops | SASS/elem | gate |")
+    head = ("| source | kernel | dtype | regs | stack | spill | SASS | loops (static SASS) | CALL/I2F64 in loops "
+            "| bad loops | SASS/elem | gate |")
     rows = [head, "|" + "---|" * 12]
     for k in kernels:
         loops = ", ".join(str(n) for _, _, n in k.loops[:6]) + (" ..." if len(k.loops) > 6 else "")
@@ -460,16 +440,41 @@ def table(kernels: list[Kernel]) -> str:
         shown = k.sass_per_element is not None and spec is not None and spec.max_sass_per_element != float("inf")
         per = f"{k.sass_per_element:.0f}" if shown else ""
         rows.append(f"| {k.source} | {k.name} | {k.dtype} | {k.registers} | {k.stack} | "
-                    f"{k.spill_stores}/{k.spill_loads} | {k.sass} | {loops} | {k.call_in_loops}/{k.conv64_in_loops} | "
-                    f"{k.call_all_loops}/{k.conv64_all_loops} | {per} | {k.status} |")
+                    f"{k.spill_stores}/{k.spill_loads} | {k.sass} | {loops} | {k.call_all_loops}/{k.conv64_all_loops} | "
+                    f"{len(k.bad_loops)} | {per} | {k.status} |")
     present = {k.name for k in kernels}
     for name, spec in GATED.items():
         if name not in present:
             rows.append(f"| | {name} | | | | | | | | | | kernel absent ({spec.note}) |")
-    rows.append("\nKernels with a CALL or a 64-bit conversion in some loop (all loops), and why it is not per element:")
-    for name in sorted({k.name for k in kernels if k.call_all_loops or k.conv64_all_loops}):
-        why = NOT_PER_ELEMENT.get(name) or ("visit" in name and NOT_PER_ELEMENT["visit"]) or "(not examined)"
-        rows.append(f"  {name}: {why}")
+    if EXCEPTIONS:
+        rows.append("\nExceptions (gates other than the SASS rules):")
+        rows.extend(f"  {name}: {why}" for name, why in EXCEPTIONS.items())
+    return "\n".join(rows)
+
+
+def violation_table(kernels: list[Kernel]) -> str:
+    """The SASS rules' count by kernel (all its instantiations): loops with a CALL or a 64-bit conversion, kernels
+    over MAX_REGISTERS registers, with a stack frame, with spills; and the total."""
+    by_name: dict[str, dict[str, int]] = {}
+    for k in kernels:
+        d = by_name.setdefault(k.name, {"instantiations": 0, "loops": 0, "registers": 0, "stack": 0, "spill": 0})
+        d["instantiations"] += 1
+        for key, n in sass_rules(k).items():
+            d[key] += n
+    rows = [f"SASS rules (sm_90; GPU-DESIGN.md section 7): per kernel, over its instantiations",
+            "| kernel | instantiations | loops with CALL / 64-bit conversion | registers > "
+            f"{MAX_REGISTERS} | stack | spill | violations |", "|" + "---|" * 7]
+    total = {"loops": 0, "registers": 0, "stack": 0, "spill": 0}
+    for name in sorted(by_name, key=lambda n: (-sum(v for key, v in by_name[n].items() if key != "instantiations"), n)):
+        d = by_name[name]
+        v = d["loops"] + d["registers"] + d["stack"] + d["spill"]
+        for key in total:
+            total[key] += d[key]
+        rows.append(f"| {name} | {d['instantiations']} | {d['loops']} | {d['registers']} | {d['stack']} | "
+                    f"{d['spill']} | {v} |")
+    rows.append(f"\nSASS rule violations: {sum(total.values())} (loops with CALL or 64-bit conversion {total['loops']}, "
+                f"over {MAX_REGISTERS} registers {total['registers']}, stack {total['stack']}, spill {total['spill']}) "
+                f"in {len(kernels)} kernel instantiations")
     return "\n".join(rows)
 
 
@@ -490,6 +495,8 @@ def main(argv=None) -> int:
             ap.error(f"--sources: expected files under {src_dir}, got {s.name} (not found)")
     kernels = report(sources, args.jobs)
     print(table(kernels))
+    print()
+    print(violation_table(kernels))
     bad = [k for k in kernels if failed(k)]
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(k) for k in kernels], indent=1))

@@ -307,6 +307,13 @@ enum RotatedTable : int {
   kRtGhHi, kRtGhLo, kRtGwHi, kRtGwLo, kRtEntries
 };
 
+// Offset of element (k, c0, ph, pw) of a (K, C, oh, ow) tensor with bins = oh * ow, in 64 bits (every product:
+// ph * ow alone passes 2^31 with 2^31 bins).
+DCNKIT_HD int64_t rotated_bin_offset(int64_t k, int64_t C, int64_t c0, int64_t bins, int32_t ph, int64_t ow,
+                                     int32_t pw) {
+  return (k * C + c0) * bins + static_cast<int64_t>(ph) * ow + pw;
+}
+
 // Coordinate of sample i of a bin along one axis: RoIAxis's expression in 32-bit indices (the same value).
 template <typename Acc>
 struct RotatedAxis32 {

@@ -1,0 +1,154 @@
+// Arithmetic that the SASS rules of GPU-DESIGN.md section 7 allow inside a kernel's loops, with the host's results:
+// no CALL (the slow paths of division and of 64-bit integer division) and no 64-bit integer <-> floating-point
+// conversion (I2F.S64, F2I.S64 and their unsigned and double forms). scripts/kernel_report.py checks the SASS.
+//
+//   div_rn(a, b)          a / b, correctly rounded: the host's division; on the device the FMA refinement of the
+//                         hardware reciprocal that CUDA's own division runs on its fast path (the same instructions),
+//                         with the operands scaled into its range instead of its slow-path call.
+//   index_to_acc<Acc>(i)  Acc(i) of a 64-bit index: one 32-bit conversion when i fits 32 bits, else its halves.
+//   acc_to_index(v)       int64_t(v) of an integral v in [0, 2^62): one 32-bit conversion below 2^31, else halves.
+//
+// Each device algorithm is also a host function (div_rn_with, index_to_acc_split, acc_to_index_split), so that a host
+// test runs it against the host's arithmetic (tests/cpp/device_math_checks.cpp).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "dcnkit/common.h"
+
+namespace dcnkit {
+
+// a / b from an approximation r0 of 1 / b (relative error below 2^-20): CUDA's fast-path refinement (float: a Newton
+// step on the reciprocal; double: a third-order step, then a Newton step), the quotient a * r, then the quotient
+// corrected by its exact residual a - b q. Correctly rounded while a, b and a / b are normal numbers well inside the
+// exponent range (div_rn_with keeps them there).
+template <typename Acc>
+DCNKIT_HD Acc div_refine(Acc a, Acc b, Acc r0) {
+  Acc e = std::fma(-b, r0, Acc(1));
+  if constexpr (sizeof(Acc) == 8) e = std::fma(e, e, e);
+  Acc r = std::fma(r0, e, r0);
+  if constexpr (sizeof(Acc) == 8) {
+    e = std::fma(-b, r, Acc(1));
+    r = std::fma(r, e, r);
+  }
+  const Acc q = a * r;
+  return std::fma(r, std::fma(-b, q, a), q);
+}
+
+// The range in which div_refine is used as it is: 2^-lim <= |a|, |b| <= 2^lim, so that the quotient is normal with
+// a margin (float 2^60, double 2^500).
+template <typename Acc>
+DCNKIT_HD bool div_in_range(Acc v) {
+  const Acc lo = sizeof(Acc) == 8 ? Acc(0x1p-500) : Acc(0x1p-60), hi = sizeof(Acc) == 8 ? Acc(0x1p500) : Acc(0x1p60);
+  const Acc m = std::fabs(v);
+  return m >= lo && m <= hi;
+}
+
+// a / b by div_refine, with rcp(x) an approximate reciprocal of float and double x. Operands outside div_in_range:
+// a zero, infinite or NaN operand gives IEEE's signed zero, infinity or NaN; otherwise
+// float divides in double (div_refine of the exact double operands, then one rounding to float: correctly rounded,
+// subnormal results included, as a float quotient is never within 2^-48 of a float midpoint while the double one is
+// within 2^-53 of it), double scales both operands to [1, 2) and the quotient back by a power of two (exact unless the
+// quotient is subnormal, where its last bit may then differ from the correctly rounded one).
+template <typename Acc, typename Rcp>
+DCNKIT_HD Acc div_rn_with(Acc a, Acc b, const Rcp& rcp) {
+  if (div_in_range(a) && div_in_range(b)) return div_refine(a, b, rcp(b));
+  if (a == Acc(0) || b == Acc(0) || !std::isfinite(a) || !std::isfinite(b)) {
+    if (std::isnan(a) || std::isnan(b)) return a + b;
+    const bool zero = a == Acc(0) || std::isinf(b), inf = std::isinf(a) || b == Acc(0);
+    if (zero && inf) return std::numeric_limits<Acc>::quiet_NaN();  // 0 / 0, inf / inf
+    return std::copysign(zero ? Acc(0) : std::numeric_limits<Acc>::infinity(),
+                         std::signbit(a) != std::signbit(b) ? Acc(-1) : Acc(1));
+  }
+  if constexpr (sizeof(Acc) == 4) {
+    const double ad = static_cast<double>(a), bd = static_cast<double>(b);
+    return static_cast<Acc>(div_refine(ad, bd, rcp(bd)));
+  } else {
+    int ea = 0, eb = 0;
+    const Acc ma = std::frexp(a, &ea), mb = std::frexp(b, &eb);
+    return std::ldexp(div_refine(ma, mb, rcp(mb)), ea - eb);
+  }
+}
+
+#if defined(__CUDA_ARCH__)
+// The hardware's approximate reciprocals (MUFU.RCP, MUFU.RCP64H), as CUDA's division starts from them.
+struct HardwareRcp {
+  __device__ __forceinline__ float operator()(float b) const {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+    return r;
+  }
+  __device__ __forceinline__ double operator()(double b) const {
+    double r;
+    asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(b));
+    return r;
+  }
+};
+#endif
+
+// a / b, correctly rounded (see div_rn_with for the device's one exception: a subnormal double quotient).
+template <typename Acc>
+DCNKIT_HD Acc div_rn(Acc a, Acc b) {
+#if defined(__CUDA_ARCH__)
+  return div_rn_with(a, b, HardwareRcp{});
+#else
+  return a / b;
+#endif
+}
+
+// Acc(i) from the two 32-bit halves of i: the high half times 2^32 plus the low one, exact in double below 2^53 (one
+// rounding of the exact value, as the 64-bit conversion; float then rounds that double once more, which matters only
+// beyond 2^53 and keeps the result monotone in i).
+template <typename Acc>
+DCNKIT_HD Acc index_to_acc_split(int64_t i) {
+  if (i == static_cast<int64_t>(static_cast<int32_t>(i))) return static_cast<Acc>(static_cast<int32_t>(i));
+  const int32_t hi = static_cast<int32_t>(i >> 32);
+  const uint32_t lo = static_cast<uint32_t>(static_cast<uint64_t>(i));
+  return static_cast<Acc>(static_cast<double>(hi) * 4294967296.0 + static_cast<double>(lo));
+}
+template <typename Acc>
+DCNKIT_HD Acc index_to_acc(int64_t i) {
+#if defined(__CUDA_ARCH__)
+  return index_to_acc_split<Acc>(i);
+#else
+  return static_cast<Acc>(i);
+#endif
+}
+// 32-bit indices convert directly.
+template <typename Acc>
+DCNKIT_HD Acc index_to_acc(int32_t i) {
+  return static_cast<Acc>(i);
+}
+template <typename Acc>
+DCNKIT_HD Acc index_to_acc(uint32_t i) {
+  return static_cast<Acc>(i);
+}
+
+// int64_t(v) for an integral v in [0, 2^62) from 32-bit conversions: v / 2^32 and its remainder are exact.
+template <typename Acc>
+DCNKIT_HD int64_t acc_to_index_split(Acc v) {
+  if (v < Acc(2147483648.0)) return static_cast<int32_t>(v);
+  const Acc hi = std::floor(v * Acc(0x1p-32));
+  const Acc lo = v - hi * Acc(4294967296.0);
+  return static_cast<int64_t>((static_cast<uint64_t>(static_cast<uint32_t>(hi)) << 32) | static_cast<uint32_t>(lo));
+}
+template <typename Acc>
+DCNKIT_HD int64_t acc_to_index(Acc v) {
+#if defined(__CUDA_ARCH__)
+  return acc_to_index_split(v);
+#else
+  return static_cast<int64_t>(v);
+#endif
+}
+
+// floor(v) as an int32_t within [lo, hi] (NaN: lo): the comparisons first, so that only an int32 conversion remains.
+template <typename Acc>
+DCNKIT_HD int32_t floor_within(Acc v, int32_t lo, int32_t hi) {
+  if (!(v > static_cast<Acc>(lo))) return lo;
+  if (!(v < static_cast<Acc>(hi))) return hi;
+  return static_cast<int32_t>(std::floor(v));
+}
+
+}  // namespace dcnkit
