@@ -90,6 +90,27 @@ void check_division(const char* name, int emin, int emax) {
   char what[128];
   std::snprintf(what, sizeof(what), "div_rn_with<%s> (device division) == a / b", name);
   report(what, bad, total);
+  // div_count_with: divisors >= 1 (up to 2^120), any numerator
+  bad = total = 0;
+  std::uniform_int_distribution<int> e(0, 120);
+  auto count = [&](Acc a, Acc nv) {
+    const Acc want = a / nv, got = dcnkit::div_count_with(a, nv, rcp);
+    if (sizeof(Acc) == 8 && want != Acc(0) && std::fabs(want) < std::numeric_limits<Acc>::min()) return;
+    ++total;
+    if (!same(got, want)) {
+      if (bad < 5) std::printf("  %s: %a / %a = %a, got %a\n", name, double(a), double(nv), double(want), double(got));
+      ++bad;
+    }
+  };
+  for (int i = 0; i < 2000000; ++i) {
+    const Acc nv = std::floor(static_cast<Acc>(std::ldexp(double(rng() >> 11) / 9007199254740992.0, e(rng)))) + Acc(1);
+    count(random_value<Acc>(rng, emin, emax), nv);
+  }
+  for (Acc a : specials) count(a, Acc(3));
+  count(std::numeric_limits<Acc>::max(), Acc(1));
+  count(Acc(3.14159265), Acc(3.141592653589793));
+  std::snprintf(what, sizeof(what), "div_count_with<%s> (divisors >= 1) == a / n", name);
+  report(what, bad, total);
   if (sizeof(Acc) == 8) std::printf("  (%ld subnormal quotients apart, %ld of them off in the last bit)\n", subnormal,
                                     subnormal_bad);
 }

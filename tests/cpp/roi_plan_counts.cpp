@@ -237,7 +237,9 @@ int main() {
           if (plan != nullptr) {
             roi_plan_forward_items<double, double>(mp, h, plan, maps[h.level], k, c0, nc, tid, 256, out.data(), false);
           } else {
-            roi_visit_forward_items<double, double>(mp, h, h.H, h.W, maps[h.level], k, c0, nc, tid, 256, out.data());
+            dcnkit::RoIVisitFrame<double> frame;
+            roi_visit_forward_items<double, double>(mp, h, h.H, h.W, maps[h.level], k, c0, nc, tid, 256, out.data(),
+                                                    &frame);
           }
         });
     bool written = true;

@@ -135,15 +135,15 @@ Status deform_psroi_pool_backward_cpu(const DeformPSRoIPoolParams& p, const T* g
                          std::to_string(p.attrs.output_size));
       }
       const int64_t outputs = p.num_rois * D * P * P;
-      DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("deform_psroi_pool_scale_kernel", outputs)));
+      DCNKIT_RETURN_IF_ERROR(check_launch(element_launch("deform_psroi_pool_scale_kernel", outputs)));
       std::vector<T> scale(static_cast<size_t>(outputs));
       for (int64_t o = 0; o < outputs; ++o) scale[static_cast<size_t>(o)] = psroi_gather_scale<T>(grad_output, count, o);
       const PSRoIGather<T, T> g = PSRoIGather<T, T>::make(p, rois, trans, scale.data());
-      DCNKIT_RETURN_IF_ERROR(roi_gather_serial(g, p.num_rois, roi_gather_grid(N, C, H, W), grad_input));
+      DCNKIT_RETURN_IF_ERROR(roi_gather_serial(g, p.num_rois, roi_gather_grid<T>(N, C, H, W), grad_input));
     }
     const int64_t m = p.num_rois * p.num_classes * p.attrs.part_size * p.attrs.part_size;
     if (grad_trans != nullptr && trans != nullptr) {
-      DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("deform_psroi_pool_trans_grad_kernel", m)));
+      DCNKIT_RETURN_IF_ERROR(check_launch(element_launch("deform_psroi_pool_trans_grad_kernel", m)));
       for (int64_t i = 0; i < m; ++i) {
         psroi_trans_grad_entry<T, T>(p, grad_output, input, rois, trans, count, i, grad_trans);
       }

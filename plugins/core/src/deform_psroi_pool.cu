@@ -14,34 +14,30 @@
 namespace dcnkit {
 namespace {
 
-// One thread per output (k, ctop, ph, pw).
+// One thread per output (k, ctop, ph, pw) (element_launch: no loop holds its RoI's geometry).
 template <typename T, typename Acc>
-__global__ void deform_psroi_pool_forward_kernel(DeformPSRoIPoolParams p, const T* input,
-                                                 const T* rois, const T* trans, T* output, T* count) {
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
+    deform_psroi_pool_forward_kernel(DeformPSRoIPoolParams p, const T* input, const T* rois, const T* trans,
+                                     T* output, T* count) {
   const int64_t C = p.channels, H = p.height, W = p.width, D = p.attrs.output_dim;
   const int64_t P = p.attrs.output_size;
-  DCNKIT_CUDA_KERNEL_LOOP(i, p.num_rois * D * P * P) {
-    const RoIElement e = roi_element(i, D, P, P);
-    const T* roi = rois + e.k * 5;
-    int64_t b = 0;
-    if (!roi_batch_index<Acc>(roi, p.batch, &b)) {
-      output[i] = from_acc<T>(Acc(0));
-      if (count != nullptr) count[i] = from_acc<T>(Acc(0));
-      continue;
-    }
+  DCNKIT_CUDA_ELEMENT(i, p.num_rois * D * P * P);
+  const RoIElement e = roi_element(i, D, P, P);
+  const T* roi = rois + e.k * 5;
+  int64_t b = 0;
+  Acc v = Acc(0), cnt = Acc(0);
+  if (roi_batch_index<Acc>(roi, p.batch, &b)) {
     const PSRoIBin<Acc> r = psroi_bin<Acc>(p, roi, trans, e.k, e.c, e.ph, e.pw);
-    Acc cnt;
-    const Acc v = psroi_bin_forward<Acc>(input + (b * C + r.channel) * H * W, H, W, r,
-                                         p.attrs.sample_per_part, &cnt);
-    output[i] = from_acc<T>(v);
-    if (count != nullptr) count[i] = from_acc<T>(cnt);
+    v = psroi_bin_forward<Acc>(input + (b * C + r.channel) * H * W, H, W, r, p.attrs.sample_per_part, &cnt);
   }
+  output[i] = from_acc<T>(v);
+  if (count != nullptr) count[i] = from_acc<T>(cnt);
 }
 
 // One block per (RoI, group of kRoIPlanChannels output channels) (psroi_plan.h): thread 0 computes the RoI's box,
 // the block plans every bin's samples once, then loops over its (output channel, bin) pairs.
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     deform_psroi_pool_plan_forward_kernel(DeformPSRoIPoolParams p, const T* input, const T* rois, const T* trans,
                                           T* output, T* count) {
   __shared__ PSRoIPlanHead<Acc> head;
@@ -57,7 +53,7 @@ __global__ void __launch_bounds__(kCudaThreads)
 
 // grad_input on the forward's blocks: each block plans its RoI once and scatters its (output channel, bin) pairs.
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     deform_psroi_pool_plan_grad_input_kernel(DeformPSRoIPoolParams p, const T* grad_output, const T* rois,
                                              const T* trans, const T* count, Acc* grad_input) {
   __shared__ PSRoIPlanHead<Acc> head;
@@ -76,50 +72,48 @@ __global__ void __launch_bounds__(kCudaThreads)
 // One thread per output gradient element, scattering into the accumulation buffers (type Acc) of
 // grad_input and grad_trans (atomicAdd).
 template <typename T, typename Acc>
-__global__ void deform_psroi_pool_backward_kernel(DeformPSRoIPoolParams p, const T* grad_output,
-                                                  const T* input, const T* rois, const T* trans,
-                                                  const T* count, Acc* grad_input, Acc* grad_trans) {
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
+    deform_psroi_pool_backward_kernel(DeformPSRoIPoolParams p, const T* grad_output, const T* input, const T* rois,
+                                      const T* trans, const T* count, Acc* grad_input, Acc* grad_trans) {
   const int64_t C = p.channels, H = p.height, W = p.width, D = p.attrs.output_dim;
   const int64_t P = p.attrs.output_size, spp = p.attrs.sample_per_part;
-  DCNKIT_CUDA_KERNEL_LOOP(i, p.num_rois * D * P * P) {
-    const RoIElement e = roi_element(i, D, P, P);
-    const T* roi = rois + e.k * 5;
-    int64_t b = 0;
-    if (!roi_batch_index<Acc>(roi, p.batch, &b)) continue;
-    const Acc g = to_acc<Acc>(grad_output[i]);
-    if (g == Acc(0)) continue;
-    const PSRoIBin<Acc> r = psroi_bin<Acc>(p, roi, trans, e.k, e.c, e.ph, e.pw);
-    const T* img = input + (b * C + r.channel) * H * W;
-    const Acc cnt = to_acc<Acc>(count[i]);
-    if (grad_input != nullptr) {
-      RoIAtomicAdd<Acc> add{grad_input + (b * C + r.channel) * H * W};
-      psroi_bin_backward<Acc>(H, W, r, spp, cnt, g, add);
-    }
-    if (grad_trans != nullptr && trans != nullptr) {
-      Acc gtx, gty;
-      psroi_bin_trans_grad<Acc>(img, H, W, r, spp, static_cast<Acc>(p.attrs.trans_std), cnt, g, &gtx, &gty);
-      atomicAdd(grad_trans + r.trans_x, gtx);
-      atomicAdd(grad_trans + r.trans_y, gty);
-    }
+  DCNKIT_CUDA_ELEMENT(i, p.num_rois * D * P * P);
+  const RoIElement e = roi_element(i, D, P, P);
+  const T* roi = rois + e.k * 5;
+  int64_t b = 0;
+  if (!roi_batch_index<Acc>(roi, p.batch, &b)) return;
+  const Acc g = to_acc<Acc>(grad_output[i]);
+  if (g == Acc(0)) return;
+  const PSRoIBin<Acc> r = psroi_bin<Acc>(p, roi, trans, e.k, e.c, e.ph, e.pw);
+  const T* img = input + (b * C + r.channel) * H * W;
+  const Acc cnt = to_acc<Acc>(count[i]);
+  if (grad_input != nullptr) {
+    RoIAtomicAdd<Acc> add{grad_input + (b * C + r.channel) * H * W};
+    psroi_bin_backward<Acc>(H, W, r, spp, cnt, g, add);
+  }
+  if (grad_trans != nullptr && trans != nullptr) {
+    Acc gtx, gty;
+    psroi_bin_trans_grad<Acc>(img, H, W, r, spp, static_cast<Acc>(p.attrs.trans_std), cnt, g, &gtx, &gty);
+    atomicAdd(grad_trans + r.trans_x, gtx);
+    atomicAdd(grad_trans + r.trans_y, gty);
   }
 }
 
-// Deterministic grad_trans: one thread per (RoI, class, part) writing its two entries (psroi_trans_grad_entry). The
-// double instantiation may take all the registers a 256-thread block leaves (it spilled with the default budget).
+// Deterministic grad_trans: one thread per (RoI, class, part) writing its two entries (psroi_trans_grad_entry).
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads, sizeof(Acc) == 8 ? 1 : 0)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     deform_psroi_pool_trans_grad_kernel(DeformPSRoIPoolParams p, const T* grad_output, const T* input, const T* rois,
                                         const T* trans, const T* count, int64_t n, T* grad_trans) {
-  DCNKIT_CUDA_KERNEL_LOOP(i, n) {
-    psroi_trans_grad_entry<Acc, T>(p, grad_output, input, rois, trans, count, i, grad_trans);
-  }
+  DCNKIT_CUDA_ELEMENT(i, n);
+  psroi_trans_grad_entry<Acc, T>(p, grad_output, input, rois, trans, count, i, grad_trans);
 }
 
-// Deterministic grad_input's per-output factor g / count (psroi_gather_scale).
+// Deterministic grad_input's per-output factor g / count (psroi_gather_scale), one thread per output.
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     deform_psroi_pool_scale_kernel(const T* grad_output, const T* count, int64_t n, Acc* scale) {
-  DCNKIT_CUDA_KERNEL_LOOP(o, n) { scale[o] = psroi_gather_scale<Acc>(grad_output, count, o); }
+  DCNKIT_CUDA_ELEMENT(o, n);
+  scale[o] = psroi_gather_scale<Acc>(grad_output, count, o);
 }
 
 int64_t output_elements(const DeformPSRoIPoolParams& p) {
@@ -159,6 +153,7 @@ Status deform_psroi_pool_forward_cuda(const DeformPSRoIPoolParams& p, DType dtyp
   DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("deform_psroi_pool_forward_cuda"));
   const int64_t n = output_elements(p);
   if (n == 0) return Status::Ok();
+  DCNKIT_RETURN_IF_ERROR(check_psroi_cuda("deform_psroi_pool_forward_cuda", p));
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -172,7 +167,9 @@ Status deform_psroi_pool_forward_cuda(const DeformPSRoIPoolParams& p, DType dtyp
               static_cast<T*>(count));
       return cuda_launch_status("deform_psroi_pool_forward_cuda");
     }
-    deform_psroi_pool_forward_kernel<T, Acc><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
+    const LaunchDims d = element_launch("deform_psroi_pool_forward_kernel", n);
+    DCNKIT_RETURN_IF_ERROR(check_launch(d));
+    deform_psroi_pool_forward_kernel<T, Acc><<<launch_grid(d), d.block, 0, s>>>(
         p, static_cast<const T*>(input), static_cast<const T*>(rois),
         p.attrs.no_trans ? nullptr : static_cast<const T*>(trans), static_cast<T*>(output),
         static_cast<T*>(count));
@@ -188,6 +185,7 @@ Status deform_psroi_pool_backward_cuda(const DeformPSRoIPoolParams& p, DType dty
   DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("deform_psroi_pool_backward_cuda"));
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   const int64_t n = output_elements(p);
+  DCNKIT_RETURN_IF_ERROR(check_psroi_cuda("deform_psroi_pool_backward_cuda", p));
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     using Acc = typename AccType<T>::type;
@@ -206,13 +204,14 @@ Status deform_psroi_pool_backward_cuda(const DeformPSRoIPoolParams& p, DType dty
         roi_gather_carve(gather_sizes(p, dtype), static_cast<char*>(workspace), &b);
         Acc* scale = static_cast<Acc*>(b.scale);
         if (n > 0) {
-          const LaunchDims d = stride_launch("deform_psroi_pool_scale_kernel", n);
+          const LaunchDims d = element_launch("deform_psroi_pool_scale_kernel", n);
+          DCNKIT_RETURN_IF_ERROR(check_launch(d));
           deform_psroi_pool_scale_kernel<T, Acc><<<launch_grid(d), d.block, 0, s>>>(go, cnt, n, scale);
           DCNKIT_RETURN_IF_ERROR(cuda_launch_status("deform_psroi_pool_backward_cuda: deterministic scale"));
         }
         const PSRoIGather<Acc, T> g = PSRoIGather<Acc, T>::make(p, r, trans, scale);
         DCNKIT_RETURN_IF_ERROR(roi_gather_cuda<T>("deform_psroi_pool_backward_cuda: deterministic gather", g,
-                                                  p.num_rois, roi_gather_grid(p.batch, p.channels, p.height, p.width),
+                                                  p.num_rois, roi_gather_grid<Acc>(p.batch, p.channels, p.height, p.width),
                                                   r, p.batch, false, b, static_cast<T*>(grad_input), s));
       }
       if (grad_trans == nullptr) return Status::Ok();
@@ -221,7 +220,8 @@ Status deform_psroi_pool_backward_cuda(const DeformPSRoIPoolParams& p, DType dty
         return cuda_status(cudaMemsetAsync(grad_trans, 0, sizeof(T) * static_cast<size_t>(2 * m), s),
                            "deform_psroi_pool_backward_cuda: memset");
       }
-      const LaunchDims d = stride_launch("deform_psroi_pool_trans_grad_kernel", m);
+      const LaunchDims d = element_launch("deform_psroi_pool_trans_grad_kernel", m);
+      DCNKIT_RETURN_IF_ERROR(check_launch(d));
       deform_psroi_pool_trans_grad_kernel<T, Acc><<<launch_grid(d), d.block, 0, s>>>(
           p, go, static_cast<const T*>(input), r, trans, cnt, m, static_cast<T*>(grad_trans));
       return cuda_launch_status("deform_psroi_pool_backward_cuda: deterministic grad_trans");
@@ -244,7 +244,9 @@ Status deform_psroi_pool_backward_cuda(const DeformPSRoIPoolParams& p, DType dty
     }
     Acc* rest_gin = planned ? nullptr : gin.acc;
     if (n > 0 && (rest_gin != nullptr || (grad_trans != nullptr && trans != nullptr))) {
-      deform_psroi_pool_backward_kernel<T, Acc><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
+      const LaunchDims d = element_launch("deform_psroi_pool_backward_kernel", n);
+      DCNKIT_RETURN_IF_ERROR(check_launch(d));
+      deform_psroi_pool_backward_kernel<T, Acc><<<launch_grid(d), d.block, 0, s>>>(
           p, static_cast<const T*>(grad_output), static_cast<const T*>(input), static_cast<const T*>(rois),
           trans, static_cast<const T*>(count), rest_gin, gtr.acc);
       DCNKIT_RETURN_IF_ERROR(cuda_launch_status("deform_psroi_pool_backward_cuda"));

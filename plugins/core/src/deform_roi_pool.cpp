@@ -60,8 +60,9 @@ Status deform_roi_forward_cuda_schedule(const DeformRoIPoolParams& p, const T* i
     if (plan != nullptr) {
       roi_plan_forward_items<T, T>(p, h, plan, input, k, c0, nc, tid, kCudaScheduleThreads, output, false);
     } else {
+      RoIVisitFrame<T> frame;
       roi_visit_forward_items<T, T>(p, h, p.height, p.width, input, k, c0, nc, tid, kCudaScheduleThreads, output,
-                                    origin);
+                                    &frame, origin);
     }
   });
 }
@@ -71,7 +72,7 @@ Status deform_roi_grad_input_cuda_schedule(const DeformRoIPoolParams& p, const T
                                            const T* offset, T* grad_input) {
   if (roi_cuda_schedule_deterministic_path()) {  // the deterministic mode's footprints and tile gather (roi_gather.h)
     const DeformRoIGather<T, T> g{p, rois, offset, grad_output, 0, nullptr};
-    return roi_gather_serial(g, p.num_rois, roi_gather_grid(p.batch, p.channels, p.height, p.width), grad_input);
+    return roi_gather_serial(g, p.num_rois, roi_gather_grid<T>(p.batch, p.channels, p.height, p.width), grad_input);
   }
   std::fill(grad_input, grad_input + p.batch * p.channels * p.height * p.width, T(0));
   const auto add_at = [grad_input](int64_t at) { return CpuAddTo<T>{grad_input + at}; };
@@ -82,8 +83,9 @@ Status deform_roi_grad_input_cuda_schedule(const DeformRoIPoolParams& p, const T
       roi_plan_backward_items<T, T>(p, h, plan, grad_output, none, k, c0, nc, tid, kCudaScheduleThreads, add_at,
                                     false);
     } else {
+      RoIVisitFrame<T> frame;
       roi_visit_backward_items<T, T>(p, h, p.height, p.width, grad_output, none, k, c0, nc, tid,
-                                     kCudaScheduleThreads, add_at, origin);
+                                     kCudaScheduleThreads, add_at, &frame, origin);
     }
   });
 }

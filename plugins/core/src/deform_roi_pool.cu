@@ -16,7 +16,7 @@ namespace {
 // offsets applied (plan kernels; DeformRoIOrigin) or samples on the fly (visit kernels, grids too large to plan),
 // then loops over its (channel, bin) pairs. Avg pooling only.
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     deform_roi_pool_plan_forward_kernel(DeformRoIPoolParams p, const T* input, const T* rois, const T* offset,
                                         T* output) {
   __shared__ RoIPlanHead<Acc> head;
@@ -31,10 +31,10 @@ __global__ void __launch_bounds__(kCudaThreads)
                                  roi_group_channels(p.channels, g), threadIdx.x, blockDim.x, output, false);
 }
 
-// The visit kernels (the fallback of huge adaptive grids) may take all the registers a 256-thread block leaves
-// (minimum 1 block per SM): with ptxas's default budget the bounded visit spilled to the stack.
+// The visit kernels (the fallback of grids too large to plan) keep the bounded visit's loop invariants in a per-thread
+// frame in shared memory (roi_thread_frame), within 48 registers.
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads, 1)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     deform_roi_pool_visit_forward_kernel(DeformRoIPoolParams p, const T* input, const T* rois, const T* offset,
                                          T* output, bool all) {
   __shared__ RoIPlanHead<Acc> head;
@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kCudaThreads, 1)
   const int64_t g = blockIdx.y;
   roi_visit_forward_items<Acc, T>(p, head, p.height, p.width, input, blockIdx.x, g * kRoIPlanChannels,
                                   roi_group_channels(p.channels, g), threadIdx.x, blockDim.x, output,
-                                  DeformRoIOrigin<T>{p, offset, blockIdx.x});
+                                  roi_thread_frame<Acc>(), DeformRoIOrigin<T>{p, offset, blockIdx.x});
 }
 
 // grad_input: the same blocks, scattering with atomicAdd into the accumulation buffer (type Acc).
@@ -56,7 +56,7 @@ struct DeformRoIAtomicAt {
 };
 
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     deform_roi_pool_plan_grad_input_kernel(DeformRoIPoolParams p, const T* grad_output, const T* rois,
                                            const T* offset, Acc* grad_input) {
   __shared__ RoIPlanHead<Acc> head;
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kCudaThreads)
 }
 
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads, 1)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     deform_roi_pool_visit_grad_input_kernel(DeformRoIPoolParams p, const T* grad_output, const T* rois,
                                             const T* offset, Acc* grad_input, bool all) {
   __shared__ RoIPlanHead<Acc> head;
@@ -84,45 +84,45 @@ __global__ void __launch_bounds__(kCudaThreads, 1)
   const int64_t g = blockIdx.y;
   roi_visit_backward_items<Acc, T>(p, head, p.height, p.width, grad_output, static_cast<const T*>(nullptr),
                                    blockIdx.x, g * kRoIPlanChannels, roi_group_channels(p.channels, g), threadIdx.x,
-                                   blockDim.x, DeformRoIAtomicAt<Acc>{grad_input},
+                                   blockDim.x, DeformRoIAtomicAt<Acc>{grad_input}, roi_thread_frame<Acc>(),
                                    DeformRoIOrigin<T>{p, offset, blockIdx.x});
 }
 
-// grad_offset: one thread per (k, ph, pw), summing over channels in the accumulation type (no atomics).
+// grad_offset: one thread per (k, ph, pw) (element_launch), summing over channels in the accumulation type (no
+// atomics).
 template <typename T, typename Acc>
-__global__ void deform_roi_pool_grad_offset_kernel(DeformRoIPoolParams p, const T* grad_output,
-                                                   const T* input, const T* rois, const T* offset,
-                                                   T* grad_offset) {
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
+    deform_roi_pool_grad_offset_kernel(DeformRoIPoolParams p, const T* grad_output, const T* input, const T* rois,
+                                       const T* offset, T* grad_offset) {
   const int64_t C = p.channels, H = p.height, W = p.width;
   const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
-  DCNKIT_CUDA_KERNEL_LOOP(i, p.num_rois * oh * ow) {
-    const RoIElement e = roi_element(i, 1, oh, ow);
-    const int64_t k = e.k, ph = e.ph, pw = e.pw;
-    T* gox = grad_offset + (k * 2 * oh + ph) * ow + pw;
-    T* goy = gox + oh * ow;
-    const T* roi = rois + k * 5;
-    int64_t b = 0;
-    if (!roi_batch_index<Acc>(roi, p.batch, &b)) {
-      *gox = from_acc<T>(Acc(0));
-      *goy = from_acc<T>(Acc(0));
-      continue;
-    }
-    const RoIAlignBox<Acc> box = deform_roi_pool_box<Acc>(p, roi);
-    Acc y0, x0;
-    deform_roi_pool_origin<Acc, T>(p, box, offset, k, ph, pw, &y0, &x0);
-    Acc sx = Acc(0), sy = Acc(0);
-    for (int64_t c = 0; c < C; ++c) {
-      const Acc g = to_acc<Acc>(grad_output[((k * C + c) * oh + ph) * ow + pw]);
-      if (g == Acc(0)) continue;
-      Acc gy, gx;
-      roi_align_bin_coord_grad<Acc>(input + (b * C + c) * H * W, H, W, box, y0, x0, &gy, &gx);
-      sx += g * gx;
-      sy += g * gy;
-    }
-    const Acc gamma = static_cast<Acc>(p.attrs.gamma);
-    *gox = from_acc<T>(gamma * box.roi_w * sx);
-    *goy = from_acc<T>(gamma * box.roi_h * sy);
+  DCNKIT_CUDA_ELEMENT(i, p.num_rois * oh * ow);
+  const RoIElement e = roi_element(i, 1, oh, ow);
+  const int64_t k = e.k, ph = e.ph, pw = e.pw;
+  T* gox = grad_offset + (k * 2 * oh + ph) * ow + pw;
+  T* goy = gox + oh * ow;
+  const T* roi = rois + k * 5;
+  int64_t b = 0;
+  if (!roi_batch_index<Acc>(roi, p.batch, &b)) {
+    *gox = from_acc<T>(Acc(0));
+    *goy = from_acc<T>(Acc(0));
+    return;
   }
+  const RoIAlignBox<Acc> box = deform_roi_pool_box<Acc>(p, roi);
+  Acc y0, x0;
+  deform_roi_pool_origin<Acc, T>(p, box, offset, k, ph, pw, &y0, &x0);
+  Acc sx = Acc(0), sy = Acc(0);
+  for (int64_t c = 0; c < C; ++c) {
+    const Acc g = to_acc<Acc>(grad_output[((k * C + c) * oh + ph) * ow + pw]);
+    if (g == Acc(0)) continue;
+    Acc gy, gx;
+    roi_align_bin_coord_grad<Acc>(input + (b * C + c) * H * W, H, W, box, y0, x0, &gy, &gx, roi_thread_frame<Acc>());
+    sx += g * gx;
+    sy += g * gy;
+  }
+  const Acc gamma = static_cast<Acc>(p.attrs.gamma);
+  *gox = from_acc<T>(gamma * box.roi_w * sx);
+  *goy = from_acc<T>(gamma * box.roi_h * sy);
 }
 
 int64_t input_elements(const DeformRoIPoolParams& p) { return p.batch * p.channels * p.height * p.width; }
@@ -153,6 +153,7 @@ Status deform_roi_pool_forward_cuda(const DeformRoIPoolParams& p, DType dtype, c
   DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("deform_roi_pool_forward_cuda"));
   const int64_t n = p.num_rois * p.channels * p.attrs.pooled_h * p.attrs.pooled_w;
   if (n == 0) return Status::Ok();
+  DCNKIT_RETURN_IF_ERROR(check_cuda_map_axes("deform_roi_pool_forward_cuda", "input", p.height, p.width));
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -178,6 +179,7 @@ Status deform_roi_pool_backward_cuda(const DeformRoIPoolParams& p, DType dtype,
                                      const void* offset_, void* grad_input, void* grad_offset,
                                      void* workspace, const CudaContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("deform_roi_pool_backward_cuda"));
+  DCNKIT_RETURN_IF_ERROR(check_cuda_map_axes("deform_roi_pool_backward_cuda", "input", p.height, p.width));
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -191,7 +193,7 @@ Status deform_roi_pool_backward_cuda(const DeformRoIPoolParams& p, DType dtype,
       const DeformRoIGather<Acc, T> g{p, static_cast<const T*>(rois), offset, static_cast<const T*>(grad_output), 0,
                                       nullptr};
       DCNKIT_RETURN_IF_ERROR(roi_gather_cuda<T>("deform_roi_pool_backward_cuda: deterministic gather", g, p.num_rois,
-                                                roi_gather_grid(p.batch, p.channels, p.height, p.width),
+                                                roi_gather_grid<Acc>(p.batch, p.channels, p.height, p.width),
                                                 static_cast<const T*>(rois), p.batch, false, b,
                                                 static_cast<T*>(grad_input), s));
     } else if (grad_input != nullptr) {
@@ -222,7 +224,9 @@ Status deform_roi_pool_backward_cuda(const DeformRoIPoolParams& p, DType dtype,
                            "deform_roi_pool_backward_cuda: memset");
       }
       if (m > 0) {
-        deform_roi_pool_grad_offset_kernel<T, Acc><<<cuda_blocks(m), kCudaThreads, 0, s>>>(
+        const LaunchDims d = element_launch("deform_roi_pool_grad_offset_kernel", m);
+        DCNKIT_RETURN_IF_ERROR(check_launch(d));
+        deform_roi_pool_grad_offset_kernel<T, Acc><<<launch_grid(d), d.block, 0, s>>>(
             p, static_cast<const T*>(grad_output), static_cast<const T*>(input), static_cast<const T*>(rois),
             offset, static_cast<T*>(grad_offset));
         DCNKIT_RETURN_IF_ERROR(cuda_launch_status("deform_roi_pool_backward_cuda: grad_offset"));

@@ -115,7 +115,8 @@ Status multi_level_forward_cuda_schedule(const MultiLevelRoIAlignParams& p, cons
     if (plan != nullptr) {
       roi_plan_forward_items<T, T>(p, h, plan, input, k, c0, nc, tid, kCudaScheduleThreads, output, max_mode);
     } else {
-      roi_visit_forward_items<T, T>(p, h, h.H, h.W, input, k, c0, nc, tid, kCudaScheduleThreads, output);
+      RoIVisitFrame<T> frame;
+      roi_visit_forward_items<T, T>(p, h, h.H, h.W, input, k, c0, nc, tid, kCudaScheduleThreads, output, &frame);
     }
   });
 }
@@ -136,7 +137,9 @@ Status multi_level_backward_cuda_schedule(const MultiLevelRoIAlignParams& p, con
       roi_plan_backward_items<T, T>(p, h, plan, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads, add_at,
                                     max_mode);
     } else {
-      roi_visit_backward_items<T, T>(p, h, h.H, h.W, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads, add_at);
+      RoIVisitFrame<T> frame;
+      roi_visit_backward_items<T, T>(p, h, h.H, h.W, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads, add_at,
+                                     &frame);
     }
   });
 }
@@ -150,13 +153,14 @@ Status multi_level_backward_gather(const MultiLevelRoIAlignParams& p, const T* g
   const MultiLevelHeadOf<T, T> head_of{p, rois};
   std::vector<T> argmax;
   if (p.attrs.mode == PoolMode::kMax) {
-    DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("roi_gather_argmax_kernel", n)));
+    DCNKIT_RETURN_IF_ERROR(check_launch(element_launch("roi_gather_argmax_kernel", n)));
     LevelMapOf<T> f{{}, p.channels};
     for (int64_t l = 0; l < p.attrs.num_levels; ++l) f.levels.ptr[l] = features[l];
     argmax.resize(static_cast<size_t>(2 * n));
+    RoIVisitFrame<T> frame;
     for (int64_t i = 0; i < n; ++i) {
       roi_gather_argmax_at<T>(head_of, f, p.channels, p.attrs.pooled_w, p.attrs.pooled_h * p.attrs.pooled_w, i,
-                              argmax.data());
+                              argmax.data(), &frame);
     }
   }
   for (int64_t l = 0; l < p.attrs.num_levels; ++l) {
@@ -165,7 +169,7 @@ Status multi_level_backward_gather(const MultiLevelRoIAlignParams& p, const T* g
                                                          p.widths[l],  grad_output, argmax.empty() ? nullptr : argmax.data(),
                                                          0,            nullptr};
     DCNKIT_RETURN_IF_ERROR(
-        roi_gather_serial(g, p.num_rois, roi_gather_grid(p.batch, p.channels, p.heights[l], p.widths[l]),
+        roi_gather_serial(g, p.num_rois, roi_gather_grid<T>(p.batch, p.channels, p.heights[l], p.widths[l]),
                           grad_features[l]));
   }
   return Status::Ok();

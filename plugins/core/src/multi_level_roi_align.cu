@@ -17,7 +17,7 @@ namespace {
 // level: thread 0 finds the level and the box, the block plans (plan kernels) or samples on the fly (visit
 // kernels) and loops over its (channel, bin) pairs.
 template <typename T, typename Acc, bool kMax>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     multi_level_roi_align_plan_forward_kernel(MultiLevelRoIAlignParams p, LevelPointers<const T*> features,
                                               const T* rois, T* output) {
   __shared__ RoIPlanHead<Acc> head;
@@ -33,10 +33,10 @@ __global__ void __launch_bounds__(kCudaThreads)
                                  output, kMax);
 }
 
-// The visit kernels may take all the registers a 256-thread block leaves (minimum 1 block per SM, as DeformRoIPool's):
-// with ptxas's default budget the float forward held 64 registers and spilled 40 bytes.
+// The visit kernels (the fallback of grids too large to plan) keep the bounded visit's loop invariants in a per-thread
+// frame in shared memory (roi_thread_frame), within 48 registers.
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads, 1)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     multi_level_roi_align_visit_forward_kernel(MultiLevelRoIAlignParams p, LevelPointers<const T*> features,
                                                const T* rois, T* output, bool all) {
   __shared__ RoIPlanHead<Acc> head;
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kCudaThreads, 1)
   const int64_t g = blockIdx.y;
   roi_visit_forward_items<Acc, T>(p, head, head.H, head.W, level_pick(features.ptr, head.level), blockIdx.x,
                                   g * kRoIPlanChannels, roi_group_channels(p.channels, g), threadIdx.x, blockDim.x,
-                                  output);
+                                  output, roi_thread_frame<Acc>());
 }
 
 // Backward: the same blocks, scattering with atomicAdd into the level's accumulation buffer (type Acc).
@@ -58,7 +58,7 @@ struct LevelAtomicAt {
 };
 
 template <typename T, typename Acc, bool kMax>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     multi_level_roi_align_plan_backward_kernel(MultiLevelRoIAlignParams p, const T* grad_output,
                                                LevelPointers<const T*> features, const T* rois,
                                                LevelPointers<Acc*> grad_features) {
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kCudaThreads)
 }
 
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     multi_level_roi_align_visit_backward_kernel(MultiLevelRoIAlignParams p, const T* grad_output,
                                                 LevelPointers<const T*> features, const T* rois,
                                                 LevelPointers<Acc*> grad_features, bool all) {
@@ -88,7 +88,8 @@ __global__ void __launch_bounds__(kCudaThreads)
   const int64_t g = blockIdx.y;
   roi_visit_backward_items<Acc, T>(p, head, head.H, head.W, grad_output, level_pick(features.ptr, head.level),
                                    blockIdx.x, g * kRoIPlanChannels, roi_group_channels(p.channels, g), threadIdx.x,
-                                   blockDim.x, LevelAtomicAt<Acc>{level_pick(grad_features.ptr, head.level)});
+                                   blockDim.x, LevelAtomicAt<Acc>{level_pick(grad_features.ptr, head.level)},
+                                   roi_thread_frame<Acc>());
 }
 
 int64_t output_elements(const MultiLevelRoIAlignParams& p) {
@@ -132,6 +133,7 @@ Status multi_level_roi_align_forward_cuda(const MultiLevelRoIAlignParams& p, DTy
                                           const void* const* features, const void* rois, void* output,
                                           void* /*workspace*/, const CudaContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("multi_level_roi_align_forward_cuda"));
+  DCNKIT_RETURN_IF_ERROR(check_multi_level_cuda("multi_level_roi_align_forward_cuda", p));
   const int64_t n = output_elements(p);
   if (n == 0) return Status::Ok();
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
@@ -161,6 +163,7 @@ Status multi_level_roi_align_backward_cuda(const MultiLevelRoIAlignParams& p, DT
                                            const void* rois, void* const* grad_features, void* workspace,
                                            const CudaContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("multi_level_roi_align_backward_cuda"));
+  DCNKIT_RETURN_IF_ERROR(check_multi_level_cuda("multi_level_roi_align_backward_cuda", p));
   const int64_t n = output_elements(p);
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
@@ -180,7 +183,8 @@ Status multi_level_roi_align_backward_cuda(const MultiLevelRoIAlignParams& p, DT
       Acc* argmax = p.attrs.mode == PoolMode::kMax ? static_cast<Acc*>(b.argmax) : nullptr;
       const MultiLevelHeadOf<Acc, T> head_of{p, r};
       if (argmax != nullptr && n > 0) {
-        const LaunchDims d = stride_launch("roi_gather_argmax_kernel", n);
+        const LaunchDims d = element_launch("roi_gather_argmax_kernel", n);
+        DCNKIT_RETURN_IF_ERROR(check_launch(d));
         roi_gather_argmax_kernel<Acc><<<launch_grid(d), d.block, 0, s>>>(
             head_of, LevelMapOf<T>{f, p.channels}, p.channels, p.attrs.pooled_w, p.attrs.pooled_h * p.attrs.pooled_w, n, argmax);
         DCNKIT_RETURN_IF_ERROR(cuda_launch_status("multi_level_roi_align_backward_cuda: deterministic arg-max"));
@@ -191,7 +195,7 @@ Status multi_level_roi_align_backward_cuda(const MultiLevelRoIAlignParams& p, DT
             p.widths[l], go, argmax, 0, nullptr};
         DCNKIT_RETURN_IF_ERROR(roi_gather_cuda<T>("multi_level_roi_align_backward_cuda: deterministic gather", g,
                                                   p.num_rois,
-                                                  roi_gather_grid(p.batch, p.channels, p.heights[l], p.widths[l]), r,
+                                                  roi_gather_grid<Acc>(p.batch, p.channels, p.heights[l], p.widths[l]), r,
                                                   p.batch, false, b, static_cast<T*>(grad_features[l]), s));
       }
       return Status::Ok();

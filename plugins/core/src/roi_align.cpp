@@ -75,7 +75,9 @@ Status roi_align_forward_cuda_schedule(const RoIAlignParams& p, const T* input, 
     if (plan != nullptr) {
       roi_plan_forward_items<T, T>(p, h, plan, input, k, c0, nc, tid, kCudaScheduleThreads, output, max_mode);
     } else {
-      roi_visit_forward_items<T, T>(p, h, p.height, p.width, input, k, c0, nc, tid, kCudaScheduleThreads, output);
+      RoIVisitFrame<T> frame;
+      roi_visit_forward_items<T, T>(p, h, p.height, p.width, input, k, c0, nc, tid, kCudaScheduleThreads, output,
+                                    &frame);
     }
   });
 }
@@ -92,8 +94,9 @@ Status roi_align_backward_cuda_schedule(const RoIAlignParams& p, const T* grad_o
       roi_plan_backward_items<T, T>(p, h, plan, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads, add_at,
                                     max_mode);
     } else {
+      RoIVisitFrame<T> frame;
       roi_visit_backward_items<T, T>(p, h, p.height, p.width, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads,
-                                     add_at);
+                                     add_at, &frame);
     }
   });
 }
@@ -107,17 +110,18 @@ Status roi_align_backward_gather(const RoIAlignParams& p, const T* grad_output, 
   const RoIAlignHeadOf<T, T> head_of{p, rois};
   std::vector<T> argmax;
   if (p.attrs.mode == PoolMode::kMax) {
-    DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("roi_gather_argmax_kernel", n)));
+    DCNKIT_RETURN_IF_ERROR(check_launch(element_launch("roi_gather_argmax_kernel", n)));
     argmax.resize(static_cast<size_t>(2 * n));
+    RoIVisitFrame<T> frame;
     for (int64_t i = 0; i < n; ++i) {
       roi_gather_argmax_at<T>(head_of, RoIImageMap<T>{input, p.channels}, p.channels, p.attrs.pooled_w,
-                              p.attrs.pooled_h * p.attrs.pooled_w, i, argmax.data());
+                              p.attrs.pooled_h * p.attrs.pooled_w, i, argmax.data(), &frame);
     }
   }
   const RoIAlignGather<T, T, RoIAlignHeadOf<T, T>> g{head_of, p.channels, p.attrs.pooled_h, p.attrs.pooled_w, 0,
                                                      p.height, p.width, grad_output,
                                                      argmax.empty() ? nullptr : argmax.data(), 0, nullptr};
-  return roi_gather_serial(g, p.num_rois, roi_gather_grid(p.batch, p.channels, p.height, p.width), grad_input);
+  return roi_gather_serial(g, p.num_rois, roi_gather_grid<T>(p.batch, p.channels, p.height, p.width), grad_input);
 }
 
 }  // namespace

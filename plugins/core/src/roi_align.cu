@@ -15,7 +15,7 @@ namespace {
 // stride selects the RoIs a kernel serves: with an adaptive grid both kernels run, and each leaves the other's
 // RoIs alone (roi_plan.h).
 template <typename T, typename Acc, bool kMax>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     roi_align_plan_forward_kernel(RoIAlignParams p, const T* input, const T* rois, T* output) {
   __shared__ RoIPlanHead<Acc> head;
   roi_block_head<Acc>([&](int64_t k) { return roi_plan_head<Acc>(p, rois, k); }, rois + static_cast<int64_t>(blockIdx.x) * 5, p.batch,
@@ -29,10 +29,10 @@ __global__ void __launch_bounds__(kCudaThreads)
                                  roi_group_channels(p.channels, g), threadIdx.x, blockDim.x, output, kMax);
 }
 
-// The double instantiation may take all the registers a 256-thread block leaves (minimum 1 block per SM): with
-// ptxas's default budget its bounded visit spilled its loop-invariant box to the stack; the others keep the default.
+// The visit kernels (the fallback of grids too large to plan) keep the bounded visit's loop invariants in a per-thread
+// frame in shared memory (roi_thread_frame), within 48 registers.
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads, sizeof(Acc) == 8 ? 1 : 0)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     roi_align_visit_forward_kernel(RoIAlignParams p, const T* input, const T* rois, T* output, bool all) {
   __shared__ RoIPlanHead<Acc> head;
   roi_block_head<Acc>([&](int64_t k) { return roi_visit_head(roi_plan_head<Acc>(p, rois, k), all); },
@@ -41,7 +41,8 @@ __global__ void __launch_bounds__(kCudaThreads, sizeof(Acc) == 8 ? 1 : 0)
   if (head.stride != 0) return;  // the plan kernel's RoI (none when `all`: roi_visit_head)
   const int64_t g = blockIdx.y;
   roi_visit_forward_items<Acc, T>(p, head, p.height, p.width, input, blockIdx.x, g * kRoIPlanChannels,
-                                  roi_group_channels(p.channels, g), threadIdx.x, blockDim.x, output);
+                                  roi_group_channels(p.channels, g), threadIdx.x, blockDim.x, output,
+                                  roi_thread_frame<Acc>());
 }
 
 // Backward: the same blocks, scattering with atomicAdd into grad_input's accumulation buffer (type Acc).
@@ -52,7 +53,7 @@ struct RoIAtomicAt {
 };
 
 template <typename T, typename Acc, bool kMax>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     roi_align_plan_backward_kernel(RoIAlignParams p, const T* grad_output, const T* input, const T* rois,
                                    Acc* grad_input) {
   __shared__ RoIPlanHead<Acc> head;
@@ -69,7 +70,7 @@ __global__ void __launch_bounds__(kCudaThreads)
 }
 
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     roi_align_visit_backward_kernel(RoIAlignParams p, const T* grad_output, const T* input, const T* rois,
                                     Acc* grad_input, bool all) {
   __shared__ RoIPlanHead<Acc> head;
@@ -80,7 +81,7 @@ __global__ void __launch_bounds__(kCudaThreads)
   const int64_t g = blockIdx.y;
   roi_visit_backward_items<Acc, T>(p, head, p.height, p.width, grad_output, input, blockIdx.x, g * kRoIPlanChannels,
                                    roi_group_channels(p.channels, g), threadIdx.x, blockDim.x,
-                                   RoIAtomicAt<Acc>{grad_input});
+                                   RoIAtomicAt<Acc>{grad_input}, roi_thread_frame<Acc>());
 }
 
 int64_t output_elements(const RoIAlignParams& p) {
@@ -117,6 +118,7 @@ Status roi_align_forward_cuda(const RoIAlignParams& p, DType dtype, const void* 
                               const CudaContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("roi_align_forward_cuda"));
   if (output_elements(p) == 0) return Status::Ok();
+  DCNKIT_RETURN_IF_ERROR(check_cuda_map_axes("roi_align_forward_cuda", "input", p.height, p.width));
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -138,6 +140,7 @@ Status roi_align_backward_cuda(const RoIAlignParams& p, DType dtype, const void*
                                const void* input, const void* rois, void* grad_input,
                                void* workspace, const CudaContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("roi_align_backward_cuda"));
+  DCNKIT_RETURN_IF_ERROR(check_cuda_map_axes("roi_align_backward_cuda", "input", p.height, p.width));
   const int64_t n = output_elements(p);
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(dtype, [&](auto tag) {
@@ -154,7 +157,8 @@ Status roi_align_backward_cuda(const RoIAlignParams& p, DType dtype, const void*
       Acc* argmax = p.attrs.mode == PoolMode::kMax ? static_cast<Acc*>(b.argmax) : nullptr;
       const RoIAlignHeadOf<Acc, T> head_of{p, r};
       if (argmax != nullptr && n > 0) {
-        const LaunchDims d = stride_launch("roi_gather_argmax_kernel", n);
+        const LaunchDims d = element_launch("roi_gather_argmax_kernel", n);
+        DCNKIT_RETURN_IF_ERROR(check_launch(d));
         roi_gather_argmax_kernel<Acc><<<launch_grid(d), d.block, 0, s>>>(
             head_of, RoIImageMap<T>{x, p.channels}, p.channels, p.attrs.pooled_w, p.attrs.pooled_h * p.attrs.pooled_w,
             n, argmax);
@@ -163,7 +167,7 @@ Status roi_align_backward_cuda(const RoIAlignParams& p, DType dtype, const void*
       const RoIAlignGather<Acc, T, RoIAlignHeadOf<Acc, T>> g{
           head_of, p.channels, p.attrs.pooled_h, p.attrs.pooled_w, 0, p.height, p.width, go, argmax, 0, nullptr};
       return roi_gather_cuda<T>("roi_align_backward_cuda: deterministic gather", g, p.num_rois,
-                                roi_gather_grid(p.batch, p.channels, p.height, p.width), r, p.batch,
+                                roi_gather_grid<Acc>(p.batch, p.channels, p.height, p.width), r, p.batch,
                                 p.assert_batch_index, b, static_cast<T*>(grad_input), s);
     }
     const GradAcc<T> gin = grad_acc(static_cast<T*>(grad_input), input_elements(p), &ws);

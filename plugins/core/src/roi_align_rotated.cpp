@@ -45,51 +45,43 @@ struct PlainAddAt {
   void operator()(int64_t i, T v) const { base[i] += v; }
 };
 
-// The CPU backward of image n, channels c0 .. c0 + nc - 1 (slice s): every RoI of that image in order, each bin in
-// order, each sample in order, added with plain += into grad (that image's slice, zeroed before). One task per
-// (image, slice): no two writers, the same order on every run.
-template <typename Acc, typename T, typename R>
-void backward_owner(const RoIAlignRotatedParams& p, const T* grad_output, const R* rois,
-                                                int64_t owner, Acc* grad) {
-  const int64_t slices = roi_align_rotated_slices(p.channels);
-  const int64_t n = owner / slices, c0 = (owner % slices) * kRotatedChannels;
-  const int64_t nc = p.channels - c0 < kRotatedChannels ? p.channels - c0 : kRotatedChannels;
-  const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w, bins = oh * ow, HW = p.height * p.width;
-  Acc* gi = grad + (n * p.channels + c0) * HW;
+// The CPU backward of image n, channels c0 .. c0 + nc - 1 (slice s of rotated_channels<T>()): every RoI of that image
+// in order, each bin in order, each sample in order (roi_align_rotated_backward_bin), added with plain += into grad
+// (zeroed before). One task per (image, slice): no two writers, the same order on every run.
+template <typename T>
+void backward_owner(const RoIAlignRotatedParams& p, const T* grad_output, const T* rois, int64_t owner, T* grad) {
+  constexpr int kC = rotated_channels<T>();
+  const int64_t slices = (p.channels + kC - 1) / kC;
+  const int64_t n = owner / slices, c0 = (owner % slices) * kC;
+  const int nc = static_cast<int>(p.channels - c0 < kC ? p.channels - c0 : kC);
   for (int64_t k = 0; k < p.num_rois; ++k) {
-    const R* roi = rois + k * 6;
-    int64_t b = 0;
-    if (!roi_batch_index<Acc>(roi, p.batch, &b) || b != n) continue;
-    const RotatedBox<Acc> box = roi_align_rotated_box<Acc>(roi, p.attrs);
-    for (int64_t bin = 0; bin < bins; ++bin) {
-      Acc g[kRotatedChannels];
-      const T* go = grad_output + (k * p.channels + c0) * bins + bin;
-      for (int64_t c = 0; c < kRotatedChannels; ++c) g[c] = c < nc ? to_acc<Acc>(go[c * bins]) / box.count : Acc(0);
-      auto visit = [&](const Taps<Acc>& t, Acc m) {
-        for (int j = 0; j < 4; ++j) {
-          if (!t.ok[j]) continue;
-          const Acc w = m * t.w[j];
-          for (int64_t c = 0; c < kRotatedChannels; ++c) {
-            if (c < nc) gi[c * HW + t.idx[j]] += g[c] * w;
-          }
-        }
-      };
-      roi_align_rotated_visit<Acc>(box, bin / ow, bin % ow, p.height, p.width, visit);
+    const RotatedHead<T> h = roi_align_rotated_head<T>(p, rois, k);
+    if (h.b != n) continue;
+    for (int32_t ph = 0; ph < p.attrs.pooled_h; ++ph) {
+      for (int32_t pw = 0; pw < p.attrs.pooled_w; ++pw) {
+        roi_align_rotated_backward_bin<T>(p, h, grad_output, k, c0, nc, ph, pw, PlainAddAt<T>{grad});
+      }
     }
   }
 }
 
 }  // namespace
 
+// The forward runs the CUDA blocks' items: per (RoI, channel group), the head once, then every (slice, bin).
 template <typename T>
 Status roi_align_rotated_forward_cpu(const RoIAlignRotatedParams& p, const T* input, const T* rois, T* output,
                                      const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("roi_align_rotated", rois, p.num_rois, p.batch, 6));
-  const int64_t items =
-      p.num_rois * roi_align_rotated_slices(p.channels) * p.attrs.pooled_h * p.attrs.pooled_w;
   if (p.channels == 0) return Status::Ok();
-  parallel_for(ctx, items, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) roi_align_rotated_forward_item<T>(p, input, rois, i, output);
+  const int64_t groups = roi_align_rotated_groups(p.channels);
+  parallel_for(ctx, p.num_rois * groups, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t k = i / groups;
+      const RotatedHead<T> h = roi_align_rotated_head<T>(p, rois, k);
+      roi_align_rotated_block_items<T>(p, i % groups, 0, 1, [&](int64_t c0, int nc, int32_t ph, int32_t pw) {
+        roi_align_rotated_forward_bin<T>(p, h, input, k, c0, nc, ph, pw, output);
+      });
+    }
   });
   return Status::Ok();
 }
@@ -98,17 +90,26 @@ template <typename T>
 Status roi_align_rotated_backward_cpu(const RoIAlignRotatedParams& p, const T* grad_output, const T* rois,
                                       T* grad_input, const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("roi_align_rotated", rois, p.num_rois, p.batch, 6));
-  const int64_t slices = roi_align_rotated_slices(p.channels), HW = p.height * p.width;
+  constexpr int kC = rotated_channels<T>();
+  const int64_t slices = (p.channels + kC - 1) / kC, HW = p.height * p.width;
   std::fill(grad_input, grad_input + p.batch * p.channels * HW, T(0));
   if (p.channels == 0 || HW == 0) return Status::Ok();
   if (roi_cuda_schedule_deterministic_path()) {
     const RotatedGather<T, T, T> g{p, rois, grad_output, 0, nullptr};
-    return roi_gather_serial(g, p.num_rois, roi_gather_grid(p.batch, p.channels, p.height, p.width), grad_input);
+    return roi_gather_serial(g, p.num_rois, roi_gather_grid<T>(p.batch, p.channels, p.height, p.width), grad_input);
   }
-  if (roi_cuda_schedule_path()) {
-    const int64_t items = p.num_rois * slices * p.attrs.pooled_h * p.attrs.pooled_w;
-    for (int64_t i = 0; i < items; ++i) {
-      roi_align_rotated_backward_item<T>(p, grad_output, rois, i, PlainAddAt<T>{grad_input});
+  if (roi_cuda_schedule_path()) {  // the atomic kernel's blocks, thread by thread (plain adds)
+    const int64_t groups = roi_align_rotated_groups(p.channels);
+    DCNKIT_RETURN_IF_ERROR(check_rotated_cuda("roi_align_rotated_backward_cuda", p));
+    for (int64_t k = 0; k < p.num_rois; ++k) {
+      const RotatedHead<T> h = roi_align_rotated_head<T>(p, rois, k);
+      for (int64_t g = 0; g < groups; ++g) {
+        for (int tid = 0; tid < 256; ++tid) {
+          roi_align_rotated_block_items<T>(p, g, tid, 256, [&](int64_t c0, int nc, int32_t ph, int32_t pw) {
+            roi_align_rotated_backward_bin<T>(p, h, grad_output, k, c0, nc, ph, pw, PlainAddAt<T>{grad_input});
+          });
+        }
+      }
     }
     return Status::Ok();
   }

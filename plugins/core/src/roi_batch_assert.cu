@@ -7,13 +7,13 @@
 namespace dcnkit {
 namespace {
 
+// One thread per RoI (element_launch): the assert's call is in no loop.
 template <typename R>
 __global__ void roi_batch_assert_kernel(const R* rois, int64_t num_rois, int64_t stride, int64_t batch) {
   using Acc = typename AccType<R>::type;
-  DCNKIT_CUDA_KERNEL_LOOP(k, num_rois) {
-    int64_t b = 0;
-    if (!roi_batch_index<Acc>(rois + k * stride, batch, &b)) roi_batch_index_assert_fail();
-  }
+  DCNKIT_CUDA_ELEMENT(k, num_rois);
+  int64_t b = 0;
+  if (!roi_batch_index<Acc>(rois + k * stride, batch, &b)) roi_batch_index_assert_fail();
 }
 
 }  // namespace
@@ -25,8 +25,10 @@ Status roi_assert_batch_indices_cuda(const char* op, const void* rois, DType roi
   auto stream = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_dtype(rois_dtype, [&](auto r) -> Status {
     using R = decltype(r);
-    roi_batch_assert_kernel<R><<<cuda_blocks(num_rois), kCudaThreads, 0, stream>>>(static_cast<const R*>(rois),
-                                                                                  num_rois, stride, batch);
+    const LaunchDims d = element_launch("roi_batch_assert_kernel", num_rois);
+    DCNKIT_RETURN_IF_ERROR(check_launch(d));
+    roi_batch_assert_kernel<R><<<launch_grid(d), d.block, 0, stream>>>(static_cast<const R*>(rois), num_rois, stride,
+                                                                       batch);
     return cuda_launch_status(op);
   });
 }

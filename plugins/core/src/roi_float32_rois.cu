@@ -10,17 +10,17 @@
 namespace dcnkit {
 namespace {
 
-// One thread per output element (k, c, ph, pw) of a (K, C, oh, ow) output: 0 for a RoI whose batch index is
-// outside [0, N) or NaN, else bin(e, roi, b), the bin's value in the accumulation type.
+// One thread per output element (k, c, ph, pw) of a (K, C, oh, ow) output (element_launch): 0 for a RoI whose batch
+// index is outside [0, N) or NaN, else bin(e, roi, b), the bin's value in the accumulation type.
 template <typename T, typename R, typename Acc, typename Bin>
-__global__ void roi_forward_kernel(int64_t K, int64_t C, int64_t oh, int64_t ow, int64_t batch, const R* rois,
-                                   Bin bin, T* output) {
-  DCNKIT_CUDA_KERNEL_LOOP(i, K * C * oh * ow) {
-    const RoIElement e = roi_element(i, C, oh, ow);
-    const R* roi = rois + e.k * 5;
-    int64_t b = 0;
-    output[i] = from_acc<T>(roi_batch_index<Acc>(roi, batch, &b) ? bin(e, roi, b) : Acc(0));
-  }
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
+    roi_forward_kernel(int64_t K, int64_t C, int64_t oh, int64_t ow, int64_t batch, const R* rois, Bin bin,
+                       T* output) {
+  DCNKIT_CUDA_ELEMENT(i, K * C * oh * ow);
+  const RoIElement e = roi_element(i, C, oh, ow);
+  const R* roi = rois + e.k * 5;
+  int64_t b = 0;
+  output[i] = from_acc<T>(roi_batch_index<Acc>(roi, batch, &b) ? bin(e, roi, b) : Acc(0));
 }
 
 template <typename T, typename Acc>
@@ -34,7 +34,7 @@ struct RoIAlignBin {
     Acc y0, x0;
     roi_bin_origin<Acc, T>(box, e.ph, e.pw, nullptr, nullptr, Acc(0), &y0, &x0);
     return roi_align_bin_forward<Acc>(input + (b * p.channels + e.c) * p.height * p.width, p.height, p.width, box,
-                                      y0, x0, p.attrs.mode == PoolMode::kMax);
+                                      y0, x0, p.attrs.mode == PoolMode::kMax, roi_thread_frame<Acc>());
   }
 };
 
@@ -49,7 +49,7 @@ struct DeformRoIPoolBin {
     Acc y0, x0;
     deform_roi_pool_origin<Acc, T>(p, box, offset, e.k, e.ph, e.pw, &y0, &x0);
     return roi_align_bin_forward<Acc>(input + (b * p.channels + e.c) * p.height * p.width, p.height, p.width, box,
-                                      y0, x0, false);
+                                      y0, x0, false, roi_thread_frame<Acc>());
   }
 };
 
@@ -66,33 +66,33 @@ struct MultiLevelBin {
   __device__ Acc operator()(const RoIElement& e, const R* roi, int64_t b) const {
     Acc box[5];
     const int64_t l = multi_level_roi_box<Acc>(p.attrs, roi, box);
-    const int64_t H = p.heights[l], W = p.widths[l];
+    const int64_t H = level_pick(p.heights, l), W = level_pick(p.widths, l);
     const RoIAlignBox<Acc> rb = multi_level_roi_align_box<Acc>(p, box, l);
     Acc y0, x0;
     roi_bin_origin<Acc, T>(rb, e.ph, e.pw, nullptr, nullptr, Acc(0), &y0, &x0);
-    return roi_align_bin_forward<Acc>(features.ptr[l] + (b * p.channels + e.c) * H * W, H, W, rb, y0, x0,
-                                      p.attrs.mode == PoolMode::kMax);
+    return roi_align_bin_forward<Acc>(level_pick(features.ptr, l) + (b * p.channels + e.c) * H * W, H, W, rb, y0, x0,
+                                      p.attrs.mode == PoolMode::kMax, roi_thread_frame<Acc>());
   }
 };
 
 // `trans` is the float32 copy of the 16-bit trans (psroi_bin reads RoIs and trans in one type).
 template <typename T, typename R, typename Acc>
-__global__ void deform_psroi_pool_mixed_kernel(DeformPSRoIPoolParams p, const T* input, const R* rois,
-                                               const R* trans, T* output, T* count) {
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
+    deform_psroi_pool_mixed_kernel(DeformPSRoIPoolParams p, const T* input, const R* rois, const R* trans, T* output,
+                                   T* count) {
   const int64_t C = p.channels, H = p.height, W = p.width, D = p.attrs.output_dim;
   const int64_t P = p.attrs.output_size;
-  DCNKIT_CUDA_KERNEL_LOOP(i, p.num_rois * D * P * P) {
-    const RoIElement e = roi_element(i, D, P, P);
-    const R* roi = rois + e.k * 5;
-    int64_t b = 0;
-    Acc v = Acc(0), cnt = Acc(0);
-    if (roi_batch_index<Acc>(roi, p.batch, &b)) {
-      const PSRoIBin<Acc> r = psroi_bin<Acc>(p, roi, trans, e.k, e.c, e.ph, e.pw);
-      v = psroi_bin_forward<Acc>(input + (b * C + r.channel) * H * W, H, W, r, p.attrs.sample_per_part, &cnt);
-    }
-    output[i] = from_acc<T>(v);
-    if (count != nullptr) count[i] = from_acc<T>(cnt);
+  DCNKIT_CUDA_ELEMENT(i, p.num_rois * D * P * P);
+  const RoIElement e = roi_element(i, D, P, P);
+  const R* roi = rois + e.k * 5;
+  int64_t b = 0;
+  Acc v = Acc(0), cnt = Acc(0);
+  if (roi_batch_index<Acc>(roi, p.batch, &b)) {
+    const PSRoIBin<Acc> r = psroi_bin<Acc>(p, roi, trans, e.k, e.c, e.ph, e.pw);
+    v = psroi_bin_forward<Acc>(input + (b * C + r.channel) * H * W, H, W, r, p.attrs.sample_per_part, &cnt);
   }
+  output[i] = from_acc<T>(v);
+  if (count != nullptr) count[i] = from_acc<T>(cnt);
 }
 
 template <typename T>
@@ -126,13 +126,16 @@ size_t deform_psroi_pool_workspace_cuda_f32_rois(const DeformPSRoIPoolParams& p)
 Status roi_align_forward_cuda_f32_rois(const RoIAlignParams& p, DType dtype, const void* input, const float* rois,
                                        void* output, void*, const CudaContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("roi_align_forward_cuda_f32_rois"));
+  DCNKIT_RETURN_IF_ERROR(check_cuda_map_axes("roi_align_forward_cuda_f32_rois", "input", p.height, p.width));
   const int64_t n = p.num_rois * p.channels * p.attrs.pooled_h * p.attrs.pooled_w;
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_16bit(dtype, "roi_align_forward_cuda_f32_rois", [&](auto tag) {
     using T = decltype(tag);
     if (n == 0) return Status::Ok();
     const RoIAlignBin<T, float> bin{p, static_cast<const T*>(input)};
-    roi_forward_kernel<T, float, float><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
+    const LaunchDims d = element_launch("roi_forward_kernel", n);
+    DCNKIT_RETURN_IF_ERROR(check_launch(d));
+    roi_forward_kernel<T, float, float><<<launch_grid(d), d.block, 0, s>>>(
         p.num_rois, p.channels, p.attrs.pooled_h, p.attrs.pooled_w, p.batch, rois, bin, static_cast<T*>(output));
     return cuda_launch_status("roi_align_forward_cuda_f32_rois");
   });
@@ -142,6 +145,7 @@ Status deform_roi_pool_forward_cuda_f32_rois(const DeformRoIPoolParams& p, DType
                                              const float* rois, const void* offset, void* output, void*,
                                              const CudaContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("deform_roi_pool_forward_cuda_f32_rois"));
+  DCNKIT_RETURN_IF_ERROR(check_cuda_map_axes("deform_roi_pool_forward_cuda_f32_rois", "input", p.height, p.width));
   const int64_t n = p.num_rois * p.channels * p.attrs.pooled_h * p.attrs.pooled_w;
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_16bit(dtype, "deform_roi_pool_forward_cuda_f32_rois", [&](auto tag) {
@@ -149,7 +153,9 @@ Status deform_roi_pool_forward_cuda_f32_rois(const DeformRoIPoolParams& p, DType
     if (n == 0) return Status::Ok();
     const DeformRoIPoolBin<T, float> bin{p, static_cast<const T*>(input),
                                          p.has_offset ? static_cast<const T*>(offset) : nullptr};
-    roi_forward_kernel<T, float, float><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
+    const LaunchDims d = element_launch("roi_forward_kernel", n);
+    DCNKIT_RETURN_IF_ERROR(check_launch(d));
+    roi_forward_kernel<T, float, float><<<launch_grid(d), d.block, 0, s>>>(
         p.num_rois, p.channels, p.attrs.pooled_h, p.attrs.pooled_w, p.batch, rois, bin, static_cast<T*>(output));
     return cuda_launch_status("deform_roi_pool_forward_cuda_f32_rois");
   });
@@ -159,6 +165,7 @@ Status deform_psroi_pool_forward_cuda_f32_rois(const DeformPSRoIPoolParams& p, D
                                                const float* rois, const void* trans, void* output, void* count,
                                                void* workspace, const CudaContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("deform_psroi_pool_forward_cuda_f32_rois"));
+  DCNKIT_RETURN_IF_ERROR(check_psroi_cuda("deform_psroi_pool_forward_cuda_f32_rois", p));
   const int64_t n = p.num_rois * p.attrs.output_dim * p.attrs.output_size * p.attrs.output_size;
   const int64_t nt = trans != nullptr ? trans_elements(p) : 0;  // no trans tensor: no transformation
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
@@ -175,7 +182,9 @@ Status deform_psroi_pool_forward_cuda_f32_rois(const DeformPSRoIPoolParams& p, D
       to_float32_kernel<T><<<cuda_blocks(nt), kCudaThreads, 0, s>>>(static_cast<const T*>(trans), nt, trans32);
       DCNKIT_RETURN_IF_ERROR(cuda_launch_status("deform_psroi_pool_forward_cuda_f32_rois: trans"));
     }
-    deform_psroi_pool_mixed_kernel<T, float, float><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
+    const LaunchDims d = element_launch("deform_psroi_pool_mixed_kernel", n);
+    DCNKIT_RETURN_IF_ERROR(check_launch(d));
+    deform_psroi_pool_mixed_kernel<T, float, float><<<launch_grid(d), d.block, 0, s>>>(
         p, static_cast<const T*>(input), rois, trans32, static_cast<T*>(output), static_cast<T*>(count));
     return cuda_launch_status("deform_psroi_pool_forward_cuda_f32_rois");
   });
@@ -185,6 +194,7 @@ Status multi_level_roi_align_forward_cuda_f32_rois(const MultiLevelRoIAlignParam
                                                    const void* const* features, const float* rois, void* output,
                                                    void*, const CudaContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(cuda_clear_stale_error("multi_level_roi_align_forward_cuda_f32_rois"));
+  DCNKIT_RETURN_IF_ERROR(check_multi_level_cuda("multi_level_roi_align_forward_cuda_f32_rois", p));
   const int64_t n = p.num_rois * p.channels * p.attrs.pooled_h * p.attrs.pooled_w;
   cudaStream_t s = static_cast<cudaStream_t>(ctx.stream);
   return dispatch_16bit(dtype, "multi_level_roi_align_forward_cuda_f32_rois", [&](auto tag) {
@@ -192,7 +202,9 @@ Status multi_level_roi_align_forward_cuda_f32_rois(const MultiLevelRoIAlignParam
     if (n == 0) return Status::Ok();
     MultiLevelBin<T, float> bin{p, {}};
     for (int64_t l = 0; l < p.attrs.num_levels; ++l) bin.features.ptr[l] = static_cast<const T*>(features[l]);
-    roi_forward_kernel<T, float, float><<<cuda_blocks(n), kCudaThreads, 0, s>>>(
+    const LaunchDims d = element_launch("roi_forward_kernel", n);
+    DCNKIT_RETURN_IF_ERROR(check_launch(d));
+    roi_forward_kernel<T, float, float><<<launch_grid(d), d.block, 0, s>>>(
         p.num_rois, p.channels, p.attrs.pooled_h, p.attrs.pooled_w, p.batch, rois, bin, static_cast<T*>(output));
     return cuda_launch_status("multi_level_roi_align_forward_cuda_f32_rois");
   });

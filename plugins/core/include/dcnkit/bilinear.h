@@ -109,12 +109,22 @@ DCNKIT_HD RoIAxisTaps<Acc, I> roi_axis_taps(Acc v, I n) {
   return a;
 }
 
+// The integer type of a pixel index along one axis inside the RoI kernels: int32_t on the device, whose launchers
+// check that every map has fewer than 2^31 rows and columns (check_cuda_map_axes), so that a coordinate's floor is a
+// 32-bit conversion; int64_t on the host. The same values either way.
+#if defined(__CUDA_ARCH__)
+using AxisIndex = int32_t;
+#else
+using AxisIndex = int64_t;
+#endif
+
 // Clamped sampling S_roi (RoIAlign family): 0 when y < -1, y > H, x < -1 or x > W; else clamp to >= 0,
 // and a point at or past the last row/column samples that row/column (roi_axis_taps per axis).
 template <typename Acc>
 DCNKIT_HD Taps<Acc> roi_taps(Acc y, Acc x, int64_t H, int64_t W) {
   Taps<Acc> t;
-  const RoIAxisTaps<Acc> ay = roi_axis_taps(y, H), ax = roi_axis_taps(x, W);
+  const RoIAxisTaps<Acc, AxisIndex> ay = roi_axis_taps(y, static_cast<AxisIndex>(H));
+  const RoIAxisTaps<Acc, AxisIndex> ax = roi_axis_taps(x, static_cast<AxisIndex>(W));
   if (!(ay.inside && ax.inside)) {
     taps_clear(t);
     return t;
@@ -126,17 +136,17 @@ DCNKIT_HD Taps<Acc> roi_taps(Acc y, Acc x, int64_t H, int64_t W) {
 
 // One axis of the DeformPSRoIPool rule (a coordinate v on an axis of n pixels): taken when -0.5 <= v <= n - 0.5
 // (and n > 0); else clamped to [0, n - 1], neighbours lo = floor(v) and hi = ceil(v), l = v - lo.
-template <typename Acc>
-DCNKIT_HD RoIAxisTaps<Acc> psroi_axis_taps(Acc v, int64_t n) {
-  RoIAxisTaps<Acc> a;
+template <typename Acc, typename I = int64_t>
+DCNKIT_HD RoIAxisTaps<Acc, I> psroi_axis_taps(Acc v, I n) {
+  RoIAxisTaps<Acc, I> a;
   a.inside = v >= Acc(-0.5) && v <= Acc(n) - Acc(0.5) && n > 0;
   a.lo = a.hi = 0;
   a.l = Acc(0);
   if (!a.inside) return a;
   v = v < Acc(0) ? Acc(0) : (v > Acc(n - 1) ? Acc(n - 1) : v);
   const Acc f = std::floor(v);
-  a.lo = static_cast<int64_t>(f);
-  a.hi = static_cast<int64_t>(std::ceil(v));
+  a.lo = static_cast<I>(f);
+  a.hi = static_cast<I>(std::ceil(v));
   a.l = v - f;
   return a;
 }
@@ -147,7 +157,8 @@ DCNKIT_HD RoIAxisTaps<Acc> psroi_axis_taps(Acc v, int64_t n) {
 template <typename Acc>
 DCNKIT_HD Taps<Acc> psroi_taps(Acc h, Acc w, int64_t H, int64_t W) {
   Taps<Acc> t;
-  const RoIAxisTaps<Acc> ay = psroi_axis_taps(h, H), ax = psroi_axis_taps(w, W);
+  const RoIAxisTaps<Acc, AxisIndex> ay = psroi_axis_taps(h, static_cast<AxisIndex>(H));
+  const RoIAxisTaps<Acc, AxisIndex> ax = psroi_axis_taps(w, static_cast<AxisIndex>(W));
   if (!(ay.inside && ax.inside)) {
     taps_clear(t);
     return t;

@@ -22,6 +22,18 @@ namespace dcnkit {
 
 constexpr int kCudaThreads = 256;
 
+// Blocks of 256 threads per SM the sampling and RoI kernels are built for (their __launch_bounds__): ptxas then keeps
+// them within 48 registers (65536 / (5 x 256) = 51, allocated in steps of 8), GPU-DESIGN.md section 7's budget.
+#ifndef DCNKIT_ROI_MIN_BLOCKS
+#define DCNKIT_ROI_MIN_BLOCKS 5
+#endif
+constexpr int kRoIMinBlocks = DCNKIT_ROI_MIN_BLOCKS;
+
+// The element of this thread in a one-thread-per-element launch (element_launch); the kernel returns past n.
+#define DCNKIT_CUDA_ELEMENT(i, n)                                                        \
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; \
+  if (i >= (n)) return
+
 // Blocks for n elements, capped (the loop strides over the rest): stride_blocks (launch_limits.h).
 inline unsigned int cuda_blocks(int64_t n) { return static_cast<unsigned int>(stride_blocks(n, kCudaThreads)); }
 

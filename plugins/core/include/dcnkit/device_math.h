@@ -5,8 +5,10 @@
 //   div_rn(a, b)          a / b, correctly rounded: the host's division; on the device the FMA refinement of the
 //                         hardware reciprocal that CUDA's own division runs on its fast path (the same instructions),
 //                         with the operands scaled into its range instead of its slow-path call.
+//   div_count(a, n)       the same for a finite divisor n >= 1 (counts, sizes): less code, fewer registers.
 //   index_to_acc<Acc>(i)  Acc(i) of a 64-bit index: one 32-bit conversion when i fits 32 bits, else its halves.
 //   acc_to_index(v)       int64_t(v) of an integral v in [0, 2^62): one 32-bit conversion below 2^31, else halves.
+//   product_fits_int64    a * b without overflow, tested without a 64-bit division.
 //
 // Each device algorithm is also a host function (div_rn_with, index_to_acc_split, acc_to_index_split), so that a host
 // test runs it against the host's arithmetic (tests/cpp/device_math_checks.cpp).
@@ -72,6 +74,23 @@ DCNKIT_HD Acc div_rn_with(Acc a, Acc b, const Rcp& rcp) {
   }
 }
 
+// a / n for a finite divisor n >= 1: a sample count, a grid or output size, pi. Fewer cases than div_rn_with: a zero,
+// infinite or NaN a gives a itself (the quotient's value and sign); n up to 2^64 with a in div_in_range is div_refine's
+// range; the rest as div_rn_with's finite operands.
+template <typename Acc, typename Rcp>
+DCNKIT_HD Acc div_count_with(Acc a, Acc n, const Rcp& rcp) {
+  if (div_in_range(a) && n <= Acc(0x1p64)) return div_refine(a, n, rcp(n));
+  if (!(std::fabs(a) > Acc(0)) || std::isinf(a)) return a;
+  if constexpr (sizeof(Acc) == 4) {
+    const double nd = static_cast<double>(n);
+    return static_cast<Acc>(div_refine(static_cast<double>(a), nd, rcp(nd)));
+  } else {
+    int ea = 0, en = 0;
+    const Acc ma = std::frexp(a, &ea), mn = std::frexp(n, &en);
+    return std::ldexp(div_refine(ma, mn, rcp(mn)), ea - en);
+  }
+}
+
 #if defined(__CUDA_ARCH__)
 // The hardware's approximate reciprocals (MUFU.RCP, MUFU.RCP64H), as CUDA's division starts from them.
 struct HardwareRcp {
@@ -95,6 +114,16 @@ DCNKIT_HD Acc div_rn(Acc a, Acc b) {
   return div_rn_with(a, b, HardwareRcp{});
 #else
   return a / b;
+#endif
+}
+
+// a / n, correctly rounded, for a finite n >= 1 (div_count_with).
+template <typename Acc>
+DCNKIT_HD Acc div_count(Acc a, Acc n) {
+#if defined(__CUDA_ARCH__)
+  return div_count_with(a, n, HardwareRcp{});
+#else
+  return a / n;
 #endif
 }
 
@@ -140,6 +169,16 @@ DCNKIT_HD int64_t acc_to_index(Acc v) {
   return acc_to_index_split(v);
 #else
   return static_cast<int64_t>(v);
+#endif
+}
+
+// Whether a * b (a, b > 0) fits int64_t, without the 64-bit division of INT64_MAX / b on the device.
+DCNKIT_HD bool product_fits_int64(int64_t a, int64_t b) {
+#if defined(__CUDA_ARCH__)
+  const uint64_t ua = static_cast<uint64_t>(a), ub = static_cast<uint64_t>(b);
+  return __umul64hi(ua, ub) == 0 && ((ua * ub) >> 63) == 0;
+#else
+  return a <= INT64_MAX / b;
 #endif
 }
 

@@ -48,6 +48,28 @@ inline LaunchDims stride_launch(const char* kernel, int64_t n, int64_t threads =
   return d;
 }
 
+// A 1-D launch of one thread per element of [0, n): ceil(n / threads) blocks and no stride loop, so that an element's
+// work (a RoI's head: divisions, conversions) is in no loop of the kernel (GPU-DESIGN.md section 7). check_launch
+// refuses more than 2^31 - 1 blocks (n beyond about 5.5e11 elements of 256 threads).
+inline LaunchDims element_launch(const char* kernel, int64_t n, int64_t threads = 256) {
+  LaunchDims d;
+  d.kernel = kernel;
+  const int64_t b = n / threads + (n % threads != 0 ? 1 : 0);
+  d.grid[0] = b < 1 ? 1 : b;
+  d.block = threads;
+  return d;
+}
+
+// The RoI kernels index one axis of a map in 32 bits (AxisIndex, bilinear.h): fewer than 2^31 rows and columns.
+inline Status check_cuda_map_axes(const char* op, const std::string& arg, int64_t height, int64_t width) {
+  const int64_t lim = int64_t(1) << 31;
+  if (height >= lim || width >= lim) {
+    return arg_error(op, arg, "fewer than 2^31 rows and columns on CUDA",
+                     std::to_string(height) + " x " + std::to_string(width));
+  }
+  return Status::Ok();
+}
+
 // Whether CUDA accepts the launch: an error naming the kernel, the limit and the value otherwise.
 inline Status check_launch(const LaunchDims& d) {
   const std::string k = std::string("CUDA launch of ") + d.kernel;

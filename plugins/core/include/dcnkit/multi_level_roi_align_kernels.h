@@ -104,6 +104,14 @@ struct LevelMapOf {
   }
 };
 
+// The CUDA kernels index a map's rows and columns in 32 bits (AxisIndex): every level's, checked once per launch.
+inline Status check_multi_level_cuda(const char* op, const MultiLevelRoIAlignParams& p) {
+  for (int64_t l = 0; l < p.attrs.num_levels; ++l) {
+    DCNKIT_RETURN_IF_ERROR(check_cuda_map_axes(op, "features[" + std::to_string(l) + "]", p.heights[l], p.widths[l]));
+  }
+  return Status::Ok();
+}
+
 // The largest level's pixels (the launch decision of roi_plan_launch).
 inline int64_t multi_level_max_pixels(const MultiLevelRoIAlignParams& p) {
   int64_t m = 0;

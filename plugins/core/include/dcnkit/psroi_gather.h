@@ -60,17 +60,20 @@ struct PSRoIGather {
     int64_t b = 0;
     if (!roi_batch_index<Acc>(roi, p.batch, &b)) return roi_no_footprint();
     const PSRoIBox<Acc> box = psroi_box<Acc, T>(p, roi);
-    const int64_t P = p.attrs.output_size, spp = p.attrs.sample_per_part, per_class = p.attrs.output_dim / p.num_classes;
-    RoIFootprint f{b, 0, -1, 0, -1};
+    const int64_t P = p.attrs.output_size, per_class = p.attrs.output_dim / p.num_classes;
+    const Acc last = index_to_acc<Acc>(p.attrs.sample_per_part - 1);
+    RoIFootprint f{static_cast<int32_t>(b), 0, -1, 0, -1};
     for (int64_t cls = 0; cls < classes(); ++cls) {
-      for (int64_t bin = 0; bin < P * P; ++bin) {
-        const PSRoIBin<Acc> r = psroi_bin_of_box<Acc, T>(p, box, trans, k, cls * per_class, bin / P, bin % P);
-        const Acc he = r.h0 + static_cast<Acc>(spp - 1) * r.sub_h, we = r.w0 + static_cast<Acc>(spp - 1) * r.sub_w;
-        int64_t a0, a1, c0, c1;
-        if (roi_footprint_axis(r.h0 < he ? r.h0 : he, r.h0 < he ? he : r.h0, p.height, &a0, &a1) &&
-            roi_footprint_axis(r.w0 < we ? r.w0 : we, r.w0 < we ? we : r.w0, p.width, &c0, &c1)) {
-          roi_footprint_join(a0, a1, &f.y0, &f.y1);
-          roi_footprint_join(c0, c1, &f.x0, &f.x1);
+      for (int64_t ph = 0; ph < P; ++ph) {
+        for (int64_t pw = 0; pw < P; ++pw) {
+          const PSRoIBin<Acc> r = psroi_bin_of_box<Acc, T>(p, box, trans, k, cls * per_class, ph, pw);
+          const Acc he = r.h0 + last * r.sub_h, we = r.w0 + last * r.sub_w;
+          int32_t a0, a1, c0, c1;
+          if (roi_footprint_axis(r.h0 < he ? r.h0 : he, r.h0 < he ? he : r.h0, p.height, &a0, &a1) &&
+              roi_footprint_axis(r.w0 < we ? r.w0 : we, r.w0 < we ? we : r.w0, p.width, &c0, &c1)) {
+            roi_footprint_join(a0, a1, &f.y0, &f.y1);
+            roi_footprint_join(c0, c1, &f.x0, &f.x1);
+          }
         }
       }
     }
@@ -95,13 +98,13 @@ struct PSRoIGather {
     }
     return roi_axis_weight<Acc>(PSRoIAxis<Acc>{r.w0, r.sub_w}, spp, !(r.sub_w < Acc(0)), at, W, PSRoIAxisTapsOf());
   }
-  DCNKIT_HD void add(int64_t k, int64_t c0, int nc, int64_t y, int64_t x, Acc* acc) const {
+  DCNKIT_HD void add(int64_t k, int64_t c0, int nc, int32_t y, int32_t x, Acc* acc) const {
     const uint32_t P = static_cast<uint32_t>(p.attrs.output_size), G = div_g.d;
     const int64_t H = p.height, W = p.width, D = p.attrs.output_dim, PP = int64_t(P) * P;
     const Acc* rows = tables + (k - k0) * table_entries();
     const Acc* cols = rows + classes() * PP * H;
     DCNKIT_PRAGMA_UNROLL
-    for (int c = 0; c < kRoIGatherChannels; ++c) {
+    for (int c = 0; c < roi_gather_channels<Acc>(); ++c) {
       if (c >= nc) break;
       const uint32_t cin = static_cast<uint32_t>(c0 + c), ctop = div_gg.div(cin), rest = cin - ctop * G * G;
       const uint32_t gi = div_g.div(rest), gj = rest - gi * G;

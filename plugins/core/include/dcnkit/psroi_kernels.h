@@ -3,6 +3,7 @@
 #pragma once
 
 #include "dcnkit/deform_psroi_pool.h"
+#include "dcnkit/launch_limits.h"
 #include "dcnkit/roi_kernels.h"
 
 namespace dcnkit {
@@ -24,7 +25,7 @@ struct PSRoIBox {
 };
 template <typename Acc, typename T>
 DCNKIT_HD PSRoIBox<Acc> psroi_box(const DeformPSRoIPoolParams& p, const T* roi) {
-  const int64_t P = p.attrs.output_size, spp = p.attrs.sample_per_part;
+  const Acc P = index_to_acc<Acc>(p.attrs.output_size), spp = index_to_acc<Acc>(p.attrs.sample_per_part);
   const Acc s = static_cast<Acc>(p.attrs.spatial_scale);
   PSRoIBox<Acc> b;
   b.x_start = std::round(to_acc<Acc>(roi[1])) * s - Acc(0.5);
@@ -35,11 +36,31 @@ DCNKIT_HD PSRoIBox<Acc> psroi_box(const DeformPSRoIPoolParams& p, const T* roi) 
   b.roi_h = y_end - b.y_start;
   if (b.roi_w < Acc(0.1)) b.roi_w = Acc(0.1);
   if (b.roi_h < Acc(0.1)) b.roi_h = Acc(0.1);
-  b.bin_w = b.roi_w / static_cast<Acc>(P);
-  b.bin_h = b.roi_h / static_cast<Acc>(P);
-  b.sub_w = b.bin_w / static_cast<Acc>(spp);
-  b.sub_h = b.bin_h / static_cast<Acc>(spp);
+  b.bin_w = div_count(b.roi_w, P);
+  b.bin_h = div_count(b.roi_h, P);
+  b.sub_w = div_count(b.bin_w, spp);
+  b.sub_h = div_count(b.bin_h, spp);
   return b;
+}
+
+// floor(a * b / c) of non-negative indices: in 32 bits on the device, whose launcher checks that the products stay
+// below 2^31 (psroi_cuda_indices_fit); in 64 bits on the host.
+DCNKIT_HD int64_t psroi_scaled_index(int64_t a, int64_t b, int64_t c) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<uint32_t>(a) * static_cast<uint32_t>(b) / static_cast<uint32_t>(c);
+#else
+  return a * b / c;
+#endif
+}
+
+// The CUDA kernels' 32-bit index arithmetic (psroi_scaled_index, AxisIndex), checked once per launch.
+inline Status check_psroi_cuda(const char* op, const DeformPSRoIPoolParams& p) {
+  const int64_t lim = int64_t(1) << 31, P = p.attrs.output_size;
+  if (P * p.attrs.group_size >= lim || P * p.attrs.part_size >= lim || p.attrs.output_dim >= lim) {
+    return arg_error(op, "output_size", "output_size x group_size, output_size x part_size and output_dim below 2^31 "
+                     "on CUDA", std::to_string(P));
+  }
+  return check_cuda_map_axes(op, "input", p.height, p.width);
 }
 
 // Geometry of output (k, ctop, ph, pw) of RoI k's box. `trans`: the whole trans tensor or null.
@@ -53,21 +74,21 @@ DCNKIT_HD PSRoIBin<Acc> psroi_bin_of_box(const DeformPSRoIPoolParams& p, const P
   r.sub_w = b.sub_w;
   r.sub_h = b.sub_h;
   // floor(ph / P * part_size), in integers.
-  const int64_t part_h = ph * ps / P, part_w = pw * ps / P;
+  const int64_t part_h = psroi_scaled_index(ph, ps, P), part_w = psroi_scaled_index(pw, ps, P);
   Acc tx = Acc(0), ty = Acc(0);
   r.trans_x = r.trans_y = -1;
   if (trans != nullptr) {
     const int64_t nc = p.num_classes;
-    const int64_t class_id = ctop / (p.attrs.output_dim / nc);
+    const int64_t class_id = psroi_scaled_index(ctop, 1, p.attrs.output_dim / nc);
     r.trans_x = ((k * 2 * nc + 2 * class_id) * ps + part_h) * ps + part_w;
     r.trans_y = r.trans_x + ps * ps;
     const Acc std_ = static_cast<Acc>(p.attrs.trans_std);
     tx = to_acc<Acc>(trans[r.trans_x]) * std_;
     ty = to_acc<Acc>(trans[r.trans_y]) * std_;
   }
-  r.w0 = static_cast<Acc>(pw) * b.bin_w + b.x_start + tx * r.roi_w;
-  r.h0 = static_cast<Acc>(ph) * b.bin_h + b.y_start + ty * r.roi_h;
-  int64_t gw = pw * G / P, gh = ph * G / P;
+  r.w0 = index_to_acc<Acc>(pw) * b.bin_w + b.x_start + tx * r.roi_w;
+  r.h0 = index_to_acc<Acc>(ph) * b.bin_h + b.y_start + ty * r.roi_h;
+  int64_t gw = psroi_scaled_index(pw, G, P), gh = psroi_scaled_index(ph, G, P);
   gw = gw < 0 ? 0 : (gw > G - 1 ? G - 1 : gw);
   gh = gh < 0 ? 0 : (gh > G - 1 ? G - 1 : gh);
   r.channel = (ctop * G + gh) * G + gw;
@@ -85,7 +106,10 @@ DCNKIT_HD PSRoIBin<Acc> psroi_bin(const DeformPSRoIPoolParams& p, const T* roi, 
 template <typename Acc>
 struct PSRoIAxis {
   Acc origin, step;
-  DCNKIT_HD Acc operator()(int64_t i) const { return origin + static_cast<Acc>(i) * step; }
+  template <typename I>
+  DCNKIT_HD Acc operator()(I i) const {
+    return origin + index_to_acc<Acc>(i) * step;
+  }
 };
 
 template <typename Acc>
@@ -102,9 +126,11 @@ DCNKIT_HD void psroi_bin_ranges(const PSRoIBin<Acc>& r, int64_t spp, int64_t H, 
   *rh = SampleRange{0, 0};
   *rw = SampleRange{0, 0};
   if (H <= 0 || W <= 0) return;
-  *rh = sample_range(spp, !(r.sub_h < Acc(0)), Acc(-0.5), Acc(H) - Acc(0.5), PSRoIAxis<Acc>{r.h0, r.sub_h});
+  *rh = sample_range(spp, !(r.sub_h < Acc(0)), Acc(-0.5), index_to_acc<Acc>(H) - Acc(0.5),
+                     PSRoIAxis<Acc>{r.h0, r.sub_h});
   if (rh->lo >= rh->hi) return;
-  *rw = sample_range(spp, !(r.sub_w < Acc(0)), Acc(-0.5), Acc(W) - Acc(0.5), PSRoIAxis<Acc>{r.w0, r.sub_w});
+  *rw = sample_range(spp, !(r.sub_w < Acc(0)), Acc(-0.5), index_to_acc<Acc>(W) - Acc(0.5),
+                     PSRoIAxis<Acc>{r.w0, r.sub_w});
 }
 
 // Forward of one output: mean of the samples taken (0 when none); *count receives their number.
@@ -123,8 +149,8 @@ DCNKIT_HD Acc psroi_bin_forward(const T* img, int64_t H, int64_t W, const PSRoIB
       ++n;
     }
   }
-  *count = static_cast<Acc>(n);
-  return n > 0 ? sum / static_cast<Acc>(n) : Acc(0);
+  *count = index_to_acc<Acc>(n);
+  return n > 0 ? div_count(sum, *count) : Acc(0);
 }
 
 // Backward of one output into the input map: g / count to every sample taken (count from the forward).
@@ -132,7 +158,7 @@ template <typename Acc, typename Add>
 DCNKIT_HD void psroi_bin_backward(int64_t H, int64_t W, const PSRoIBin<Acc>& r, int64_t spp,
                                   Acc count, Acc g, Add& add) {
   if (!(count > Acc(0))) return;
-  const Acc d = g / count;
+  const Acc d = div_rn(g, count);
   SampleRange rh, rw;
   psroi_bin_ranges(r, spp, H, W, &rh, &rw);
   for (int64_t ih = rh.lo; ih < rh.hi; ++ih) {
@@ -167,7 +193,7 @@ DCNKIT_HD void psroi_bin_trans_grad(const T* img, int64_t H, int64_t W, const PS
       sx += dx;
     }
   }
-  const Acc d = g / count;
+  const Acc d = div_rn(g, count);
   *gtx = sx * d * trans_std * r.roi_w;
   *gty = sy * d * trans_std * r.roi_h;
 }

@@ -110,7 +110,7 @@ DCNKIT_HD void psroi_plan_forward_items(const DeformPSRoIPoolParams& p, const PS
       sum += roi_plan_value(w.img, s);
       ++taken;
     }
-    *out = from_acc<T>(taken > 0 ? sum / static_cast<Acc>(taken) : Acc(0));
+    *out = from_acc<T>(taken > 0 ? div_count(sum, static_cast<Acc>(taken)) : Acc(0));
     out += step;
     if (cnt != nullptr) {
       *cnt = from_acc<T>(static_cast<Acc>(taken));
@@ -137,7 +137,7 @@ DCNKIT_HD void psroi_plan_backward_items(const DeformPSRoIPoolParams& p, const P
     if (g == Acc(0)) return;
     const Acc cnt = to_acc<Acc>(count[o0 + c * bins + bin]);
     if (!(cnt > Acc(0))) return;
-    const Acc d = g / cnt;
+    const Acc d = div_rn(g, cnt);
     auto add = add_at(base + c * GHW);
     const RoIPlanEntry<Acc>* e = plan + bin * S;
     for (int32_t i = 0; i < S; ++i) {

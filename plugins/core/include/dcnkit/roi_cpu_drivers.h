@@ -19,12 +19,13 @@ struct RoISampleCollect {
   RoISample<T>* buf;
   int64_t cap, n;
   bool full;
-  bool operator()(const Taps<T>& t, T m) {
+  template <typename S>
+  bool operator()(const S& s) {
     if (n >= cap) {
       full = true;
       return false;
     }
-    buf[n++] = RoISample<T>{t, m};
+    buf[n++] = RoISample<T>{s.taps(), s.m};
     return true;
   }
 };
@@ -42,7 +43,7 @@ inline int64_t roi_collect_bins(const RoIAlignBox<T>& box, int64_t k, int64_t bi
     T y0, x0;
     origin_of(k, box, (bin0 + nb) / ow, (bin0 + nb) % ow, &y0, &x0);
     RoISampleCollect<T> c{buf + start[nb], kRoITapsBuffer - start[nb], 0, false};
-    roi_bin_visit(box, y0, x0, H, W, c);
+    roi_bin_visit_at(box, y0, x0, H, W, c);
     if (c.full) break;
     start[nb + 1] = start[nb] + c.n;
     ++nb;

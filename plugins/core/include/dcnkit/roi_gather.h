@@ -15,7 +15,7 @@
 // kRoIGatherTableBytes; one chunk in all but extreme cases):
 //   1. footprints (once, all RoIs): the rows and columns of the map each RoI's samples can reach (RoIFootprint);
 //   2. tables (per chunk): each RoI's factors, every (bin, row) and (bin, column) of the map -- the op's table();
-//   3. gather (per chunk): one block per (image, 16 x 16 pixel tile, group of kRoIGatherChannels channels), one
+//   3. gather (per chunk): one block per (image, 16 x 16 pixel tile, group of roi_gather_channels channels), one
 //      thread per pixel holding one accumulator per channel. The block walks the chunk's RoIs in index order, 256 at
 //      a time: each thread tests one RoI's footprint against the tile and the image, the block lists the RoIs that
 //      meet it in order (shared memory), and every thread adds each listed RoI's contribution to its pixel (the op's
@@ -32,8 +32,8 @@
 //   RoIFootprint footprint(int64_t k);     RoI k on the map this launch writes (b = -1: nothing there)
 //   int64_t table_entries();               table entries per RoI
 //   Acc table(int64_t k, int64_t e);       entry e of RoI k's tables
-//   void add(int64_t k, int64_t c0, int nc, int64_t y, int64_t x, Acc* acc);   acc[c] += RoI k's contribution to
-//                                          pixel (y, x) of channel c0 + c, c < nc <= kRoIGatherChannels
+//   void add(int64_t k, int64_t c0, int nc, int32_t y, int32_t x, Acc* acc);   acc[c] += RoI k's contribution to
+//                                          pixel (y, x) of channel c0 + c, c < nc <= roi_gather_channels<Acc>()
 #pragma once
 
 #include <cmath>
@@ -55,12 +55,17 @@ namespace dcnkit {
 
 constexpr int64_t kRoIGatherTile = 16;        // tile side (pixels)
 constexpr int kRoIGatherThreads = 256;        // one per pixel of a tile; also the RoIs tested per step
-constexpr int kRoIGatherChannels = 8;         // channels per thread (its accumulators)
+// Channels per thread (its accumulators): 8, or 4 for double (two registers each: the kernel stays within 48).
+template <typename Acc>
+DCNKIT_HD constexpr int roi_gather_channels() {
+  return sizeof(Acc) == 8 ? 4 : 8;
+}
 constexpr int64_t kRoIGatherTableBytes = int64_t(64) << 20;  // most bytes of a chunk's tables
 
-// The rows [y0, y1] and columns [x0, x1] of the map a RoI's samples can reach, on image b (b = -1: none).
+// The rows [y0, y1] and columns [x0, x1] of the map a RoI's samples can reach, on image b (b = -1: none); 32-bit
+// (check_roi_gather_grid: fewer than 2^31 images, rows and columns).
 struct RoIFootprint {
-  int64_t b, y0, y1, x0, x1;
+  int32_t b, y0, y1, x0, x1;
 };
 
 DCNKIT_HD RoIFootprint roi_no_footprint() { return RoIFootprint{-1, 0, -1, 0, -1}; }
@@ -69,20 +74,21 @@ DCNKIT_HD RoIFootprint roi_no_footprint() { return RoIFootprint{-1, 0, -1, 0, -1
 // a coordinate in [-1, n] reaches the pixels of its floor and the next, clamped), widened by 2 for rounding; an axis
 // of 2^22 pixels or more is taken whole (a float's spacing there nears a pixel). False when none (NaN included).
 template <typename Acc>
-DCNKIT_HD bool roi_footprint_axis(Acc lo, Acc hi, int64_t n, int64_t* a, int64_t* b) {
-  if (!(hi >= Acc(-1) && lo <= Acc(n)) || n <= 0) return false;
+DCNKIT_HD bool roi_footprint_axis(Acc lo, Acc hi, int64_t n, int32_t* a, int32_t* b) {
+  if (!(hi >= Acc(-1) && lo <= index_to_acc<Acc>(n)) || n <= 0) return false;
+  const int32_t n32 = static_cast<int32_t>(n);
   if (n >= (int64_t(1) << 22)) {
     *a = 0;
-    *b = n - 1;
+    *b = n32 - 1;
     return true;
   }
-  *a = lo <= Acc(2) ? 0 : static_cast<int64_t>(std::floor(lo)) - 2;
-  *b = hi >= Acc(n - 3) ? n - 1 : static_cast<int64_t>(std::floor(hi)) + 3;
+  *a = lo <= Acc(2) ? 0 : floor_within(lo, 0, n32) - 2;
+  *b = hi >= static_cast<Acc>(n32 - 3) ? n32 - 1 : floor_within(hi, -1, n32) + 3;
   return true;
 }
 
 // The union of an extent [a, b] with [*a1, *b1] (a1 > b1: empty).
-DCNKIT_HD void roi_footprint_join(int64_t a, int64_t b, int64_t* a1, int64_t* b1) {
+DCNKIT_HD void roi_footprint_join(int32_t a, int32_t b, int32_t* a1, int32_t* b1) {
   if (*a1 > *b1) {
     *a1 = a;
     *b1 = b;
@@ -100,16 +106,17 @@ DCNKIT_HD void roi_footprint_join(int64_t a, int64_t b, int64_t* a1, int64_t* b1
 // its length.
 constexpr int64_t kRoIGatherRunCap = 64;
 template <typename Acc, typename Coord, typename TapsOf>
-DCNKIT_HD Acc roi_axis_weight(const Coord& coord, int64_t g, bool increasing, int64_t y, int64_t n,
+DCNKIT_HD Acc roi_axis_weight(const Coord& coord, int32_t g, bool increasing, int64_t y, int64_t n,
                               const TapsOf& taps_of) {
-  const Acc lo = y == 0 ? Acc(-1) : static_cast<Acc>(y - 1), hi = y == n - 1 ? static_cast<Acc>(n) : static_cast<Acc>(y + 1);
+  const Acc lo = y == 0 ? Acc(-1) : index_to_acc<Acc>(y - 1);
+  const Acc hi = y == n - 1 ? index_to_acc<Acc>(n) : index_to_acc<Acc>(y + 1);
   const SampleRange s = sample_range(g, increasing, lo, hi, coord);
   const bool runs = s.hi - s.lo > kRoIGatherRunCap;
   Acc w = Acc(0);
-  for (int64_t i = s.lo; i < s.hi;) {
+  for (int32_t i = s.lo; i < s.hi;) {
     const Acc v = coord(i);
-    const int64_t e = runs ? sample_run_end(i, s.hi, v, coord) : i + 1;
-    const RoIAxisTaps<Acc> t = taps_of(v, n);
+    const int32_t e = runs ? sample_run_end(i, s.hi, v, coord) : i + 1;
+    const auto t = taps_of(v, n);
     if (t.inside) w += static_cast<Acc>(e - i) * ((t.lo == y ? Acc(1) - t.l : Acc(0)) + (t.hi == y ? t.l : Acc(0)));
     i = e;
   }
@@ -118,67 +125,16 @@ DCNKIT_HD Acc roi_axis_weight(const Coord& coord, int64_t g, bool increasing, in
 
 struct RoIAxisTapsOf {
   template <typename Acc>
-  DCNKIT_HD RoIAxisTaps<Acc> operator()(Acc v, int64_t n) const {
-    return roi_axis_taps(v, n);
+  DCNKIT_HD RoIAxisTaps<Acc, AxisIndex> operator()(Acc v, int64_t n) const {
+    return roi_axis_taps(v, static_cast<AxisIndex>(n));
   }
 };
 struct PSRoIAxisTapsOf {
   template <typename Acc>
-  DCNKIT_HD RoIAxisTaps<Acc> operator()(Acc v, int64_t n) const {
-    return psroi_axis_taps(v, n);
+  DCNKIT_HD RoIAxisTaps<Acc, AxisIndex> operator()(Acc v, int64_t n) const {
+    return psroi_axis_taps(v, static_cast<AxisIndex>(n));
   }
 };
-
-// 32-bit versions of sample_range / sample_run_end (roi_kernels.h) and a clamped floor, for gathers whose loops must
-// stay free of 64-bit index conversions (a RoIAlign-like op's add(); kernel_report's LOOP_CLEAN).
-
-// [lo, hi) of the samples i in [0, n) whose coordinate c(i) (monotone: increasing when `up`) lies in [a, b].
-template <typename Coord>
-DCNKIT_HD void roi_range32(int32_t n, bool up, decltype(Coord()(0)) a, decltype(Coord()(0)) b, const Coord& c,
-                             int32_t* lo, int32_t* hi) {
-  const auto first = [](int32_t l, int32_t h, const auto& pred) {
-    while (l < h) {
-      const int32_t mid = l + (h - l) / 2;
-      if (pred(mid)) {
-        h = mid;
-      } else {
-        l = mid + 1;
-      }
-    }
-    return l;
-  };
-  if (up) {
-    *lo = first(0, n, [&](int32_t i) { return c(i) >= a; });
-    *hi = first(*lo, n, [&](int32_t i) { return !(c(i) <= b); });
-  } else {
-    *lo = first(0, n, [&](int32_t i) { return c(i) <= b; });
-    *hi = first(*lo, n, [&](int32_t i) { return !(c(i) >= a); });
-  }
-}
-
-// The end of the run of samples from i on (within [i, hi)) that equal sample i: same(j) says whether j does.
-template <typename Same>
-DCNKIT_HD int32_t roi_run_end32(int32_t i, int32_t hi, const Same& same) {
-  if (i + 1 >= hi || !same(i + 1)) return i + 1;
-  int32_t l = i + 2, h = hi;
-  while (l < h) {
-    const int32_t mid = l + (h - l) / 2;
-    if (!same(mid)) {
-      h = mid;
-    } else {
-      l = mid + 1;
-    }
-  }
-  return l;
-}
-
-// floor(v) within [lo, hi] (NaN: lo).
-template <typename Acc>
-DCNKIT_HD int32_t roi_floor32(Acc v, int32_t lo, int32_t hi) {
-  if (!(v > static_cast<Acc>(lo))) return lo;
-  if (!(v < static_cast<Acc>(hi))) return hi;
-  return static_cast<int32_t>(std::floor(v));
-}
 
 // ---------------------------------------------------------------------------------------------
 // The gather's grid: blocks (image, tile) flattened on x (a grid-stride loop over them), channel groups on y (a loop
@@ -189,12 +145,13 @@ struct RoIGatherGrid {
   int64_t tiles_x, tiles_y, blocks, groups;
 };
 
-inline RoIGatherGrid roi_gather_grid(int64_t N, int64_t C, int64_t H, int64_t W) {
+template <typename Acc>
+RoIGatherGrid roi_gather_grid(int64_t N, int64_t C, int64_t H, int64_t W) {
   RoIGatherGrid g{N, C, H, W, 0, 0, 0, 0};
   g.tiles_x = (W + kRoIGatherTile - 1) / kRoIGatherTile;
   g.tiles_y = (H + kRoIGatherTile - 1) / kRoIGatherTile;
   g.blocks = N * g.tiles_x * g.tiles_y;
-  g.groups = (C + kRoIGatherChannels - 1) / kRoIGatherChannels;
+  g.groups = (C + roi_gather_channels<Acc>() - 1) / roi_gather_channels<Acc>();
   return g;
 }
 
@@ -226,7 +183,7 @@ inline LaunchDims roi_gather_launch(const RoIGatherGrid& g) {
 
 // Thread `tid`'s pixel of block `blk` (image, tile row, tile column; tile column fastest), in 32-bit arithmetic.
 struct RoIGatherPixel {
-  int64_t b, y, x, ty0, tx0;  // image, pixel, the tile's first row and column
+  int32_t b, y, x, ty0, tx0;  // image, pixel, the tile's first row and column (check_roi_gather_grid)
   bool inside;                // the pixel is on the map (the last tiles of a row or column are partial)
 };
 DCNKIT_HD RoIGatherPixel roi_gather_pixel(const RoIGatherGrid& g, int64_t blk, int tid) {
@@ -234,18 +191,18 @@ DCNKIT_HD RoIGatherPixel roi_gather_pixel(const RoIGatherGrid& g, int64_t blk, i
   const uint32_t tiles = static_cast<uint32_t>(g.tiles_x * g.tiles_y), u = static_cast<uint32_t>(blk);
   const uint32_t b = u / tiles, t = u - b * tiles, ty = t / static_cast<uint32_t>(g.tiles_x);
   const uint32_t tx = t - ty * static_cast<uint32_t>(g.tiles_x);
-  p.b = b;
-  p.ty0 = int64_t(ty) * kRoIGatherTile;
-  p.tx0 = int64_t(tx) * kRoIGatherTile;
-  p.y = p.ty0 + tid / kRoIGatherTile;
-  p.x = p.tx0 + tid % kRoIGatherTile;
-  p.inside = p.y < g.height && p.x < g.width;
+  p.b = static_cast<int32_t>(b);
+  p.ty0 = static_cast<int32_t>(ty * kRoIGatherTile);
+  p.tx0 = static_cast<int32_t>(tx * kRoIGatherTile);
+  p.inside = int64_t(p.ty0) + tid / kRoIGatherTile < g.height && int64_t(p.tx0) + tid % kRoIGatherTile < g.width;
+  p.y = p.inside ? p.ty0 + tid / kRoIGatherTile : p.ty0;
+  p.x = p.inside ? p.tx0 + tid % kRoIGatherTile : p.tx0;
   return p;
 }
 
 // Whether a RoI's footprint meets the block's tile (on its image), and whether it holds the pixel.
 DCNKIT_HD bool roi_gather_meets(const RoIFootprint& f, const RoIGatherPixel& p) {
-  return f.b == p.b && f.y0 <= p.ty0 + kRoIGatherTile - 1 && f.y1 >= p.ty0 && f.x0 <= p.tx0 + kRoIGatherTile - 1 &&
+  return f.b == p.b && f.y0 - (kRoIGatherTile - 1) <= p.ty0 && f.y1 >= p.ty0 && f.x0 - (kRoIGatherTile - 1) <= p.tx0 &&
          f.x1 >= p.tx0;
 }
 DCNKIT_HD bool roi_gather_holds(const RoIFootprint& f, const RoIGatherPixel& p) {
@@ -319,9 +276,9 @@ Status roi_gather_serial(G g, int64_t num_rois, const RoIGatherGrid& grid, T* ou
   static_assert(std::is_same<Acc, T>::value, "the CPU runs float and double in their own type");
   DCNKIT_RETURN_IF_ERROR(check_roi_gather_grid("roi_gather_serial", grid));
   const int64_t entries = g.table_entries(), chunk = (num_rois + 2) / 3 > 0 ? (num_rois + 2) / 3 : 1;
-  if (num_rois > 0) DCNKIT_RETURN_IF_ERROR(check_launch(stride_launch("roi_gather_footprint_kernel", num_rois)));
+  if (num_rois > 0) DCNKIT_RETURN_IF_ERROR(check_launch(element_launch("roi_gather_footprint_kernel", num_rois)));
   DCNKIT_RETURN_IF_ERROR(check_launch(
-      stride_launch("roi_gather_table_kernel", roi_gather_chunk(num_rois, entries, sizeof(Acc)) * entries)));
+      element_launch("roi_gather_table_kernel", roi_gather_chunk(num_rois, entries, sizeof(Acc)) * entries)));
   DCNKIT_RETURN_IF_ERROR(check_launch(roi_gather_launch(grid)));
   std::vector<RoIFootprint> foot(static_cast<size_t>(num_rois > 0 ? num_rois : 0));
   for (int64_t k = 0; k < num_rois; ++k) foot[static_cast<size_t>(k)] = g.footprint(k);
@@ -335,9 +292,10 @@ Status roi_gather_serial(G g, int64_t num_rois, const RoIGatherGrid& grid, T* ou
     for (int64_t i = 0; i < (k1 - k0) * entries; ++i) tables[static_cast<size_t>(i)] = g.table(k0 + i / entries, i % entries);
     g.tables = tables.data();
     for (int64_t blk = 0; blk < grid.blocks; ++blk) {
-      for (int64_t c0 = 0; c0 < C; c0 += kRoIGatherChannels) {
-        const int nc = static_cast<int>(C - c0 < kRoIGatherChannels ? C - c0 : kRoIGatherChannels);
-        Acc acc[kRoIGatherThreads][kRoIGatherChannels] = {};
+      constexpr int kC = roi_gather_channels<Acc>();
+      for (int64_t c0 = 0; c0 < C; c0 += kC) {
+        const int nc = static_cast<int>(C - c0 < kC ? C - c0 : kC);
+        Acc acc[kRoIGatherThreads][kC] = {};
         const RoIGatherPixel first = roi_gather_pixel(grid, blk, 0);
         for (int64_t s0 = k0; s0 < k1; s0 += kRoIGatherThreads) {
           listed.clear();

@@ -10,53 +10,52 @@
 
 namespace dcnkit {
 
+// One thread per RoI (element_launch: no loop holds a RoI's head).
 template <typename G, typename T>
-__global__ void __launch_bounds__(kCudaThreads)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     roi_gather_footprint_kernel(G g, int64_t num_rois, const T* __restrict__ rois, int64_t batch, bool assert_batch,
                                 RoIFootprint* __restrict__ foot) {
   using Acc = typename G::Acc;
-  DCNKIT_CUDA_KERNEL_LOOP(k, num_rois) {
-    int64_t b = 0;
-    if (assert_batch && !roi_batch_index<Acc>(rois + k * 5, batch, &b)) roi_batch_index_assert_fail();
-    foot[k] = g.footprint(k);
-  }
+  DCNKIT_CUDA_ELEMENT(k, num_rois);
+  int64_t b = 0;
+  if (assert_batch && !roi_batch_index<Acc>(rois + k * 5, batch, &b)) roi_batch_index_assert_fail();
+  foot[k] = g.footprint(k);
 }
 
-// Entry i of the tables of RoIs [k0, ...): entry i % E of RoI k0 + i / E (E = g.table_entries()).
-// The double instantiation may take all the registers a 256-thread block leaves (a bisection and the box).
+// Entry i of the tables of RoIs [k0, ...): entry i % E of RoI k0 + i / E (E = g.table_entries()), one thread each.
 template <typename G>
-__global__ void __launch_bounds__(kCudaThreads, sizeof(typename G::Acc) == 8 ? 1 : 0)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     roi_gather_table_kernel(G g, int64_t k0, int64_t n, typename G::Acc* __restrict__ tables) {
+  DCNKIT_CUDA_ELEMENT(i, n);
   const int64_t E = g.table_entries();
-  DCNKIT_CUDA_KERNEL_LOOP(i, n) { tables[i] = g.table(k0 + i / E, i % E); }
+  tables[i] = g.table(k0 + i / E, i % E);
 }
 
-// It may take all the registers a 256-thread block leaves (minimum 1 block per SM): with ptxas's default budget the
-// DeformRoIPool instantiation held 48 registers and spilled 16 bytes.
+// One block per (image, tile) (a loop past the grid's blocks) and channel group; the RoIs that meet the tile listed in
+// RoI order in shared memory (their offset in the step of 256 and their footprint), 32-bit pixels and footprints.
 template <typename T, typename G>
-__global__ void __launch_bounds__(kRoIGatherThreads, 1)
+__global__ void __launch_bounds__(kRoIGatherThreads, kRoIMinBlocks)
     roi_gather_kernel(G g, RoIGatherGrid grid, int64_t k1, const RoIFootprint* __restrict__ foot, bool first,
                       bool last, typename G::Acc* partial, T* out) {
   using Acc = typename G::Acc;
-  __shared__ int64_t listed[kRoIGatherThreads];
+  __shared__ int listed[kRoIGatherThreads];
   __shared__ RoIFootprint feet[kRoIGatherThreads];
   __shared__ int warp_hits[kRoIGatherThreads / 32];
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int64_t C = grid.channels, HW = grid.height * grid.width;
   for (int64_t blk = blockIdx.x; blk < grid.blocks; blk += gridDim.x) {
     const RoIGatherPixel px = roi_gather_pixel(grid, blk, tid);
-    for (int64_t c0 = int64_t(blockIdx.y) * kRoIGatherChannels; c0 < C;
-         c0 += int64_t(gridDim.y) * kRoIGatherChannels) {
-      const int nc = static_cast<int>(C - c0 < kRoIGatherChannels ? C - c0 : kRoIGatherChannels);
-      Acc acc[kRoIGatherChannels];
+    constexpr int kC = roi_gather_channels<Acc>();
+    for (int64_t c0 = int64_t(blockIdx.y) * kC; c0 < C; c0 += int64_t(gridDim.y) * kC) {
+      const int nc = static_cast<int>(C - c0 < kC ? C - c0 : kC);
+      Acc acc[kC];
       DCNKIT_PRAGMA_UNROLL
-      for (int c = 0; c < kRoIGatherChannels; ++c) acc[c] = Acc(0);
+      for (int c = 0; c < kC; ++c) acc[c] = Acc(0);
       for (int64_t s0 = g.k0; s0 < k1; s0 += kRoIGatherThreads) {
         // Cull: each thread tests one RoI; the hits are listed in RoI order (rank = the hits before it).
-        const int64_t k = s0 + tid;
-        RoIFootprint f = roi_no_footprint();
-        if (k < k1) f = foot[k];
-        const bool hit = k < k1 && roi_gather_meets(f, px);
+        const bool mine = s0 + tid < k1;
+        const RoIFootprint f = mine ? foot[s0 + tid] : roi_no_footprint();
+        const bool hit = mine && roi_gather_meets(f, px);
         const unsigned m = __ballot_sync(0xffffffffu, hit);
         if (lane == 0) warp_hits[warp] = __popc(m);
         __syncthreads();
@@ -66,21 +65,21 @@ __global__ void __launch_bounds__(kRoIGatherThreads, 1)
           total += warp_hits[w];
         }
         if (hit) {
-          listed[rank] = k;
+          listed[rank] = tid;
           feet[rank] = f;
         }
         __syncthreads();
         if (px.inside) {
           for (int j = 0; j < total; ++j) {
-            if (roi_gather_holds(feet[j], px)) g.add(listed[j], c0, nc, px.y, px.x, acc);
+            if (roi_gather_holds(feet[j], px)) g.add(s0 + listed[j], c0, nc, px.y, px.x, acc);
           }
         }
         __syncthreads();
       }
       if (px.inside) {
-        const int64_t i = (px.b * C + c0) * HW + px.y * grid.width + px.x;
+        const int64_t i = (int64_t(px.b) * C + c0) * HW + int64_t(px.y) * grid.width + px.x;
         DCNKIT_PRAGMA_UNROLL
-        for (int c = 0; c < kRoIGatherChannels; ++c) {
+        for (int c = 0; c < kC; ++c) {
           if (c < nc) roi_gather_store<T, Acc>(acc[c], i + c * HW, first, last, partial, out);
         }
       }
@@ -99,7 +98,8 @@ Status roi_gather_cuda(const char* where, G g, int64_t num_rois, const RoIGather
   DCNKIT_RETURN_IF_ERROR(check_roi_gather_grid(where, grid));
   static_assert(kRoIGatherStaticSmem <= kCudaDefaultSmemBytes, "gather shared memory");
   if (num_rois > 0) {
-    const LaunchDims d = stride_launch("roi_gather_footprint_kernel", num_rois);
+    const LaunchDims d = element_launch("roi_gather_footprint_kernel", num_rois);
+    DCNKIT_RETURN_IF_ERROR(check_launch(d));
     roi_gather_footprint_kernel<G, T><<<launch_grid(d), d.block, 0, s>>>(g, num_rois, rois, batch, assert_batch,
                                                                          b.foot);
     DCNKIT_RETURN_IF_ERROR(cuda_launch_status(where));
@@ -113,7 +113,8 @@ Status roi_gather_cuda(const char* where, G g, int64_t num_rois, const RoIGather
     g.k0 = k0;
     g.tables = tables;
     if (k1 > k0 && E > 0) {
-      const LaunchDims d = stride_launch("roi_gather_table_kernel", (k1 - k0) * E);
+      const LaunchDims d = element_launch("roi_gather_table_kernel", (k1 - k0) * E);
+      DCNKIT_RETURN_IF_ERROR(check_launch(d));
       roi_gather_table_kernel<G><<<launch_grid(d), d.block, 0, s>>>(g, k0, (k1 - k0) * E, tables);
       DCNKIT_RETURN_IF_ERROR(cuda_launch_status(where));
     }
@@ -126,14 +127,14 @@ Status roi_gather_cuda(const char* where, G g, int64_t num_rois, const RoIGather
   return Status::Ok();
 }
 
-// Max mode: argmax[2 i], argmax[2 i + 1] = the coordinates of element i's winning sample (roi_gather_argmax_at).
-// The double instantiation may take all the registers a 256-thread block leaves (the bounded visit, as the visit
-// kernels).
+// Max mode: argmax[2 i], argmax[2 i + 1] = the coordinates of element i's winning sample (roi_gather_argmax_at), one
+// thread per element (element_launch).
 template <typename Acc, typename HeadOf, typename MapOf>
-__global__ void __launch_bounds__(kCudaThreads, sizeof(Acc) == 8 ? 1 : 0)
+__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     roi_gather_argmax_kernel(HeadOf head_of, MapOf map_of, int64_t C, int64_t pooled_w, int64_t bins, int64_t n,
                              Acc* __restrict__ argmax) {
-  DCNKIT_CUDA_KERNEL_LOOP(i, n) { roi_gather_argmax_at<Acc>(head_of, map_of, C, pooled_w, bins, i, argmax); }
+  DCNKIT_CUDA_ELEMENT(i, n);
+  roi_gather_argmax_at<Acc>(head_of, map_of, C, pooled_w, bins, i, argmax, roi_thread_frame<Acc>());
 }
 
 }  // namespace dcnkit

@@ -31,15 +31,15 @@ struct RoIImageMap {
 
 // The rows (or columns) of an axis of n pixels that `pooled` bins from `start`, `bin` apart, can reach.
 template <typename Acc>
-DCNKIT_HD bool roi_box_footprint_axis(Acc start, Acc bin, int64_t pooled, int64_t n, int64_t* a, int64_t* b) {
-  const Acc end = start + static_cast<Acc>(pooled) * bin;
+DCNKIT_HD bool roi_box_footprint_axis(Acc start, Acc bin, int64_t pooled, int64_t n, int32_t* a, int32_t* b) {
+  const Acc end = start + index_to_acc<Acc>(pooled) * bin;
   return roi_footprint_axis(start < end ? start : end, start < end ? end : start, n, a, b);
 }
 
 // A bin's weight on pixel row (or column) y: its samples' weights along that axis (the factor of avg mode).
 template <typename Acc>
 DCNKIT_HD Acc roi_bin_axis_weight(Acc origin, Acc bin, int64_t g, int64_t y, int64_t n) {
-  return roi_axis_weight<Acc>(RoIAxis<Acc>{origin, bin, g}, g, !(bin < Acc(0)), y, n, RoIAxisTapsOf());
+  return roi_axis_weight<Acc>(roi_axis(origin, bin, g), g, !(bin < Acc(0)), y, n, RoIAxisTapsOf());
 }
 
 // Bin `bin` of RoI k onto pixel (y, x) of channels c0 .. c0 + nc (grad_output (K, C, bins)). avg: acc[c] += g * s
@@ -47,11 +47,11 @@ DCNKIT_HD Acc roi_bin_axis_weight(Acc origin, Acc bin, int64_t g, int64_t y, int
 // argmax[((k * C + c) * bins + bin) * 2], NaN: none) on a map of H x W that fall on the pixel, times g.
 template <typename Acc, typename T>
 DCNKIT_HD void roi_gather_bin(int64_t k, int64_t C, int64_t bins, int64_t bin, int64_t c0, int nc,
-                              const T* grad_output, const Acc* argmax, Acc s, int64_t y, int64_t x, int64_t H,
-                              int64_t W, Acc* acc) {
+                              const T* grad_output, const Acc* argmax, Acc s, int32_t y, int32_t x, int32_t H,
+                              int32_t W, Acc* acc) {
   const T* go = grad_output + (k * C + c0) * bins + bin;
   DCNKIT_PRAGMA_UNROLL
-  for (int c = 0; c < kRoIGatherChannels; ++c) {
+  for (int c = 0; c < roi_gather_channels<Acc>(); ++c) {
     if (c >= nc) break;
     const Acc g = to_acc<Acc>(go[c * bins]);
     if (g == Acc(0)) continue;
@@ -62,8 +62,7 @@ DCNKIT_HD void roi_gather_bin(int64_t k, int64_t C, int64_t bins, int64_t bin, i
     // roi_taps of the winning sample (NaN: not inside) in 32-bit indices (check_roi_gather_grid), its four taps'
     // weights (1 - ly or ly) x (1 - lx or lx) added where the tap is the pixel.
     const Acc* a = argmax + ((k * C + c0 + c) * bins + bin) * 2;
-    const RoIAxisTaps<Acc, int32_t> ty = roi_axis_taps(a[0], static_cast<int32_t>(H));
-    const RoIAxisTaps<Acc, int32_t> tx = roi_axis_taps(a[1], static_cast<int32_t>(W));
+    const RoIAxisTaps<Acc, int32_t> ty = roi_axis_taps(a[0], H), tx = roi_axis_taps(a[1], W);
     if (!(ty.inside && tx.inside)) continue;
     for (int q = 0; q < 4; ++q) {
       const bool hy = q >= 2, hx = (q & 1) != 0;
@@ -97,7 +96,7 @@ struct RoIAlignGather {
         !roi_box_footprint_axis(h.box.x_start, h.box.bin_w, pooled_w, W, &f.x0, &f.x1)) {
       return roi_no_footprint();
     }
-    f.b = h.b;
+    f.b = static_cast<int32_t>(h.b);
     return f;
   }
   DCNKIT_HD int64_t table_entries() const { return pooled_h * H + pooled_w * W; }
@@ -106,15 +105,15 @@ struct RoIAlignGather {
     if (h.b < 0 || !(h.n > Acc(0)) || h.level != level) return Acc(0);
     Acc y0, x0;
     if (e < pooled_h * H) {
-      roi_bin_origin<Acc, Acc>(h.box, e / H, 0, nullptr, nullptr, Acc(0), &y0, &x0);
+      roi_bin_origin<Acc, Acc>(h.box, e / H, int64_t(0), nullptr, nullptr, Acc(0), &y0, &x0);
       const Acc w = roi_bin_axis_weight(y0, h.box.bin_h, h.box.gh, e % H, H);
-      return argmax == nullptr ? w / h.n : w;
+      return argmax == nullptr ? div_count(w, h.n) : w;
     }
     e -= pooled_h * H;
-    roi_bin_origin<Acc, Acc>(h.box, 0, e / W, nullptr, nullptr, Acc(0), &y0, &x0);
+    roi_bin_origin<Acc, Acc>(h.box, int64_t(0), e / W, nullptr, nullptr, Acc(0), &y0, &x0);
     return roi_bin_axis_weight(x0, h.box.bin_w, h.box.gw, e % W, W);
   }
-  DCNKIT_HD void add(int64_t k, int64_t c0, int nc, int64_t y, int64_t x, Acc* acc) const {
+  DCNKIT_HD void add(int64_t k, int64_t c0, int nc, int32_t y, int32_t x, Acc* acc) const {
     const Acc* rows = tables + (k - k0) * table_entries();
     const Acc* cols = rows + pooled_h * H;
     const int64_t bins = pooled_h * pooled_w;
@@ -124,8 +123,8 @@ struct RoIAlignGather {
       for (int64_t pw = 0; pw < pooled_w; ++pw) {
         const Acc ax = cols[pw * W + x];
         if (ax == Acc(0)) continue;
-        roi_gather_bin<Acc, T>(k, channels, bins, ph * pooled_w + pw, c0, nc, grad_output, argmax, ay * ax, y, x, H,
-                               W, acc);
+        roi_gather_bin<Acc, T>(k, channels, bins, ph * pooled_w + pw, c0, nc, grad_output, argmax, ay * ax, y, x,
+                               static_cast<int32_t>(H), static_cast<int32_t>(W), acc);
       }
     }
   }
@@ -146,12 +145,12 @@ struct DeformRoIGather {
   DCNKIT_HD RoIFootprint footprint(int64_t k) const {
     const RoIPlanHead<Acc> h = deform_roi_plan_head<Acc>(p, rois, k);
     if (h.b < 0 || !(h.n > Acc(0))) return roi_no_footprint();
-    RoIFootprint f{h.b, 0, -1, 0, -1};
+    RoIFootprint f{static_cast<int32_t>(h.b), 0, -1, 0, -1};
     for (int64_t ph = 0; ph < p.attrs.pooled_h; ++ph) {
       for (int64_t pw = 0; pw < p.attrs.pooled_w; ++pw) {
         Acc y0, x0;
         deform_roi_pool_origin<Acc, T>(p, h.box, offset, k, ph, pw, &y0, &x0);
-        int64_t a, b, c, d;
+        int32_t a, b, c, d;
         if (roi_box_footprint_axis(y0, h.box.bin_h, 1, h.H, &a, &b) &&
             roi_box_footprint_axis(x0, h.box.bin_w, 1, h.W, &c, &d)) {
           roi_footprint_join(a, b, &f.y0, &f.y1);
@@ -170,10 +169,10 @@ struct DeformRoIGather {
     const int64_t bin = row ? e / H : (e - bins * H) / W, at = row ? e % H : (e - bins * H) % W;
     Acc y0, x0;
     deform_roi_pool_origin<Acc, T>(p, h.box, offset, k, bin / ow, bin % ow, &y0, &x0);
-    if (row) return roi_bin_axis_weight(y0, h.box.bin_h, h.box.gh, at, H) / h.n;
+    if (row) return div_count(roi_bin_axis_weight(y0, h.box.bin_h, h.box.gh, at, H), h.n);
     return roi_bin_axis_weight(x0, h.box.bin_w, h.box.gw, at, W);
   }
-  DCNKIT_HD void add(int64_t k, int64_t c0, int nc, int64_t y, int64_t x, Acc* acc) const {
+  DCNKIT_HD void add(int64_t k, int64_t c0, int nc, int32_t y, int32_t x, Acc* acc) const {
     const int64_t bins = p.attrs.pooled_h * p.attrs.pooled_w, H = p.height, W = p.width;
     const Acc* rows = tables + (k - k0) * table_entries();
     const Acc* cols = rows + bins * H;
@@ -183,54 +182,37 @@ struct DeformRoIGather {
       const Acc ax = cols[bin * W + x];
       if (ax == Acc(0)) continue;
       roi_gather_bin<Acc, T>(k, p.channels, bins, bin, c0, nc, grad_output, static_cast<const Acc*>(nullptr), ay * ax,
-                             y, x, H, W, acc);
+                             y, x, static_cast<int32_t>(H), static_cast<int32_t>(W), acc);
     }
   }
 };
 
 // Max mode: the arg-max sample of a bin with corner (y0, x0) of channel map `img` -- roi_bin_scatter's choice (the
 // first largest in the full loop's order, a run of samples outside the map a candidate 0) -- as its coordinates in
-// out[0], out[1]; NaN when the winner is outside the map or the grid is empty (no gradient).
-template <typename Acc, typename T>
-struct RoIBinArgMax {
-  const T* img;
-  bool any, inside;
-  Acc best, y, x;
-  DCNKIT_HD bool operator()(const Taps<Acc>& t, Acc, Acc vy, Acc vx) {
-    const Acc v = t.inside ? taps_value(img, t) : Acc(0);
-    if (!any || v > best) {
-      any = true;
-      best = v;
-      inside = t.inside;
-      y = vy;
-      x = vx;
-    }
-    return true;
-  }
-};
-template <typename Acc, typename T>
-DCNKIT_HD void roi_gather_argmax(const RoIPlanHead<Acc>& h, const T* img, Acc y0, Acc x0, Acc* out) {
+// out[0], out[1]; NaN when the winner is outside the map or the grid is empty (no gradient). frame: the visit's.
+template <typename Acc, typename T, typename F>
+DCNKIT_HD void roi_gather_argmax(const RoIPlanHead<Acc>& h, const T* img, Acc y0, Acc x0, Acc* out, F frame) {
   const Acc nan = std::numeric_limits<Acc>::quiet_NaN();
   out[0] = out[1] = nan;
   if (h.b < 0 || !(h.n > Acc(0))) return;
-  RoIBinArgMax<Acc, T> v{img, false, false, Acc(0), nan, nan};
-  roi_bin_visit_at(h.box, y0, x0, h.H, h.W, v);
-  if (v.any && v.inside) {
-    out[0] = v.y;
-    out[1] = v.x;
+  RoIBinMax<Acc, T> v{img, false, false, Acc(0), {0, 0}};
+  roi_bin_visit_at(h.box, y0, x0, h.H, h.W, v, frame);
+  if (v.any && v.inside) {  // the winner's coordinates, from the axes the visit kept in its frame
+    out[0] = roi_sample_coord<Acc>(frame->y0, frame->bin_h, frame->gh, v.id.iy);
+    out[1] = roi_sample_coord<Acc>(frame->x0, frame->bin_w, frame->gw, v.id.ix);
   }
 }
 
 // Element i of the (K, C, bins) arg-max of RoIAlign / MultiLevelRoIAlign: map_of(h) is the head's map of image
-// h.b, channel 0 (its level's); maps of a channel are H * W apart.
-template <typename Acc, typename HeadOf, typename MapOf>
+// h.b, channel 0 (its level's); maps of a channel are H * W apart. frame: the visit's (RoIVisitFrame).
+template <typename Acc, typename HeadOf, typename MapOf, typename F>
 DCNKIT_HD void roi_gather_argmax_at(const HeadOf& head_of, const MapOf& map_of, int64_t C, int64_t pooled_w,
-                                    int64_t bins, int64_t i, Acc* argmax) {
+                                    int64_t bins, int64_t i, Acc* argmax, F frame) {
   const int64_t bin = i % bins, c = (i / bins) % C, k = i / bins / C;
   const RoIPlanHead<Acc> h = head_of(k);
   Acc y0, x0;
   roi_bin_origin<Acc, Acc>(h.box, bin / pooled_w, bin % pooled_w, nullptr, nullptr, Acc(0), &y0, &x0);
-  roi_gather_argmax<Acc>(h, h.b < 0 ? nullptr : map_of(h) + c * h.H * h.W, y0, x0, argmax + 2 * i);
+  roi_gather_argmax<Acc>(h, h.b < 0 ? nullptr : map_of(h) + c * h.H * h.W, y0, x0, argmax + 2 * i, frame);
 }
 
 }  // namespace dcnkit

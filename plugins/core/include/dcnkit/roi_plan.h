@@ -73,6 +73,14 @@ inline RoIPlanLaunch roi_plan_launch(int64_t r, int64_t bins, int64_t max_hw, in
   return RoIPlanLaunch::kPlanOnly;
 }
 
+// The block kernels walk a RoI's bins with 32-bit counters: fewer than 2^31 bins (checked once per launch).
+inline Status check_roi_block_bins(const char* where, int64_t bins) {
+  if (bins >= (int64_t(1) << 31)) {
+    return arg_error(where, "output_size", "fewer than 2^31 bins on CUDA", std::to_string(bins));
+  }
+  return Status::Ok();
+}
+
 // The launch of the block kernels: x = RoI, y = channel group of kRoIPlanChannels, 256 threads, `smem` bytes of plan.
 inline LaunchDims roi_block_dims(const char* kernel, int64_t num_rois, int64_t channels, int64_t smem) {
   LaunchDims d;
@@ -118,8 +126,8 @@ DCNKIT_HD RoIPlanHead<Acc> roi_plan_head(const RoIAlignParams& p, const T* rois,
 
 // The corner (y0, x0) of bin (ph, pw) of a head's box, as the bin functions see it: RoIAlign's (no offsets) ...
 struct RoIBoxOrigin {
-  template <typename Acc>
-  DCNKIT_HD void operator()(const RoIPlanHead<Acc>& h, int64_t ph, int64_t pw, Acc* y0, Acc* x0) const {
+  template <typename Acc, typename I>
+  DCNKIT_HD void operator()(const RoIPlanHead<Acc>& h, I ph, I pw, Acc* y0, Acc* x0) const {
     roi_bin_origin<Acc, Acc>(h.box, ph, pw, nullptr, nullptr, Acc(0), y0, x0);
   }
 };
@@ -131,8 +139,8 @@ struct DeformRoIOrigin {
   const DeformRoIPoolParams& p;
   const T* offset;
   int64_t k;
-  template <typename Acc>
-  DCNKIT_HD void operator()(const RoIPlanHead<Acc>& h, int64_t ph, int64_t pw, Acc* y0, Acc* x0) const {
+  template <typename Acc, typename I>
+  DCNKIT_HD void operator()(const RoIPlanHead<Acc>& h, I ph, I pw, Acc* y0, Acc* x0) const {
     deform_roi_pool_origin<Acc, T>(p, h.box, offset, k, ph, pw, y0, x0);
   }
 };
@@ -169,9 +177,9 @@ DCNKIT_HD void roi_plan_entry(const RoIPlanHead<Acc>& h, uint32_t ow, uint32_t g
   // roi_taps in 32-bit indices (a planned map has fewer than 2^31 pixels): the same taps and weights, and no 64-bit
   // integer converted to or from floating point in the plan's loop.
   const int32_t W = static_cast<int32_t>(h.W);
-  const RoIAxisTaps<Acc, int32_t> ty = roi_axis_taps(RoIAxis<Acc>{y0, h.box.bin_h, h.box.gh}(s / gw),
+  const RoIAxisTaps<Acc, int32_t> ty = roi_axis_taps(roi_axis(y0, h.box.bin_h, h.box.gh)(s / gw),
                                                      static_cast<int32_t>(h.H));
-  const RoIAxisTaps<Acc, int32_t> tx = roi_axis_taps(RoIAxis<Acc>{x0, h.box.bin_w, h.box.gw}(s % gw), W);
+  const RoIAxisTaps<Acc, int32_t> tx = roi_axis_taps(roi_axis(x0, h.box.bin_w, h.box.gw)(s % gw), W);
   const bool inside = ty.inside && tx.inside;
   const Acc hy = Acc(1) - ty.l, hx = Acc(1) - tx.l;
   const int32_t at[4] = {ty.lo * W + tx.lo, ty.lo * W + tx.hi, ty.hi * W + tx.lo, ty.hi * W + tx.hi};
@@ -220,9 +228,10 @@ struct RoIPlanSamples {
   DCNKIT_HD void visit(Visit& v) const {
     for (int32_t i = 0; i < n; ++i) {
       const Taps<Acc> t = roi_plan_taps(e[i]);
-      if (!v(t, t.inside ? Acc(1) : Acc(0))) return;
+      if (!v(RoITapsSample<Acc>{t, t.inside ? Acc(1) : Acc(0), RoISampleId{i, 0}})) return;
     }
   }
+  DCNKIT_HD Taps<Acc> taps_at(RoISampleId id) const { return roi_plan_taps(e[id.iy]); }
 };
 
 // The arg-max of a planned bin's n entries (entry_of(i) gives entry i): the first largest sample, a sample outside
@@ -273,11 +282,12 @@ DCNKIT_HD void roi_block_items(I nc, I bins, int tid, int step, const F& f) {
 
 // roi_block_items over (channel, bin) pairs of an oh x ow grid, with the bin's (ph, pw) = (bin / ow, bin % ow)
 // carried from item to item: f(c, ph, pw), and no 64-bit division inside the loop (the bounded visit's walk).
-template <typename F>
-DCNKIT_HD void roi_block_bins(int64_t nc, int64_t oh, int64_t ow, int tid, int step, const F& f) {
-  const int64_t bins = oh * ow, total = nc * bins;
-  const int64_t dc = step / bins, db = step % bins, dph = db / ow, dpw = db % ow;
-  int64_t c = tid / bins, ph = (tid % bins) / ow, pw = (tid % bins) % ow;
+template <typename I, typename F>
+DCNKIT_HD void roi_block_bins(I nc, I oh, I ow, int tid, int step, const F& f) {
+  const I bins = oh * ow;
+  const int64_t total = int64_t(nc) * bins;
+  const I dc = static_cast<I>(step) / bins, db = static_cast<I>(step) % bins, dph = db / ow, dpw = db % ow;
+  I c = static_cast<I>(tid) / bins, ph = (static_cast<I>(tid) % bins) / ow, pw = (static_cast<I>(tid) % bins) % ow;
   for (int64_t item = tid; item < total; item += step) {
     f(c, ph, pw);
     c += dc;
@@ -335,7 +345,7 @@ DCNKIT_HD Acc roi_plan_bin_forward(const T* img, const RoIPlanEntry<Acc>* e, int
     const RoIPlanEntry<Acc> s = e[i];
     if (s.idx[0] >= 0) sum += roi_plan_value(img, s);
   }
-  return sum / count;
+  return div_count(sum, count);
 }
 
 // A thread's walk over its (channel, bin) items in roi_block_items' order with the channel map's and the bin's
@@ -410,44 +420,50 @@ DCNKIT_HD void roi_plan_backward_items(const P& p, const RoIPlanHead<Acc>& h,
 }
 
 // The same two for a block whose RoI is not planned: each (channel, bin) samples on the fly (bounded visit).
-// H, W: the head's map (RoIAlign passes its params' sizes, which stay in the kernel's parameters).
-template <typename Acc, typename T, typename P, typename Origin = RoIBoxOrigin>
+// H, W: the head's map (RoIAlign passes its params' sizes, which stay in the kernel's parameters). frame: the visit's
+// (RoIVisitFrame: the kernels' per-thread slot in shared memory). The (channel, bin) walk is 32-bit
+// (check_roi_block_bins).
+template <typename Acc, typename T, typename P, typename F, typename Origin = RoIBoxOrigin>
 DCNKIT_HD void roi_visit_forward_items(const P& p, const RoIPlanHead<Acc>& h, int64_t H, int64_t W, const T* input,
-                                       int64_t k, int64_t c0, int64_t nc, int tid, int step, T* output,
+                                       int64_t k, int64_t c0, int64_t nc, int tid, int step, T* output, F frame,
                                        const Origin& origin = Origin()) {
   const int64_t C = p.channels;
   const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w, bins = oh * ow;
   const bool max_mode = roi_pool_max_mode(p);
   T* out = output + (k * C + c0) * bins;
-  roi_block_bins(nc, oh, ow, tid, step, [&](int64_t c, int64_t ph, int64_t pw) {
-    Acc v = Acc(0);
-    if (h.b >= 0) {
-      Acc y0, x0;
-      origin(h, ph, pw, &y0, &x0);
-      v = roi_align_bin_forward<Acc>(input + (h.b * C + c0 + c) * H * W, H, W, h.box, y0, x0, max_mode);
-    }
-    out[c * bins + ph * ow + pw] = from_acc<T>(v);
-  });
+  roi_block_bins(static_cast<int32_t>(nc), static_cast<int32_t>(oh), static_cast<int32_t>(ow), tid, step,
+                 [&](int32_t c, int32_t ph, int32_t pw) {
+                   Acc v = Acc(0);
+                   if (h.b >= 0) {
+                     Acc y0, x0;
+                     origin(h, ph, pw, &y0, &x0);
+                     v = roi_align_bin_forward<Acc>(input + (h.b * C + c0 + c) * H * W, H, W, h.box, y0, x0,
+                                                    max_mode, frame);
+                   }
+                   out[c * bins + int64_t(ph) * ow + pw] = from_acc<T>(v);
+                 });
 }
 
-template <typename Acc, typename T, typename P, typename AddAt, typename Origin = RoIBoxOrigin>
+template <typename Acc, typename T, typename P, typename AddAt, typename F, typename Origin = RoIBoxOrigin>
 DCNKIT_HD void roi_visit_backward_items(const P& p, const RoIPlanHead<Acc>& h, int64_t H, int64_t W,
                                         const T* grad_output, const T* input, int64_t k, int64_t c0, int64_t nc,
-                                        int tid, int step, const AddAt& add_at, const Origin& origin = Origin()) {
+                                        int tid, int step, const AddAt& add_at, F frame,
+                                        const Origin& origin = Origin()) {
   if (h.b < 0 || !(h.n > Acc(0))) return;
   const int64_t C = p.channels;
   const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w, bins = oh * ow;
   const bool max_mode = roi_pool_max_mode(p);
   const T* go = grad_output + (k * C + c0) * bins;
-  roi_block_bins(nc, oh, ow, tid, step, [&](int64_t c, int64_t ph, int64_t pw) {
-    const Acc g = to_acc<Acc>(go[c * bins + ph * ow + pw]);
-    if (g == Acc(0)) return;
-    Acc y0, x0;
-    origin(h, ph, pw, &y0, &x0);
-    auto add = add_at((h.b * C + c0 + c) * H * W);
-    const T* img = max_mode ? input + (h.b * C + c0 + c) * H * W : nullptr;
-    roi_align_bin_backward<Acc, T>(img, H, W, h.box, y0, x0, max_mode, g, add);
-  });
+  roi_block_bins(static_cast<int32_t>(nc), static_cast<int32_t>(oh), static_cast<int32_t>(ow), tid, step,
+                 [&](int32_t c, int32_t ph, int32_t pw) {
+                   const Acc g = to_acc<Acc>(go[c * bins + int64_t(ph) * ow + pw]);
+                   if (g == Acc(0)) return;
+                   Acc y0, x0;
+                   origin(h, ph, pw, &y0, &x0);
+                   auto add = add_at((h.b * C + c0 + c) * H * W);
+                   const T* img = max_mode ? input + (h.b * C + c0 + c) * H * W : nullptr;
+                   roi_align_bin_backward<Acc, T>(img, H, W, h.box, y0, x0, max_mode, g, add, frame);
+                 });
 }
 
 }  // namespace dcnkit

@@ -45,6 +45,7 @@ Status roi_block_launch(const char* where, int64_t num_rois, int64_t channels, i
   if (num_rois > kCudaMaxGridX) {
     return arg_error(where, "rois", "at most 2^31 - 1 RoIs on CUDA", std::to_string(num_rois));
   }
+  DCNKIT_RETURN_IF_ERROR(check_roi_block_bins(where, bins));
   if (roi_channel_groups(channels) > kCudaMaxGridYZ) {
     return arg_error(where, "input", "at most " + std::to_string(kCudaMaxGridYZ * kRoIPlanChannels) +
                      " channels on CUDA", std::to_string(channels));

@@ -23,6 +23,7 @@ Status roi_block_schedule_serial(const P& p, int64_t max_hw, const HeadOf& head_
                                  const OriginOf& origin_of = OriginOf()) {
   const int64_t bins = p.attrs.pooled_h * p.attrs.pooled_w;
   if (p.num_rois * p.channels * bins == 0) return Status::Ok();  // the launchers launch nothing
+  DCNKIT_RETURN_IF_ERROR(check_roi_block_bins("roi_block_schedule_serial", bins));
   int64_t entries = 0;
   const RoIPlanLaunch how = roi_plan_launch<Acc>(p.attrs.sampling_ratio, bins, max_hw, &entries);
   if (how != RoIPlanLaunch::kVisitOnly) {
