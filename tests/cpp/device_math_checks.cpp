@@ -1,8 +1,8 @@
 // Host checks of the device algorithms of dcnkit/device_math.h against the host's own arithmetic:
 //   div_rn_with (the device's division) with an emulated hardware reciprocal off by up to 2^-20 (MUFU's is closer):
 //     bit-equal to a / b over random operands across the exponent range, the ends of the range, integral divisors
-//     (sample counts, grid sizes), zeros, infinities and NaN; double quotients in the subnormal range are counted
-//     apart (documented: the last bit may differ there);
+//     (sample counts, grid sizes), zeros, infinities and NaN; quotients in the subnormal range are counted apart
+//     (documented: the last bit may differ there);
 //   index_to_acc_split / acc_to_index_split: equal to the 64-bit conversions they replace, over 32-bit and 64-bit
 //     values (float: the split rounds twice beyond 2^53; checked to stay monotone there);
 //   the rotated RoIAlign's deterministic gather reads grad_output at a 64-bit offset (rotated_bin_offset) also past
@@ -64,7 +64,7 @@ void check_division(const char* name, int emin, int emax) {
   auto one = [&](Acc a, Acc b) {
     const Acc want = a / b, got = dcnkit::div_rn_with(a, b, rcp);
     const bool tiny = want != Acc(0) && std::fabs(want) < std::numeric_limits<Acc>::min();
-    if (tiny && sizeof(Acc) == 8) {
+    if (tiny) {
       ++subnormal;
       subnormal_bad += !same(got, want);
       return;
@@ -87,6 +87,15 @@ void check_division(const char* name, int emin, int emax) {
   for (Acc a : specials) {
     for (Acc b : specials) one(a, b);
   }
+  // divisors whose significand is all ones or nearly (Newton's step can keep a reciprocal one ulp off there)
+  const Acc ulp1 = std::numeric_limits<Acc>::epsilon() / Acc(2);
+  for (int k = 0; k < 64; ++k) {
+    for (int t = 0; t < 2000; ++t) {
+      const Acc b = std::ldexp(Acc(1) - Acc(k % 8 + 1) * ulp1, k - 32);
+      one(random_value<Acc>(rng, -40, 40), b);
+      one(std::ldexp(Acc(1), t % 80 - 40), b);
+    }
+  }
   char what[128];
   std::snprintf(what, sizeof(what), "div_rn_with<%s> (device division) == a / b", name);
   report(what, bad, total);
@@ -95,7 +104,7 @@ void check_division(const char* name, int emin, int emax) {
   std::uniform_int_distribution<int> e(0, 120);
   auto count = [&](Acc a, Acc nv) {
     const Acc want = a / nv, got = dcnkit::div_count_with(a, nv, rcp);
-    if (sizeof(Acc) == 8 && want != Acc(0) && std::fabs(want) < std::numeric_limits<Acc>::min()) return;
+    if (want != Acc(0) && std::fabs(want) < std::numeric_limits<Acc>::min()) return;
     ++total;
     if (!same(got, want)) {
       if (bad < 5) std::printf("  %s: %a / %a = %a, got %a\n", name, double(a), double(nv), double(want), double(got));
@@ -111,8 +120,7 @@ void check_division(const char* name, int emin, int emax) {
   count(Acc(3.14159265), Acc(3.141592653589793));
   std::snprintf(what, sizeof(what), "div_count_with<%s> (divisors >= 1) == a / n", name);
   report(what, bad, total);
-  if (sizeof(Acc) == 8) std::printf("  (%ld subnormal quotients apart, %ld of them off in the last bit)\n", subnormal,
-                                    subnormal_bad);
+  std::printf("  (%ld subnormal quotients apart, %ld of them off in the last bit)\n", subnormal, subnormal_bad);
 }
 
 template <typename Acc>

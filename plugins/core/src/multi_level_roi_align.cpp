@@ -164,13 +164,14 @@ Status multi_level_backward_gather(const MultiLevelRoIAlignParams& p, const T* g
     }
   }
   for (int64_t l = 0; l < p.attrs.num_levels; ++l) {
-    const RoIAlignGather<T, T, MultiLevelHeadOf<T, T>> g{head_of,      p.channels,  p.attrs.pooled_h,
-                                                         p.attrs.pooled_w, static_cast<int32_t>(l), p.heights[l],
-                                                         p.widths[l],  grad_output, argmax.empty() ? nullptr : argmax.data(),
-                                                         0,            nullptr};
-    DCNKIT_RETURN_IF_ERROR(
-        roi_gather_serial(g, p.num_rois, roi_gather_grid<T>(p.batch, p.channels, p.heights[l], p.widths[l]),
-                          grad_features[l]));
+    auto gather = [&](auto max_mode) {
+      const RoIAlignGather<T, T, MultiLevelHeadOf<T, T>, decltype(max_mode)::value> g{
+          head_of, p.channels, p.attrs.pooled_h, p.attrs.pooled_w, static_cast<int32_t>(l), p.heights[l],
+          p.widths[l], grad_output, argmax.data(), 0, nullptr};
+      return roi_gather_serial(g, p.num_rois, roi_gather_grid<T>(p.batch, p.channels, p.heights[l], p.widths[l]),
+                               grad_features[l]);
+    };
+    DCNKIT_RETURN_IF_ERROR(argmax.empty() ? gather(std::false_type{}) : gather(std::true_type{}));
   }
   return Status::Ok();
 }

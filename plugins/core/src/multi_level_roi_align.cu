@@ -190,13 +190,15 @@ Status multi_level_roi_align_backward_cuda(const MultiLevelRoIAlignParams& p, DT
         DCNKIT_RETURN_IF_ERROR(cuda_launch_status("multi_level_roi_align_backward_cuda: deterministic arg-max"));
       }
       for (int64_t l = 0; l < p.attrs.num_levels; ++l) {
-        const RoIAlignGather<Acc, T, MultiLevelHeadOf<Acc, T>> g{
-            head_of, p.channels, p.attrs.pooled_h, p.attrs.pooled_w, static_cast<int32_t>(l), p.heights[l],
-            p.widths[l], go, argmax, 0, nullptr};
-        DCNKIT_RETURN_IF_ERROR(roi_gather_cuda<T>("multi_level_roi_align_backward_cuda: deterministic gather", g,
-                                                  p.num_rois,
-                                                  roi_gather_grid<Acc>(p.batch, p.channels, p.heights[l], p.widths[l]), r,
-                                                  p.batch, false, b, static_cast<T*>(grad_features[l]), s));
+        auto gather = [&](auto max_mode) {
+          const RoIAlignGather<Acc, T, MultiLevelHeadOf<Acc, T>, decltype(max_mode)::value> g{
+              head_of, p.channels, p.attrs.pooled_h, p.attrs.pooled_w, static_cast<int32_t>(l), p.heights[l],
+              p.widths[l], go, argmax, 0, nullptr};
+          return roi_gather_cuda<T>("multi_level_roi_align_backward_cuda: deterministic gather", g, p.num_rois,
+                                    roi_gather_grid<Acc>(p.batch, p.channels, p.heights[l], p.widths[l]), r, p.batch,
+                                    false, b, static_cast<T*>(grad_features[l]), s);
+        };
+        DCNKIT_RETURN_IF_ERROR(argmax != nullptr ? gather(std::true_type{}) : gather(std::false_type{}));
       }
       return Status::Ok();
     }

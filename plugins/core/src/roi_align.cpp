@@ -118,10 +118,13 @@ Status roi_align_backward_gather(const RoIAlignParams& p, const T* grad_output, 
                               p.attrs.pooled_h * p.attrs.pooled_w, i, argmax.data(), &frame);
     }
   }
-  const RoIAlignGather<T, T, RoIAlignHeadOf<T, T>> g{head_of, p.channels, p.attrs.pooled_h, p.attrs.pooled_w, 0,
-                                                     p.height, p.width, grad_output,
-                                                     argmax.empty() ? nullptr : argmax.data(), 0, nullptr};
-  return roi_gather_serial(g, p.num_rois, roi_gather_grid<T>(p.batch, p.channels, p.height, p.width), grad_input);
+  auto gather = [&](auto max_mode) {
+    const RoIAlignGather<T, T, RoIAlignHeadOf<T, T>, decltype(max_mode)::value> g{
+        head_of, p.channels, p.attrs.pooled_h, p.attrs.pooled_w, 0, p.height, p.width, grad_output, argmax.data(), 0,
+        nullptr};
+    return roi_gather_serial(g, p.num_rois, roi_gather_grid<T>(p.batch, p.channels, p.height, p.width), grad_input);
+  };
+  return argmax.empty() ? gather(std::false_type{}) : gather(std::true_type{});
 }
 
 }  // namespace

@@ -164,11 +164,14 @@ Status roi_align_backward_cuda(const RoIAlignParams& p, DType dtype, const void*
             n, argmax);
         DCNKIT_RETURN_IF_ERROR(cuda_launch_status("roi_align_backward_cuda: deterministic arg-max"));
       }
-      const RoIAlignGather<Acc, T, RoIAlignHeadOf<Acc, T>> g{
-          head_of, p.channels, p.attrs.pooled_h, p.attrs.pooled_w, 0, p.height, p.width, go, argmax, 0, nullptr};
-      return roi_gather_cuda<T>("roi_align_backward_cuda: deterministic gather", g, p.num_rois,
-                                roi_gather_grid<Acc>(p.batch, p.channels, p.height, p.width), r, p.batch,
-                                p.assert_batch_index, b, static_cast<T*>(grad_input), s);
+      auto gather = [&](auto max_mode) {
+        const RoIAlignGather<Acc, T, RoIAlignHeadOf<Acc, T>, decltype(max_mode)::value> g{
+            head_of, p.channels, p.attrs.pooled_h, p.attrs.pooled_w, 0, p.height, p.width, go, argmax, 0, nullptr};
+        return roi_gather_cuda<T>("roi_align_backward_cuda: deterministic gather", g, p.num_rois,
+                                  roi_gather_grid<Acc>(p.batch, p.channels, p.height, p.width), r, p.batch,
+                                  p.assert_batch_index, b, static_cast<T*>(grad_input), s);
+      };
+      return argmax != nullptr ? gather(std::true_type{}) : gather(std::false_type{});
     }
     const GradAcc<T> gin = grad_acc(static_cast<T*>(grad_input), input_elements(p), &ws);
     DCNKIT_RETURN_IF_ERROR(grad_acc_zero(gin, s, "roi_align_backward_cuda: memset"));

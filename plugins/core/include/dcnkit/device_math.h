@@ -16,47 +16,73 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "dcnkit/common.h"
 
 namespace dcnkit {
 
-// a / b from an approximation r0 of 1 / b (relative error below 2^-20): CUDA's fast-path refinement (float: a Newton
-// step on the reciprocal; double: a third-order step, then a Newton step), the quotient a * r, then the quotient
-// corrected by its exact residual a - b q. Correctly rounded while a, b and a / b are normal numbers well inside the
-// exponent range (div_rn_with keeps them there).
+// The neighbour of a nonzero finite q one ulp toward +infinity (up) or -infinity.
+template <typename Acc>
+DCNKIT_HD Acc ulp_step(Acc q, bool up) {
+  using Bits = typename std::conditional<sizeof(Acc) == 8, int64_t, int32_t>::type;
+  Bits bits;
+  std::memcpy(&bits, &q, sizeof(q));
+  bits += (q > Acc(0)) == up ? Bits(1) : Bits(-1);
+  std::memcpy(&q, &bits, sizeof(q));
+  return q;
+}
+
+// a / b from an approximation r0 of 1 / b (relative error below 2^-20): the reciprocal refined by Newton steps (float:
+// two; double: a third-order step, then one, as CUDA's division), the quotient a * r corrected by its exact residual
+// a - b q (an FMA), which leaves it within an ulp of a / b and the nearest unless the correction rounded a tie the
+// wrong way (a reciprocal one ulp off: Newton's step keeps 1 for b = 1 - 2^-24). So the quotient's neighbour toward
+// a / b is taken where its residual is the smaller (a quotient of two floats is never a midpoint: no tie). Correctly
+// rounded while a, b and a / b are normal numbers well inside the exponent range (div_scaled keeps them there).
 template <typename Acc>
 DCNKIT_HD Acc div_refine(Acc a, Acc b, Acc r0) {
   Acc e = std::fma(-b, r0, Acc(1));
   if constexpr (sizeof(Acc) == 8) e = std::fma(e, e, e);
   Acc r = std::fma(r0, e, r0);
-  if constexpr (sizeof(Acc) == 8) {
-    e = std::fma(-b, r, Acc(1));
-    r = std::fma(r, e, r);
-  }
-  const Acc q = a * r;
-  return std::fma(r, std::fma(-b, q, a), q);
+  e = std::fma(-b, r, Acc(1));
+  r = std::fma(r, e, r);
+  Acc q = a * r;
+  q = std::fma(r, std::fma(-b, q, a), q);
+  const Acc e1 = std::fma(-b, q, a);
+  const Acc q2 = ulp_step(q, (e1 > Acc(0)) == (b > Acc(0)));
+  return std::fabs(std::fma(-b, q2, a)) < std::fabs(e1) ? q2 : q;
 }
 
-// The range in which div_refine is used as it is: 2^-lim <= |a|, |b| <= 2^lim, so that the quotient is normal with
-// a margin (float 2^60, double 2^500).
+// The powers of two that keep div_refine's operands in its range: |a| in [2^-lo, 2^lo] and |b| in [2^-64, 2^64] give a
+// normal quotient with a margin (float lo = 60, double 500); an |a| outside is scaled by 2^-s or 2^s into it (float s =
+// 90, double 600), exactly, and the quotient back.
 template <typename Acc>
-DCNKIT_HD bool div_in_range(Acc v) {
-  const Acc lo = sizeof(Acc) == 8 ? Acc(0x1p-500) : Acc(0x1p-60), hi = sizeof(Acc) == 8 ? Acc(0x1p500) : Acc(0x1p60);
-  const Acc m = std::fabs(v);
-  return m >= lo && m <= hi;
+struct DivScale {
+  static constexpr Acc lo = sizeof(Acc) == 8 ? Acc(0x1p-500) : Acc(0x1p-60);
+  static constexpr Acc hi = sizeof(Acc) == 8 ? Acc(0x1p500) : Acc(0x1p60);
+  static constexpr Acc up = sizeof(Acc) == 8 ? Acc(0x1p600) : Acc(0x1p90);
+  static constexpr Acc down = sizeof(Acc) == 8 ? Acc(0x1p-600) : Acc(0x1p-90);
+};
+
+// a / b for a finite b with |b| in [2^-64, 2^64] and a finite, nonzero a: div_refine of a scaled into range, the
+// quotient scaled back (exact unless the quotient is subnormal, where its last bit may differ from the correctly
+// rounded one). One div_refine on every path, the scales chosen by selects: little code, few registers.
+template <typename Acc, typename Rcp>
+DCNKIT_HD Acc div_scaled(Acc a, Acc b, const Rcp& rcp) {
+  using S = DivScale<Acc>;
+  const Acc m = std::fabs(a);
+  const Acc sa = m > S::hi ? S::down : (m < S::lo ? S::up : Acc(1));
+  const Acc sq = m > S::hi ? S::up : (m < S::lo ? S::down : Acc(1));
+  return div_refine(a * sa, b, rcp(b)) * sq;
 }
 
-// a / b by div_refine, with rcp(x) an approximate reciprocal of float and double x. Operands outside div_in_range:
-// a zero, infinite or NaN operand gives IEEE's signed zero, infinity or NaN; otherwise
-// float divides in double (div_refine of the exact double operands, then one rounding to float: correctly rounded,
-// subnormal results included, as a float quotient is never within 2^-48 of a float midpoint while the double one is
-// within 2^-53 of it), double scales both operands to [1, 2) and the quotient back by a power of two (exact unless the
-// quotient is subnormal, where its last bit may then differ from the correctly rounded one).
+// a / b by div_refine, with rcp(x) an approximate reciprocal: a zero, infinite or NaN operand gives IEEE's signed zero,
+// infinity or NaN; otherwise b = mb 2^eb (frexp, mb in [1/2, 1)), a scaled as in div_scaled, and the quotient scaled
+// back once (ldexp: exact unless the quotient is subnormal, where its last bit may differ; an overflow is infinite).
 template <typename Acc, typename Rcp>
 DCNKIT_HD Acc div_rn_with(Acc a, Acc b, const Rcp& rcp) {
-  if (div_in_range(a) && div_in_range(b)) return div_refine(a, b, rcp(b));
   if (a == Acc(0) || b == Acc(0) || !std::isfinite(a) || !std::isfinite(b)) {
     if (std::isnan(a) || std::isnan(b)) return a + b;
     const bool zero = a == Acc(0) || std::isinf(b), inf = std::isinf(a) || b == Acc(0);
@@ -64,31 +90,22 @@ DCNKIT_HD Acc div_rn_with(Acc a, Acc b, const Rcp& rcp) {
     return std::copysign(zero ? Acc(0) : std::numeric_limits<Acc>::infinity(),
                          std::signbit(a) != std::signbit(b) ? Acc(-1) : Acc(1));
   }
-  if constexpr (sizeof(Acc) == 4) {
-    const double ad = static_cast<double>(a), bd = static_cast<double>(b);
-    return static_cast<Acc>(div_refine(ad, bd, rcp(bd)));
-  } else {
-    int ea = 0, eb = 0;
-    const Acc ma = std::frexp(a, &ea), mb = std::frexp(b, &eb);
-    return std::ldexp(div_refine(ma, mb, rcp(mb)), ea - eb);
-  }
+  using S = DivScale<Acc>;
+  int eb = 0;
+  const Acc mb = std::frexp(b, &eb), m = std::fabs(a);
+  const int s = sizeof(Acc) == 8 ? 600 : 90;
+  const Acc sa = m > S::hi ? S::down : (m < S::lo ? S::up : Acc(1));
+  const int k = m > S::hi ? s : (m < S::lo ? -s : 0);
+  return std::ldexp(div_refine(a * sa, mb, rcp(mb)), k - eb);
 }
 
-// a / n for a finite divisor n >= 1: a sample count, a grid or output size, pi. Fewer cases than div_rn_with: a zero,
-// infinite or NaN a gives a itself (the quotient's value and sign); n up to 2^64 with a in div_in_range is div_refine's
-// range; the rest as div_rn_with's finite operands.
+// a / n for a finite divisor n >= 1 (a sample count, a grid or output size, pi): fewer cases than div_rn_with. A zero,
+// infinite or NaN a gives a itself (the quotient's value and sign).
 template <typename Acc, typename Rcp>
 DCNKIT_HD Acc div_count_with(Acc a, Acc n, const Rcp& rcp) {
-  if (div_in_range(a) && n <= Acc(0x1p64)) return div_refine(a, n, rcp(n));
   if (!(std::fabs(a) > Acc(0)) || std::isinf(a)) return a;
-  if constexpr (sizeof(Acc) == 4) {
-    const double nd = static_cast<double>(n);
-    return static_cast<Acc>(div_refine(static_cast<double>(a), nd, rcp(nd)));
-  } else {
-    int ea = 0, en = 0;
-    const Acc ma = std::frexp(a, &ea), mn = std::frexp(n, &en);
-    return std::ldexp(div_refine(ma, mn, rcp(mn)), ea - en);
-  }
+  const Acc sn = n > Acc(0x1p64) ? Acc(0x1p-64) : Acc(1);
+  return div_scaled(a, n * sn, rcp) * sn;
 }
 
 #if defined(__CUDA_ARCH__)
@@ -107,7 +124,7 @@ struct HardwareRcp {
 };
 #endif
 
-// a / b, correctly rounded (see div_rn_with for the device's one exception: a subnormal double quotient).
+// a / b, correctly rounded (on the device, a subnormal quotient may differ in its last bit: div_scaled).
 template <typename Acc>
 DCNKIT_HD Acc div_rn(Acc a, Acc b) {
 #if defined(__CUDA_ARCH__)
@@ -120,7 +137,11 @@ DCNKIT_HD Acc div_rn(Acc a, Acc b) {
 // a / n, correctly rounded, for a finite n >= 1 (div_count_with).
 template <typename Acc>
 DCNKIT_HD Acc div_count(Acc a, Acc n) {
-#if defined(__CUDA_ARCH__)
+#if defined(DCNKIT_EXP_MUL)
+  return a * n;
+#elif defined(DCNKIT_EXP_FAST_ONLY) && defined(__CUDA_ARCH__)
+  return div_refine(a, n, HardwareRcp{}(n));
+#elif defined(__CUDA_ARCH__)
   return div_count_with(a, n, HardwareRcp{});
 #else
   return a / n;

@@ -85,11 +85,11 @@ DCNKIT_HD RoIAxis<Acc> roi_axis(Acc origin, Acc bin, int32_t g) {
   return RoIAxis<Acc>{origin, bin, static_cast<Acc>(g)};
 }
 
-// Sample (iy, ix) of a bin whose top-left corner is (y0, x0).
-template <typename Acc>
-DCNKIT_HD Taps<Acc> roi_bin_sample(const RoIAlignBox<Acc>& b, Acc y0, Acc x0, int32_t iy, int32_t ix,
-                                   int64_t H, int64_t W) {
-  return roi_taps(roi_axis(y0, b.bin_h, b.gh)(iy), roi_axis(x0, b.bin_w, b.gw)(ix), H, W);
+// Sample (iy, ix) of a bin whose top-left corner is (y0, x0). Box: a RoIAlignBox<Acc>, possibly volatile.
+template <typename Acc, typename Box>
+DCNKIT_HD Taps<Acc> roi_bin_sample(const Box& b, Acc y0, Acc x0, int32_t iy, int32_t ix, int64_t H, int64_t W) {
+  return roi_taps(roi_sample_coord<Acc>(y0, b.bin_h, static_cast<Acc>(b.gh), iy),
+                  roi_sample_coord<Acc>(x0, b.bin_w, static_cast<Acc>(b.gw), ix), H, W);
 }
 
 // Number of samples of a bin (0: empty grid).
@@ -201,24 +201,26 @@ struct RoIFrameAxisX {
 // Visits the samples of one RoIAlign bin with corner (y0, x0) that can contribute, in the order of the full loop (iy
 // outer, ix inner): visit(s) (RoIBinSample) for each sample inside the map (m = 1), or each run of m equal samples
 // beyond roi_axis_cap, and for an outside sample where a run of samples outside the map begins. Stops early when
-// visit returns false. f: the frame the loops read (see RoIVisitFrame).
-template <typename Acc, typename Visit, typename F>
-DCNKIT_HD void roi_bin_visit_at(const RoIAlignBox<Acc>& b, Acc y0, Acc x0, int64_t H, int64_t W, Visit& visit, F f) {
-  if (b.gh <= 0 || b.gw <= 0) return;
+// visit returns false. f: the frame the loops read (see RoIVisitFrame). Box: a RoIAlignBox<Acc>, possibly volatile.
+template <typename Acc, typename Box, typename Visit, typename F>
+DCNKIT_HD void roi_bin_visit_at(const Box& b, Acc y0, Acc x0, int64_t H, int64_t W, Visit& visit, F f) {
+  const int32_t gh = b.gh, gw = b.gw;
+  if (gh <= 0 || gw <= 0) return;
+  const Acc bin_h = b.bin_h, bin_w = b.bin_w;
   f->y0 = y0;
-  f->bin_h = b.bin_h;
-  f->gh = static_cast<Acc>(b.gh);
+  f->bin_h = bin_h;
+  f->gh = static_cast<Acc>(gh);
   f->x0 = x0;
-  f->bin_w = b.bin_w;
-  f->gw = static_cast<Acc>(b.gw);
+  f->bin_w = bin_w;
+  f->gw = static_cast<Acc>(gw);
   f->H = static_cast<AxisIndex>(H);
   f->W = static_cast<AxisIndex>(W);
   const RoIFrameAxisY<F> ay{f};
   const RoIFrameAxisX<F> ax{f};
   SampleRange ry{0, 0}, rx{0, 0};
   if (H > 0 && W > 0) {  // roi_taps: inside when -1 <= y <= H and -1 <= x <= W
-    ry = sample_range(b.gh, !(b.bin_h < Acc(0)), Acc(-1), index_to_acc<Acc>(H), ay);
-    if (ry.lo < ry.hi) rx = sample_range(b.gw, !(b.bin_w < Acc(0)), Acc(-1), index_to_acc<Acc>(W), ax);
+    ry = sample_range(gh, !(bin_h < Acc(0)), Acc(-1), index_to_acc<Acc>(H), ay);
+    if (ry.lo < ry.hi) rx = sample_range(gw, !(bin_w < Acc(0)), Acc(-1), index_to_acc<Acc>(W), ax);
   }
   RoIBinSample<Acc> out;
   out.y.inside = out.x.inside = false;
@@ -228,7 +230,7 @@ DCNKIT_HD void roi_bin_visit_at(const RoIAlignBox<Acc>& b, Acc y0, Acc x0, int64
     return;
   }
   const bool y_runs = ry.hi - ry.lo > roi_axis_cap(H), x_runs = rx.hi - rx.lo > roi_axis_cap(W);
-  const bool x_before = rx.lo > 0, x_after = rx.hi < b.gw, y_after = ry.hi < b.gh;
+  const bool x_before = rx.lo > 0, x_after = rx.hi < gw, y_after = ry.hi < gh;
   f->yhi = ry.hi;
   f->xlo = rx.lo;
   f->xhi = rx.hi;
@@ -258,7 +260,7 @@ DCNKIT_HD void roi_bin_visit_at(const RoIAlignBox<Acc>& b, Acc y0, Acc x0, int64
 template <typename Acc, typename Visit>
 DCNKIT_HD void roi_bin_visit_at(const RoIAlignBox<Acc>& b, Acc y0, Acc x0, int64_t H, int64_t W, Visit& visit) {
   RoIVisitFrame<Acc> frame;
-  roi_bin_visit_at(b, y0, x0, H, W, visit, &frame);
+  roi_bin_visit_at<Acc>(b, y0, x0, H, W, visit, &frame);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -270,17 +272,17 @@ struct RoISample {
   Taps<Acc> t;
   Acc m;  // number of equal samples (0 for an outside run)
 };
-template <typename Acc, typename F>
+template <typename Acc, typename F, typename Box = RoIAlignBox<Acc>>
 struct RoIBinTaps {
-  const RoIAlignBox<Acc>* box;
+  const Box* box;  // possibly volatile (a block's head in shared memory)
   Acc y0, x0;
   int64_t H, W;
   F frame;  // the visit's (RoIVisitFrame)
   template <typename Visit>
   DCNKIT_HD void visit(Visit& v) const {
-    roi_bin_visit_at(*box, y0, x0, H, W, v, frame);
+    roi_bin_visit_at<Acc>(*box, y0, x0, H, W, v, frame);
   }
-  DCNKIT_HD Taps<Acc> taps_at(RoISampleId id) const { return roi_bin_sample(*box, y0, x0, id.iy, id.ix, H, W); }
+  DCNKIT_HD Taps<Acc> taps_at(RoISampleId id) const { return roi_bin_sample<Acc>(*box, y0, x0, id.iy, id.ix, H, W); }
 };
 template <typename Acc>
 struct TapsArray {

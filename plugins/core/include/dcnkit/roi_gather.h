@@ -47,18 +47,20 @@
 // `#pragma unroll` for nvcc only (host compilers warn about it).
 #if defined(__CUDACC__)
 #define DCNKIT_PRAGMA_UNROLL _Pragma("unroll")
+#define DCNKIT_PRAGMA_UNROLL_1 _Pragma("unroll 1")
 #else
 #define DCNKIT_PRAGMA_UNROLL
+#define DCNKIT_PRAGMA_UNROLL_1
 #endif
 
 namespace dcnkit {
 
 constexpr int64_t kRoIGatherTile = 16;        // tile side (pixels)
 constexpr int kRoIGatherThreads = 256;        // one per pixel of a tile; also the RoIs tested per step
-// Channels per thread (its accumulators): 8, or 4 for double (two registers each: the kernel stays within 48).
+// Channels per thread (its accumulators): 8, or 2 for double (two registers each: the kernel stays within 48).
 template <typename Acc>
 DCNKIT_HD constexpr int roi_gather_channels() {
-  return sizeof(Acc) == 8 ? 4 : 8;
+  return sizeof(Acc) == 8 ? 2 : 8;
 }
 constexpr int64_t kRoIGatherTableBytes = int64_t(64) << 20;  // most bytes of a chunk's tables
 
@@ -155,11 +157,11 @@ RoIGatherGrid roi_gather_grid(int64_t N, int64_t C, int64_t H, int64_t W) {
   return g;
 }
 
-// The kernel decodes its block index and the taps in 32 bits: fewer than 2^31 (image, tile) blocks and rows and
-// columns (every gradient that fits a GPU's memory).
+// The kernel decodes its block index and the taps in 32 bits: fewer than 2^31 (image, tile) blocks, rows, columns and
+// channels (every gradient that fits a GPU's memory).
 inline Status check_roi_gather_grid(const char* op, const RoIGatherGrid& g) {
   const int64_t lim = int64_t(1) << 31;
-  if (g.blocks >= lim || g.height >= lim || g.width >= lim) {
+  if (g.blocks >= lim || g.height >= lim || g.width >= lim || g.channels >= lim) {
     return arg_error(op, "input", "fewer than 2^31 rows, columns and 16 x 16 tiles of the gradient (deterministic "
                      "backward)", std::to_string(g.height) + " x " + std::to_string(g.width) + ", " +
                      std::to_string(g.blocks) + " tiles");
@@ -167,8 +169,15 @@ inline Status check_roi_gather_grid(const char* op, const RoIGatherGrid& g) {
   return Status::Ok();
 }
 
+// A gather thread's loop state that its innermost loop does not change (roi_gather_kernel keeps it in shared memory).
+struct RoIGatherFrame {
+  int64_t s0;                                // the first RoI of the current step
+  int32_t b, y, x, ty0, tx0, c0, nc, inside;  // RoIGatherPixel's, the channels [c0, c0 + nc)
+  int32_t total, j;                          // the step's listed RoIs, the one being added
+};
+
 constexpr int64_t kRoIGatherStaticSmem =
-    kRoIGatherThreads * static_cast<int64_t>(sizeof(int64_t) + sizeof(RoIFootprint)) +
+    kRoIGatherThreads * static_cast<int64_t>(sizeof(int) + sizeof(RoIFootprint) + sizeof(RoIGatherFrame)) +
     static_cast<int64_t>(sizeof(int)) * (kRoIGatherThreads / 32);
 
 inline LaunchDims roi_gather_launch(const RoIGatherGrid& g) {

@@ -32,30 +32,44 @@ __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
 }
 
 // One block per (image, tile) (a loop past the grid's blocks) and channel group; the RoIs that meet the tile listed in
-// RoI order in shared memory (their offset in the step of 256 and their footprint), 32-bit pixels and footprints.
+// RoI order in shared memory (their offset in the step of 256 and their footprint), 32-bit pixels and footprints. What
+// the innermost loop (the op's add) does not change -- the thread's pixel, channels and step -- is kept in a per-thread
+// frame in shared memory (RoIGatherFrame, read at each use through volatile): with the add inlined the kernel stays
+// within 48 registers.
 template <typename T, typename G>
 __global__ void __launch_bounds__(kRoIGatherThreads, kRoIMinBlocks)
     roi_gather_kernel(G g, RoIGatherGrid grid, int64_t k1, const RoIFootprint* __restrict__ foot, bool first,
                       bool last, typename G::Acc* partial, T* out) {
   using Acc = typename G::Acc;
+  constexpr int kC = roi_gather_channels<Acc>();
   __shared__ int listed[kRoIGatherThreads];
   __shared__ RoIFootprint feet[kRoIGatherThreads];
   __shared__ int warp_hits[kRoIGatherThreads / 32];
+  __shared__ RoIGatherFrame frames[kRoIGatherThreads];
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int64_t C = grid.channels, HW = grid.height * grid.width;
-  for (int64_t blk = blockIdx.x; blk < grid.blocks; blk += gridDim.x) {
+  volatile RoIGatherFrame* fr = frames + tid;
+  const int32_t C = static_cast<int32_t>(grid.channels);
+  for (int32_t blk = blockIdx.x; blk < grid.blocks; blk += gridDim.x) {
     const RoIGatherPixel px = roi_gather_pixel(grid, blk, tid);
-    constexpr int kC = roi_gather_channels<Acc>();
-    for (int64_t c0 = int64_t(blockIdx.y) * kC; c0 < C; c0 += int64_t(gridDim.y) * kC) {
-      const int nc = static_cast<int>(C - c0 < kC ? C - c0 : kC);
+    fr->b = px.b;
+    fr->y = px.y;
+    fr->x = px.x;
+    fr->ty0 = px.ty0;
+    fr->tx0 = px.tx0;
+    fr->inside = px.inside;
+    for (int32_t c0 = int32_t(blockIdx.y) * kC; c0 < C; c0 += int32_t(gridDim.y) * kC) {
+      fr->c0 = c0;
+      fr->nc = C - c0 < kC ? C - c0 : kC;
       Acc acc[kC];
       DCNKIT_PRAGMA_UNROLL
       for (int c = 0; c < kC; ++c) acc[c] = Acc(0);
       for (int64_t s0 = g.k0; s0 < k1; s0 += kRoIGatherThreads) {
+        fr->s0 = s0;
         // Cull: each thread tests one RoI; the hits are listed in RoI order (rank = the hits before it).
         const bool mine = s0 + tid < k1;
         const RoIFootprint f = mine ? foot[s0 + tid] : roi_no_footprint();
-        const bool hit = mine && roi_gather_meets(f, px);
+        const bool hit = mine && f.b == fr->b && f.y0 - (kRoIGatherTile - 1) <= fr->ty0 && f.y1 >= fr->ty0 &&
+                         f.x0 - (kRoIGatherTile - 1) <= fr->tx0 && f.x1 >= fr->tx0;
         const unsigned m = __ballot_sync(0xffffffffu, hit);
         if (lane == 0) warp_hits[warp] = __popc(m);
         __syncthreads();
@@ -68,19 +82,25 @@ __global__ void __launch_bounds__(kRoIGatherThreads, kRoIMinBlocks)
           listed[rank] = tid;
           feet[rank] = f;
         }
+        fr->total = total;
         __syncthreads();
-        if (px.inside) {
-          for (int j = 0; j < total; ++j) {
-            if (roi_gather_holds(feet[j], px)) g.add(s0 + listed[j], c0, nc, px.y, px.x, acc);
+        if (fr->inside) {
+          for (fr->j = 0; fr->j < fr->total; fr->j = fr->j + 1) {
+            const int j = fr->j;
+            const int32_t y = fr->y, x = fr->x;
+            if (feet[j].y0 <= y && y <= feet[j].y1 && feet[j].x0 <= x && x <= feet[j].x1) {
+              g.add(fr->s0 + listed[j], fr->c0, fr->nc, y, x, acc);
+            }
           }
         }
         __syncthreads();
       }
-      if (px.inside) {
-        const int64_t i = (int64_t(px.b) * C + c0) * HW + int64_t(px.y) * grid.width + px.x;
+      if (fr->inside) {
+        const int64_t HW = grid.height * grid.width;
+        const int64_t i = (int64_t(fr->b) * C + fr->c0) * HW + int64_t(fr->y) * grid.width + fr->x;
         DCNKIT_PRAGMA_UNROLL
         for (int c = 0; c < kC; ++c) {
-          if (c < nc) roi_gather_store<T, Acc>(acc[c], i + c * HW, first, last, partial, out);
+          if (c < fr->nc) roi_gather_store<T, Acc>(acc[c], i + c * HW, first, last, partial, out);
         }
       }
     }

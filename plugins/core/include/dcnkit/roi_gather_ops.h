@@ -43,31 +43,37 @@ DCNKIT_HD Acc roi_bin_axis_weight(Acc origin, Acc bin, int64_t g, int64_t y, int
 }
 
 // Bin `bin` of RoI k onto pixel (y, x) of channels c0 .. c0 + nc (grad_output (K, C, bins)). avg: acc[c] += g * s
-// (s: the bin's two factors, 1 / n folded in); max: the taps of the bin's arg-max sample (coordinates at
-// argmax[((k * C + c) * bins + bin) * 2], NaN: none) on a map of H x W that fall on the pixel, times g.
+// (s: the bin's two factors, 1 / n folded in).
 template <typename Acc, typename T>
-DCNKIT_HD void roi_gather_bin(int64_t k, int64_t C, int64_t bins, int64_t bin, int64_t c0, int nc,
-                              const T* grad_output, const Acc* argmax, Acc s, int32_t y, int32_t x, int32_t H,
-                              int32_t W, Acc* acc) {
+DCNKIT_HD void roi_gather_bin_avg(int64_t k, int64_t C, int64_t bins, int64_t bin, int64_t c0, int nc,
+                                  const T* grad_output, Acc s, Acc* acc) {
+  const T* go = grad_output + (k * C + c0) * bins + bin;
+  DCNKIT_PRAGMA_UNROLL
+  for (int c = 0; c < roi_gather_channels<Acc>(); ++c) {
+    if (c < nc) acc[c] += to_acc<Acc>(go[c * bins]) * s;
+  }
+}
+// max: the taps of the bin's arg-max sample (coordinates at argmax[((k * C + c) * bins + bin) * 2], NaN: none) on a
+// map of H x W that fall on the pixel, times g: roi_taps of the winning sample in 32-bit indices (check_roi_gather_grid),
+// its four taps' weights (1 - ly or ly) x (1 - lx or lx) added where the tap is the pixel.
+template <typename Acc, typename T>
+DCNKIT_HD void roi_gather_bin_max(int64_t k, int64_t C, int64_t bins, int64_t bin, int64_t c0, int nc,
+                                  const T* grad_output, const Acc* argmax, int32_t y, int32_t x, int32_t H, int32_t W,
+                                  Acc* acc) {
   const T* go = grad_output + (k * C + c0) * bins + bin;
   DCNKIT_PRAGMA_UNROLL
   for (int c = 0; c < roi_gather_channels<Acc>(); ++c) {
     if (c >= nc) break;
     const Acc g = to_acc<Acc>(go[c * bins]);
     if (g == Acc(0)) continue;
-    if (argmax == nullptr) {
-      acc[c] += g * s;
-      continue;
-    }
-    // roi_taps of the winning sample (NaN: not inside) in 32-bit indices (check_roi_gather_grid), its four taps'
-    // weights (1 - ly or ly) x (1 - lx or lx) added where the tap is the pixel.
     const Acc* a = argmax + ((k * C + c0 + c) * bins + bin) * 2;
     const RoIAxisTaps<Acc, int32_t> ty = roi_axis_taps(a[0], H), tx = roi_axis_taps(a[1], W);
     if (!(ty.inside && tx.inside)) continue;
     for (int q = 0; q < 4; ++q) {
       const bool hy = q >= 2, hx = (q & 1) != 0;
-      if ((hy ? ty.hi : ty.lo) != y || (hx ? tx.hi : tx.lo) != x) continue;
-      acc[c] += g * ((hy ? ty.l : Acc(1) - ty.l) * (hx ? tx.l : Acc(1) - tx.l));
+      if ((hy ? ty.hi : ty.lo) == y && (hx ? tx.hi : tx.lo) == x) {
+        acc[c] += g * ((hy ? ty.l : Acc(1) - ty.l) * (hx ? tx.l : Acc(1) - tx.l));
+      }
     }
   }
 }
@@ -75,8 +81,9 @@ DCNKIT_HD void roi_gather_bin(int64_t k, int64_t C, int64_t bins, int64_t bin, i
 // RoIAlign and MultiLevelRoIAlign: head_of(k) is the forward's head (roi_plan_head / multi_level_plan_head); a
 // launch writes the H x W map of one level (RoIAlign: level 0). Tables per RoI: the rows factor of every (bin row
 // ph, pixel row y) -- 1 / n folded in, in avg mode -- then the columns factor of every (bin column pw, pixel column x);
-// max mode uses them only to skip the bins that cannot reach the pixel.
-template <typename AccT, typename T, typename HeadOf>
+// max mode (kMax: a separate instantiation, so that each kernel holds one path's registers) uses them only to skip the
+// bins that cannot reach the pixel.
+template <typename AccT, typename T, typename HeadOf, bool kMax>
 struct RoIAlignGather {
   using Acc = AccT;
   HeadOf head_of;
@@ -84,7 +91,7 @@ struct RoIAlignGather {
   int32_t level;
   int64_t H, W;
   const T* grad_output;
-  const Acc* argmax;  // max mode: the arg-max coordinates; null: avg
+  const Acc* argmax;  // max mode (kMax): the arg-max coordinates
   int64_t k0;         // the chunk's first RoI and its tables
   const Acc* tables;
 
@@ -107,7 +114,7 @@ struct RoIAlignGather {
     if (e < pooled_h * H) {
       roi_bin_origin<Acc, Acc>(h.box, e / H, int64_t(0), nullptr, nullptr, Acc(0), &y0, &x0);
       const Acc w = roi_bin_axis_weight(y0, h.box.bin_h, h.box.gh, e % H, H);
-      return argmax == nullptr ? div_count(w, h.n) : w;
+      return kMax ? w : div_count(w, h.n);
     }
     e -= pooled_h * H;
     roi_bin_origin<Acc, Acc>(h.box, int64_t(0), e / W, nullptr, nullptr, Acc(0), &y0, &x0);
@@ -117,14 +124,20 @@ struct RoIAlignGather {
     const Acc* rows = tables + (k - k0) * table_entries();
     const Acc* cols = rows + pooled_h * H;
     const int64_t bins = pooled_h * pooled_w;
+    DCNKIT_PRAGMA_UNROLL_1
     for (int64_t ph = 0; ph < pooled_h; ++ph) {
       const Acc ay = rows[ph * H + y];
       if (ay == Acc(0)) continue;
+      DCNKIT_PRAGMA_UNROLL_1
       for (int64_t pw = 0; pw < pooled_w; ++pw) {
         const Acc ax = cols[pw * W + x];
         if (ax == Acc(0)) continue;
-        roi_gather_bin<Acc, T>(k, channels, bins, ph * pooled_w + pw, c0, nc, grad_output, argmax, ay * ax, y, x,
-                               static_cast<int32_t>(H), static_cast<int32_t>(W), acc);
+        if constexpr (kMax) {
+          roi_gather_bin_max<Acc, T>(k, channels, bins, ph * pooled_w + pw, c0, nc, grad_output, argmax, y, x,
+                                     static_cast<int32_t>(H), static_cast<int32_t>(W), acc);
+        } else {
+          roi_gather_bin_avg<Acc, T>(k, channels, bins, ph * pooled_w + pw, c0, nc, grad_output, ay * ax, acc);
+        }
       }
     }
   }
@@ -181,8 +194,7 @@ struct DeformRoIGather {
       if (ay == Acc(0)) continue;
       const Acc ax = cols[bin * W + x];
       if (ax == Acc(0)) continue;
-      roi_gather_bin<Acc, T>(k, p.channels, bins, bin, c0, nc, grad_output, static_cast<const Acc*>(nullptr), ay * ax,
-                             y, x, static_cast<int32_t>(H), static_cast<int32_t>(W), acc);
+      roi_gather_bin_avg<Acc, T>(k, p.channels, bins, bin, c0, nc, grad_output, ay * ax, acc);
     }
   }
 };

@@ -142,9 +142,10 @@ DCNKIT_HD RoIAlignBox<Acc> roi_align_box(const T* roi, Acc scale, bool aligned, 
 // Top-left corner (y0, x0) of bin (ph, pw); DeformRoIPool shifts the box start by
 // gamma * roi_w * offset[0] in x and gamma * roi_h * offset[1] in y, where offset_x / offset_y are
 // that bin's entries of offset[k, 0] and offset[k, 1] (null: no offset).
-template <typename Acc, typename T, typename I>
-DCNKIT_HD void roi_bin_origin(const RoIAlignBox<Acc>& b, I ph, I pw, const T* offset_x, const T* offset_y, Acc gamma,
-                              Acc* y0, Acc* x0) {
+// Box: a RoIAlignBox<Acc>, possibly volatile (a block's head read from shared memory at each use).
+template <typename Acc, typename T, typename I, typename Box>
+DCNKIT_HD void roi_bin_origin(const Box& b, I ph, I pw, const T* offset_x, const T* offset_y, Acc gamma, Acc* y0,
+                              Acc* x0) {
   Acc ys = b.y_start, xs = b.x_start;
   if (offset_x != nullptr) {
     xs += gamma * b.roi_w * to_acc<Acc>(*offset_x);
@@ -166,9 +167,9 @@ DCNKIT_HD RoIAlignBox<Acc> deform_roi_pool_box(const DeformRoIPoolParams& p, con
   return roi_align_box<Acc>(roi, static_cast<Acc>(p.attrs.spatial_scale), true, p.attrs.pooled_h,
                             p.attrs.pooled_w, p.attrs.sampling_ratio);
 }
-template <typename Acc, typename T, typename I>
-DCNKIT_HD void deform_roi_pool_origin(const DeformRoIPoolParams& p, const RoIAlignBox<Acc>& box, const T* offset,
-                                      int64_t k, I ph, I pw, Acc* y0, Acc* x0) {
+template <typename Acc, typename T, typename I, typename Box>
+DCNKIT_HD void deform_roi_pool_origin(const DeformRoIPoolParams& p, const Box& box, const T* offset, int64_t k, I ph,
+                                      I pw, Acc* y0, Acc* x0) {
   const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
   const T* ox = offset ? offset + (k * 2 * oh + ph) * ow + pw : nullptr;
   const T* oy = offset ? ox + oh * ow : nullptr;

@@ -126,8 +126,8 @@ DCNKIT_HD RoIPlanHead<Acc> roi_plan_head(const RoIAlignParams& p, const T* rois,
 
 // The corner (y0, x0) of bin (ph, pw) of a head's box, as the bin functions see it: RoIAlign's (no offsets) ...
 struct RoIBoxOrigin {
-  template <typename Acc, typename I>
-  DCNKIT_HD void operator()(const RoIPlanHead<Acc>& h, I ph, I pw, Acc* y0, Acc* x0) const {
+  template <typename Head, typename I, typename Acc>
+  DCNKIT_HD void operator()(const Head& h, I ph, I pw, Acc* y0, Acc* x0) const {
     roi_bin_origin<Acc, Acc>(h.box, ph, pw, nullptr, nullptr, Acc(0), y0, x0);
   }
 };
@@ -139,8 +139,8 @@ struct DeformRoIOrigin {
   const DeformRoIPoolParams& p;
   const T* offset;
   int64_t k;
-  template <typename Acc, typename I>
-  DCNKIT_HD void operator()(const RoIPlanHead<Acc>& h, I ph, I pw, Acc* y0, Acc* x0) const {
+  template <typename Head, typename I, typename Acc>
+  DCNKIT_HD void operator()(const Head& h, I ph, I pw, Acc* y0, Acc* x0) const {
     deform_roi_pool_origin<Acc, T>(p, h.box, offset, k, ph, pw, y0, x0);
   }
 };
@@ -168,35 +168,46 @@ DCNKIT_HD RoIPlanHead<Acc> deform_roi_plan_head(const DeformRoIPoolParams& p, co
 }
 
 // Entry (bin, s) of a planned head's plan (sample (s / gw, s % gw) of bin `bin`, ow bins per row): the plan's one
-// source of the sampling geometry (roi_plan_fill).
-template <typename Acc, typename Origin>
-DCNKIT_HD void roi_plan_entry(const RoIPlanHead<Acc>& h, uint32_t ow, uint32_t gw, uint32_t bin, uint32_t s,
-                              const Origin& origin, RoIPlanEntry<Acc>* entry) {
+// source of the sampling geometry (roi_plan_fill). Head: RoIPlanHead<Acc>, volatile where the kernels read it from
+// shared memory at each use (roi_plan_fill).
+template <typename Acc, typename Head, typename Origin>
+DCNKIT_HD void roi_plan_entry(const Head& h, uint32_t ow, uint32_t gw, uint32_t bin, uint32_t s, const Origin& origin,
+                              RoIPlanEntry<Acc>* entry) {
   Acc y0, x0;
   origin(h, bin / ow, bin % ow, &y0, &x0);
   // roi_taps in 32-bit indices (a planned map has fewer than 2^31 pixels): the same taps and weights, and no 64-bit
   // integer converted to or from floating point in the plan's loop.
   const int32_t W = static_cast<int32_t>(h.W);
-  const RoIAxisTaps<Acc, int32_t> ty = roi_axis_taps(roi_axis(y0, h.box.bin_h, h.box.gh)(s / gw),
-                                                     static_cast<int32_t>(h.H));
-  const RoIAxisTaps<Acc, int32_t> tx = roi_axis_taps(roi_axis(x0, h.box.bin_w, h.box.gw)(s % gw), W);
+  const RoIAxisTaps<Acc, int32_t> ty =
+      roi_axis_taps(roi_sample_coord<Acc>(y0, h.box.bin_h, static_cast<Acc>(h.box.gh), s / gw), static_cast<int32_t>(h.H));
+  const RoIAxisTaps<Acc, int32_t> tx =
+      roi_axis_taps(roi_sample_coord<Acc>(x0, h.box.bin_w, static_cast<Acc>(h.box.gw), s % gw), W);
   const bool inside = ty.inside && tx.inside;
   const Acc hy = Acc(1) - ty.l, hx = Acc(1) - tx.l;
-  const int32_t at[4] = {ty.lo * W + tx.lo, ty.lo * W + tx.hi, ty.hi * W + tx.lo, ty.hi * W + tx.hi};
-  const Acc w[4] = {hy * hx, hy * tx.l, ty.l * hx, ty.l * tx.l};
-  for (int i = 0; i < 4; ++i) {
-    entry->idx[i] = inside ? at[i] : -1;
-    entry->w[i] = inside ? w[i] : Acc(0);
-  }
+  // each tap stored as it is computed (fewer live registers)
+  entry->idx[0] = inside ? ty.lo * W + tx.lo : -1;
+  entry->w[0] = inside ? hy * hx : Acc(0);
+  entry->idx[1] = inside ? ty.lo * W + tx.hi : -1;
+  entry->w[1] = inside ? hy * tx.l : Acc(0);
+  entry->idx[2] = inside ? ty.hi * W + tx.lo : -1;
+  entry->w[2] = inside ? ty.l * hx : Acc(0);
+  entry->idx[3] = inside ? ty.hi * W + tx.hi : -1;
+  entry->w[3] = inside ? ty.l * tx.l : Acc(0);
 }
 
 // The plan of a planned head: entry e = bin * stride + iy * gw + ix is sample (iy, ix) of bin `bin`, every
 // sample of the grid in the full loop's order (a sample outside the map is an entry with idx[0] = -1). The bin
 // functions then see what roi_bin_visit gives them: the samples inside, in order (avg), and a 0 candidate where
-// samples outside begin (max: the same maximum and arg-max, the first on ties).
+// samples outside begin (max: the same maximum and arg-max, the first on ties). On the device the head is read from
+// shared memory at each use (volatile): loop invariants held in registers would take the kernel past 48.
 template <typename Acc, typename P, typename Origin = RoIBoxOrigin>
-DCNKIT_HD void roi_plan_fill(const P& p, const RoIPlanHead<Acc>& h, int tid, int step, RoIPlanEntry<Acc>* plan,
+DCNKIT_HD void roi_plan_fill(const P& p, const RoIPlanHead<Acc>& head, int tid, int step, RoIPlanEntry<Acc>* plan,
                              const Origin& origin = Origin()) {
+#if defined(__CUDA_ARCH__)
+  const volatile RoIPlanHead<Acc>& h = head;
+#else
+  const RoIPlanHead<Acc>& h = head;
+#endif
   // unsigned: the index decode is three unsigned 32-bit divisions
   const uint32_t ow = static_cast<uint32_t>(p.attrs.pooled_w), S = static_cast<uint32_t>(h.stride),
                  gw = static_cast<uint32_t>(h.box.gw);
@@ -285,10 +296,9 @@ DCNKIT_HD void roi_block_items(I nc, I bins, int tid, int step, const F& f) {
 template <typename I, typename F>
 DCNKIT_HD void roi_block_bins(I nc, I oh, I ow, int tid, int step, const F& f) {
   const I bins = oh * ow;
-  const int64_t total = int64_t(nc) * bins;
   const I dc = static_cast<I>(step) / bins, db = static_cast<I>(step) % bins, dph = db / ow, dpw = db % ow;
   I c = static_cast<I>(tid) / bins, ph = (static_cast<I>(tid) % bins) / ow, pw = (static_cast<I>(tid) % bins) % ow;
-  for (int64_t item = tid; item < total; item += step) {
+  while (c < nc) {  // item c * bins + ph * ow + pw, tid, tid + step, ... while below nc * bins
     f(c, ph, pw);
     c += dc;
     ph += dph;
@@ -431,14 +441,22 @@ DCNKIT_HD void roi_visit_forward_items(const P& p, const RoIPlanHead<Acc>& h, in
   const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w, bins = oh * ow;
   const bool max_mode = roi_pool_max_mode(p);
   T* out = output + (k * C + c0) * bins;
+#if defined(__CUDA_ARCH__)
+  const volatile RoIPlanHead<Acc>& hv = h;  // read from shared memory at each use (registers: roi_plan_fill)
+  using Box = const volatile RoIAlignBox<Acc>;
+#else
+  const RoIPlanHead<Acc>& hv = h;
+  using Box = const RoIAlignBox<Acc>;
+#endif
   roi_block_bins(static_cast<int32_t>(nc), static_cast<int32_t>(oh), static_cast<int32_t>(ow), tid, step,
                  [&](int32_t c, int32_t ph, int32_t pw) {
                    Acc v = Acc(0);
-                   if (h.b >= 0) {
+                   const int64_t b = hv.b;
+                   if (b >= 0) {
                      Acc y0, x0;
-                     origin(h, ph, pw, &y0, &x0);
-                     v = roi_align_bin_forward<Acc>(input + (h.b * C + c0 + c) * H * W, H, W, h.box, y0, x0,
-                                                    max_mode, frame);
+                     origin(hv, ph, pw, &y0, &x0);
+                     v = roi_bin_reduce<Acc>(input + (b * C + c0 + c) * H * W, static_cast<Acc>(hv.n),
+                                             RoIBinTaps<Acc, F, Box>{&hv.box, y0, x0, H, W, frame}, max_mode);
                    }
                    out[c * bins + int64_t(ph) * ow + pw] = from_acc<T>(v);
                  });
@@ -454,15 +472,23 @@ DCNKIT_HD void roi_visit_backward_items(const P& p, const RoIPlanHead<Acc>& h, i
   const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w, bins = oh * ow;
   const bool max_mode = roi_pool_max_mode(p);
   const T* go = grad_output + (k * C + c0) * bins;
+#if defined(__CUDA_ARCH__)
+  const volatile RoIPlanHead<Acc>& hv = h;  // read from shared memory at each use (registers: roi_plan_fill)
+  using Box = const volatile RoIAlignBox<Acc>;
+#else
+  const RoIPlanHead<Acc>& hv = h;
+  using Box = const RoIAlignBox<Acc>;
+#endif
   roi_block_bins(static_cast<int32_t>(nc), static_cast<int32_t>(oh), static_cast<int32_t>(ow), tid, step,
                  [&](int32_t c, int32_t ph, int32_t pw) {
                    const Acc g = to_acc<Acc>(go[c * bins + int64_t(ph) * ow + pw]);
                    if (g == Acc(0)) return;
                    Acc y0, x0;
-                   origin(h, ph, pw, &y0, &x0);
-                   auto add = add_at((h.b * C + c0 + c) * H * W);
-                   const T* img = max_mode ? input + (h.b * C + c0 + c) * H * W : nullptr;
-                   roi_align_bin_backward<Acc, T>(img, H, W, h.box, y0, x0, max_mode, g, add, frame);
+                   origin(hv, ph, pw, &y0, &x0);
+                   const int64_t map = (hv.b * C + c0 + c) * H * W;
+                   auto add = add_at(map);
+                   roi_bin_scatter<Acc>(max_mode ? input + map : nullptr, static_cast<Acc>(hv.n),
+                                        RoIBinTaps<Acc, F, Box>{&hv.box, y0, x0, H, W, frame}, max_mode, g, add);
                  });
 }
 
