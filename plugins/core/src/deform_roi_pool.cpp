@@ -40,7 +40,6 @@ namespace {
 // DCNKIT_ROI_CPU_PATH=cuda-schedule (roi_cuda_schedule_path): the CUDA launchers' block schedule of the output and
 // grad_input (roi_plan.h: the plan with each bin's offsets applied, or the bounded visit) run serially;
 // cuda-schedule-deterministic: grad_input by the deterministic mode's tile gather.
-constexpr int kCudaScheduleThreads = 256;
 
 template <typename T, typename Block>
 Status deform_roi_cuda_schedule(const DeformRoIPoolParams& p, const T* rois, const T* offset, const Block& block) {

@@ -96,7 +96,6 @@ int64_t multi_level_roi_align_level(const MultiLevelRoIAlignParams& p, const dou
 namespace {
 
 // DCNKIT_ROI_CPU_PATH=cuda-schedule (roi_cuda_schedule_path): the CUDA launchers' block schedule run serially.
-constexpr int kCudaScheduleThreads = 256;
 
 template <typename T, typename Block>
 Status multi_level_cuda_schedule(const MultiLevelRoIAlignParams& p, const T* rois, const Block& block) {

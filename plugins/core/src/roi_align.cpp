@@ -59,7 +59,6 @@ auto roi_align_origin_of() {
 // DCNKIT_ROI_CPU_PATH=cuda-schedule (roi_cuda_schedule_path): the CUDA launchers' block schedule of roi_plan.h
 // run serially on the CPU, block by block and thread by thread, with the kernels' choice of plan or bounded
 // visit per RoI, so that CPU tests check the GPU code's decomposition.
-constexpr int kCudaScheduleThreads = 256;
 
 template <typename T, typename Block>
 Status roi_cuda_schedule(const RoIAlignParams& p, const T* rois, const Block& block) {

@@ -57,29 +57,86 @@ void backward_owner(const RoIAlignRotatedParams& p, const T* grad_output, const 
   for (int64_t k = 0; k < p.num_rois; ++k) {
     const RotatedHead<T> h = roi_align_rotated_head<T>(p, rois, k);
     if (h.b != n) continue;
+    RotatedFrame<T> frame;
     for (int32_t ph = 0; ph < p.attrs.pooled_h; ++ph) {
       for (int32_t pw = 0; pw < p.attrs.pooled_w; ++pw) {
-        roi_align_rotated_backward_bin<T>(p, h, grad_output, k, c0, nc, ph, pw, PlainAddAt<T>{grad});
+        roi_align_rotated_backward_bin<T, kC>(p, h, grad_output, k, c0, nc, ph, pw, PlainAddAt<T>{grad}, &frame);
       }
     }
   }
 }
 
+
+// The CUDA block schedule run serially (DCNKIT_ROI_CPU_PATH=cuda-schedule): the launches roi_block_launch makes,
+// checked against CUDA's limits; per (RoI, channel group) the RoI's head and plan head; a planned RoI's plan filled by
+// every thread, then planned(head, plan_head, plan, k, g, tid) for each thread; the others visit(head, k, g, tid).
+template <typename T, typename Planned, typename Visit>
+Status rotated_schedule_serial(const RoIAlignRotatedParams& p, const T* rois, const Planned& planned,
+                               const Visit& visit) {
+  DCNKIT_RETURN_IF_ERROR(check_rotated_cuda("roi_align_rotated (cuda-schedule)", p));
+  const int64_t bins = p.attrs.pooled_h * p.attrs.pooled_w, groups = roi_align_rotated_groups(p.channels);
+  DCNKIT_RETURN_IF_ERROR(check_roi_block_bins("roi_align_rotated (cuda-schedule)", bins));
+  int64_t entries = 0;
+  const RoIPlanLaunch how = roi_plan_launch<T>(p.attrs.sampling_ratio, bins, p.height * p.width, &entries);
+  if (how != RoIPlanLaunch::kVisitOnly) {
+    DCNKIT_RETURN_IF_ERROR(check_launch(roi_block_dims("roi_align_rotated plan kernel", p.num_rois, p.channels,
+                                                       entries * static_cast<int64_t>(sizeof(RoIPlanEntry<T>)))));
+  }
+  if (how != RoIPlanLaunch::kPlanOnly) {
+    DCNKIT_RETURN_IF_ERROR(check_launch(roi_block_dims("roi_align_rotated visit kernel", p.num_rois, p.channels, 0)));
+  }
+  std::vector<RoIPlanEntry<T>> plan(static_cast<size_t>(roi_plan_capacity<T>()));
+  for (int64_t k = 0; k < p.num_rois; ++k) {
+    const RotatedHead<T> h = roi_align_rotated_head<T>(p, rois, k);
+    const RoIPlanHead<T> ph = roi_visit_head(rotated_plan_head<T>(p, h), how == RoIPlanLaunch::kVisitOnly);
+    for (int64_t g = 0; g < groups; ++g) {
+      if (ph.stride != 0) {
+        for (int tid = 0; tid < kCudaScheduleThreads; ++tid) {
+          rotated_plan_fill<T>(p, h, ph.stride, tid, kCudaScheduleThreads, plan.data());
+        }
+        for (int tid = 0; tid < kCudaScheduleThreads; ++tid) planned(h, ph, plan.data(), k, g, tid);
+      } else {
+        for (int tid = 0; tid < kCudaScheduleThreads; ++tid) visit(h, k, g, tid);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
-// The forward runs the CUDA blocks' items: per (RoI, channel group), the head once, then every (slice, bin).
+// The forward runs the bodies of the CUDA visit kernels' items, several channels per item: per (RoI, channel group),
+// the head once, then every (slice, bin); DCNKIT_ROI_CPU_PATH=cuda-schedule runs the CUDA schedule itself (plan and
+// visit kernels: the same bits).
 template <typename T>
 Status roi_align_rotated_forward_cpu(const RoIAlignRotatedParams& p, const T* input, const T* rois, T* output,
                                      const CpuContext& ctx) {
   DCNKIT_RETURN_IF_ERROR(check_roi_batch_indices("roi_align_rotated", rois, p.num_rois, p.batch, 6));
   if (p.channels == 0) return Status::Ok();
   const int64_t groups = roi_align_rotated_groups(p.channels);
+  if (roi_cuda_schedule_path() || roi_cuda_schedule_deterministic_path()) {
+    if (p.attrs.pooled_h * p.attrs.pooled_w == 0) return Status::Ok();
+    return rotated_schedule_serial(
+        p, rois,
+        [&](const RotatedHead<T>&, const RoIPlanHead<T>& ph, const RoIPlanEntry<T>* plan, int64_t k, int64_t g, int tid) {
+          roi_plan_forward_items<T, T>(p, ph, plan, input, k, g * kRotatedBlockChannels, roi_group_channels(p.channels, g),
+                                       tid, kCudaScheduleThreads, output, false);
+        },
+        [&](const RotatedHead<T>& h, int64_t k, int64_t g, int tid) {
+          RotatedFrame<T> frame;
+          roi_align_rotated_block_items<1>(p, g, tid, kCudaScheduleThreads, [&](int64_t c0, int nc, int32_t ph, int32_t pw) {
+            roi_align_rotated_forward_bin<T, 1>(p, h, input, k, c0, nc, ph, pw, output, &frame);
+          });
+        });
+  }
   parallel_for(ctx, p.num_rois * groups, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const int64_t k = i / groups;
       const RotatedHead<T> h = roi_align_rotated_head<T>(p, rois, k);
-      roi_align_rotated_block_items<T>(p, i % groups, 0, 1, [&](int64_t c0, int nc, int32_t ph, int32_t pw) {
-        roi_align_rotated_forward_bin<T>(p, h, input, k, c0, nc, ph, pw, output);
+      RotatedFrame<T> frame;
+      roi_align_rotated_block_items<rotated_channels<T>()>(p, i % groups, 0, 1, [&](int64_t c0, int nc, int32_t ph,
+                                                                                   int32_t pw) {
+        roi_align_rotated_forward_bin<T, rotated_channels<T>()>(p, h, input, k, c0, nc, ph, pw, output, &frame);
       });
     }
   });
@@ -98,20 +155,24 @@ Status roi_align_rotated_backward_cpu(const RoIAlignRotatedParams& p, const T* g
     const RotatedGather<T, T, T> g{p, rois, grad_output, 0, nullptr};
     return roi_gather_serial(g, p.num_rois, roi_gather_grid<T>(p.batch, p.channels, p.height, p.width), grad_input);
   }
-  if (roi_cuda_schedule_path()) {  // the atomic kernel's blocks, thread by thread (plain adds)
-    const int64_t groups = roi_align_rotated_groups(p.channels);
-    DCNKIT_RETURN_IF_ERROR(check_rotated_cuda("roi_align_rotated_backward_cuda", p));
-    for (int64_t k = 0; k < p.num_rois; ++k) {
-      const RotatedHead<T> h = roi_align_rotated_head<T>(p, rois, k);
-      for (int64_t g = 0; g < groups; ++g) {
-        for (int tid = 0; tid < 256; ++tid) {
-          roi_align_rotated_block_items<T>(p, g, tid, 256, [&](int64_t c0, int nc, int32_t ph, int32_t pw) {
-            roi_align_rotated_backward_bin<T>(p, h, grad_output, k, c0, nc, ph, pw, PlainAddAt<T>{grad_input});
+  if (roi_cuda_schedule_path()) {  // the atomic kernels' blocks, thread by thread (plain adds)
+    if (p.num_rois * p.attrs.pooled_h * p.attrs.pooled_w == 0) return Status::Ok();
+    return rotated_schedule_serial(
+        p, rois,
+        [&](const RotatedHead<T>&, const RoIPlanHead<T>& ph, const RoIPlanEntry<T>* plan, int64_t k, int64_t g, int tid) {
+          if (ph.b < 0) return;
+          roi_plan_backward_items<T, T>(p, ph, plan, grad_output, static_cast<const T*>(nullptr), k,
+                                        g * kRotatedBlockChannels, roi_group_channels(p.channels, g), tid,
+                                        kCudaScheduleThreads, [&](int64_t at) { return PlainAddAt<T>{grad_input + at}; },
+                                        false);
+        },
+        [&](const RotatedHead<T>& h, int64_t k, int64_t g, int tid) {
+          RotatedFrame<T> frame;
+          roi_align_rotated_block_items<1>(p, g, tid, kCudaScheduleThreads, [&](int64_t c0, int nc, int32_t ph, int32_t pw) {
+            roi_align_rotated_backward_bin<T, 1>(p, h, grad_output, k, c0, nc, ph, pw, PlainAddAt<T>{grad_input},
+                                                 &frame);
           });
-        }
-      }
-    }
-    return Status::Ok();
+        });
   }
   parallel_for(ctx, p.batch * slices, [&](int64_t b, int64_t e) {
     for (int64_t o = b; o < e; ++o) backward_owner<T>(p, grad_output, rois, o, grad_input);

@@ -135,90 +135,107 @@ DCNKIT_HD RotatedHead<Acc> roi_align_rotated_head(const RoIAlignRotatedParams& p
   return h;
 }
 
-// A point (yy, xx) of the box's frame in feature coordinates.
-template <typename Acc>
-DCNKIT_HD Acc rotated_y(const RotatedBox<Acc>& b, Acc yy, Acc xx) {
+// A point (yy, xx) of the box's frame in feature coordinates. Box: a RotatedBox<Acc>, possibly volatile (a block's
+// head read from shared memory at each use).
+template <typename Acc, typename Box>
+DCNKIT_HD Acc rotated_y(const Box& b, Acc yy, Acc xx) {
   return yy * b.cos_t - xx * b.sin_t + b.cy;
 }
-template <typename Acc>
-DCNKIT_HD Acc rotated_x(const RotatedBox<Acc>& b, Acc yy, Acc xx) {
+template <typename Acc, typename Box>
+DCNKIT_HD Acc rotated_x(const Box& b, Acc yy, Acc xx) {
   return yy * b.sin_t + xx * b.cos_t + b.cx;
 }
-
-// The sampling points of bin (ph, pw): yy(iy), xx(ix) in the box's frame (RoIAxis: origin + (i + 0.5) * bin / g),
-// rotated about the centre: y = yy cos - xx sin + cy, x = yy sin + xx cos + cx.
-template <typename Acc>
-struct RotatedBin {
-  const RotatedBox<Acc>& b;
-  RoIAxis<Acc> ay, ax;
-  DCNKIT_HD RotatedBin(const RotatedBox<Acc>& box, int32_t ph, int32_t pw)
-      : b(box),
-        ay{box.start_h + static_cast<Acc>(ph) * box.bin_h, box.bin_h, box.ghf},
-        ax{box.start_w + static_cast<Acc>(pw) * box.bin_w, box.bin_w, box.gwf} {}
-  DCNKIT_HD Acc y(Acc yy, int32_t ix) const { return rotated_y(b, yy, ax(ix)); }
-  DCNKIT_HD Acc x(Acc yy, int32_t ix) const { return rotated_x(b, yy, ax(ix)); }
-};
 
 // Grids up to this size per axis are looped over in full; larger ones visit only the samples that can land on
 // the map (below).
 constexpr int32_t kRotatedFullGrid = 16;
 
-// Calls visit(taps, m) for the samples of bin (ph, pw) that land on the map (roi_taps: -1 <= y <= H, -1 <= x <= W),
-// in the order of the full loop (iy outer, ix inner); m is 1, or the length of a run of equal samples where
+// What the visit's loops read but do not change (the bin's axes' origins, the rows' end, the row's coordinate, the
+// map's size): a per-thread slot of shared memory on the device (RotatedFrameRef, volatile), a local elsewhere; the
+// box's fields are read from the head (volatile on the device) at each use.
+template <typename Acc>
+struct RotatedFrame {
+  Acc y0, x0, yy;
+  int32_t yhi;
+  AxisIndex H, W;
+};
+#if defined(__CUDA_ARCH__)
+template <typename Acc>
+using RotatedFrameRef = volatile RotatedFrame<Acc>*;
+#else
+template <typename Acc>
+using RotatedFrameRef = RotatedFrame<Acc>*;
+#endif
+
+// Calls visit(s) (RoIBinSample) for the samples of bin (ph, pw) that land on the map (roi_taps: -1 <= y <= H, -1 <= x
+// <= W), in the order of the full loop (iy outer, ix inner); s.m is 1, or the length of a run of equal samples where
 // rounding made them equal (boxes far beyond 2^22 feature pixels in float32). Samples off the map add nothing.
+// Sample (iy, ix) is at yy(iy), xx(ix) in the box's frame (RoIAxis: origin + (i + 0.5) * bin / g), rotated about the
+// centre: y = yy cos - xx sin + cy, x = yy sin + xx cos + cx.
 // Bounded work: the rows are those whose yy lies within the projection of the map onto the box's y axis (widened
 // by more than the rounding of the coordinates), and in a row the samples inside are an index range found by
 // bisection on the sampling expressions themselves (each coordinate is monotone in ix, in floating point too). So
 // the work of a bin is bounded by the map's size, whatever the box. Sample indices are 32-bit (kMaxGridSamples).
-template <typename Acc, typename Visit>
-DCNKIT_HD void roi_align_rotated_visit(const RotatedBox<Acc>& b, int32_t ph, int32_t pw, int64_t H, int64_t W,
-                                       Visit& visit) {
-  if (b.gh <= 0 || b.gw <= 0 || H <= 0 || W <= 0) return;
-  const RotatedBin<Acc> bin(b, ph, pw);
-  if (b.gh <= kRotatedFullGrid && b.gw <= kRotatedFullGrid) {
-    for (int32_t iy = 0; iy < b.gh; ++iy) {
-      const Acc yy = bin.ay(iy);
-      for (int32_t ix = 0; ix < b.gw; ++ix) {
-        const Taps<Acc> t = roi_taps(bin.y(yy, ix), bin.x(yy, ix), H, W);
-        if (t.inside) visit(t, Acc(1));
+template <typename Acc, typename Box, typename Visit, typename F>
+DCNKIT_HD void roi_align_rotated_visit(const Box& b, int32_t ph, int32_t pw, int64_t H, int64_t W, Visit& visit, F f) {
+  const int32_t gh = b.gh, gw = b.gw;
+  if (gh <= 0 || gw <= 0 || H <= 0 || W <= 0) return;
+  f->y0 = b.start_h + static_cast<Acc>(ph) * b.bin_h;
+  f->x0 = b.start_w + static_cast<Acc>(pw) * b.bin_w;
+  f->H = static_cast<AxisIndex>(H);
+  f->W = static_cast<AxisIndex>(W);
+  const auto ay = [&](int32_t i) { return roi_sample_coord<Acc>(f->y0, b.bin_h, b.ghf, i); };
+  const auto ax = [&](int32_t i) { return roi_sample_coord<Acc>(f->x0, b.bin_w, b.gwf, i); };
+  RoIBinSample<Acc> s;
+  s.m = Acc(1);
+  if (gh <= kRotatedFullGrid && gw <= kRotatedFullGrid) {
+    for (int32_t iy = 0; iy < gh; ++iy) {
+      f->yy = ay(iy);
+      for (int32_t ix = 0; ix < gw; ++ix) {
+        const Acc xx = ax(ix);
+        s.y = roi_axis_taps(rotated_y<Acc>(b, f->yy, xx), f->H);
+        s.x = roi_axis_taps(rotated_x<Acc>(b, f->yy, xx), f->W);
+        s.W = f->W;
+        if (s.inside()) visit(s);
       }
     }
     return;
   }
   // Rows: yy = (y - cy) cos + (x - cx) sin over the corners of [-1, H] x [-1, W], widened by tol.
   const Acc Hf = index_to_acc<Acc>(H), Wf = index_to_acc<Acc>(W);
-  const Acc ys[2] = {Acc(-1) - b.cy, Hf - b.cy}, xs[2] = {Acc(-1) - b.cx, Wf - b.cx};
-  Acc lo = ys[0] * b.cos_t + xs[0] * b.sin_t, hi = lo;
-  for (int i = 0; i < 2; ++i) {
-    for (int j = 0; j < 2; ++j) {
-      const Acc v = ys[i] * b.cos_t + xs[j] * b.sin_t;
-      lo = v < lo ? v : lo;
-      hi = v > hi ? v : hi;
-    }
+  Acc lo = Acc(0), hi = Acc(0);
+  for (int q = 0; q < 4; ++q) {
+    const Acc v = ((q & 2) ? Hf - b.cy : Acc(-1) - b.cy) * b.cos_t + ((q & 1) ? Wf - b.cx : Acc(-1) - b.cx) * b.sin_t;
+    lo = q == 0 || v < lo ? v : lo;
+    hi = q == 0 || v > hi ? v : hi;
   }
   const Acc eps = sizeof(Acc) == 8 ? Acc(2.3e-16) : Acc(1.2e-7);
   const Acc mag = std::fabs(b.cy) + std::fabs(b.cx) + std::fabs(b.start_h) + std::fabs(b.start_w) + (Hf + Wf);
   const Acc tol = Acc(1) + Acc(64) * eps * mag;
-  const SampleRange ry = sample_range(b.gh, !(b.bin_h < Acc(0)), lo - tol, hi + tol, bin.ay);
+  const SampleRange ry = sample_range(gh, !(b.bin_h < Acc(0)), lo - tol, hi + tol, ay);
   const int64_t cap = roi_axis_cap(H + W + 8);
   const bool y_runs = ry.hi - ry.lo > cap;
-  for (int32_t iy = ry.lo; iy < ry.hi;) {
-    const Acc yy = bin.ay(iy);
-    const int32_t ey = y_runs ? sample_run_end(iy, ry.hi, yy, bin.ay) : iy + 1;
-    const auto py = [&](int32_t ix) { return bin.y(yy, ix); };
-    const auto px = [&](int32_t ix) { return bin.x(yy, ix); };
+  f->yhi = ry.hi;
+  for (int32_t iy = ry.lo; iy < f->yhi;) {
+    f->yy = ay(iy);
+    const int32_t ey = y_runs ? sample_run_end(iy, f->yhi, static_cast<Acc>(f->yy), ay) : iy + 1;
+    const auto py = [&](int32_t ix) { return rotated_y<Acc>(b, f->yy, ax(ix)); };
+    const auto px = [&](int32_t ix) { return rotated_x<Acc>(b, f->yy, ax(ix)); };
     // y decreases in ix when sin > 0, x when cos < 0 (bin_w < 0 reverses both).
     const bool up = !(b.bin_w < Acc(0));
-    const SampleRange rx0 = sample_range(b.gw, up == !(b.sin_t > Acc(0)), Acc(-1), Hf, py);
-    const SampleRange rx1 = sample_range(b.gw, up == !(b.cos_t < Acc(0)), Acc(-1), Wf, px);
+    const SampleRange rx0 = sample_range(gw, up == !(b.sin_t > Acc(0)), Acc(-1), Hf, py);
+    const SampleRange rx1 = sample_range(gw, up == !(b.cos_t < Acc(0)), Acc(-1), Wf, px);
     const int32_t xlo = rx0.lo > rx1.lo ? rx0.lo : rx1.lo, xhi = rx0.hi < rx1.hi ? rx0.hi : rx1.hi;
     const bool x_runs = xhi - xlo > cap;
     const Acc my = static_cast<Acc>(ey - iy);
     for (int32_t ix = xlo; ix < xhi;) {
       const Acc y = py(ix), x = px(ix);
       const int32_t ex = x_runs ? run_end(ix, xhi, [&](int32_t j) { return py(j) == y && px(j) == x; }) : ix + 1;
-      const Taps<Acc> t = roi_taps(y, x, H, W);
-      if (t.inside) visit(t, my * static_cast<Acc>(ex - ix));
+      s.y = roi_axis_taps(y, f->H);
+      s.x = roi_axis_taps(x, f->W);
+      s.W = f->W;
+      s.m = my * static_cast<Acc>(ex - ix);
+      if (s.inside()) visit(s);
       ix = ex;
     }
     iy = ey;
@@ -238,25 +255,36 @@ DCNKIT_HD int64_t rotated_bin_offset(int64_t k, int64_t C, int64_t c0, int64_t b
 
 constexpr int64_t kRotatedBlockChannels = 32;
 
-// Forward of bin (ph, pw) of RoI k for channels [c0, c0 + nc) (nc <= rotated_channels<Acc>()): output[k, c, ph, pw]
-// is the mean of the bin's samples; 0 for a RoI outside the batch.
-template <typename Acc, typename T>
-DCNKIT_HD void roi_align_rotated_forward_bin(const RoIAlignRotatedParams& p, const RotatedHead<Acc>& h,
-                                             const T* input, int64_t k, int64_t c0, int nc, int32_t ph, int32_t pw,
-                                             T* output) {
-  constexpr int kC = rotated_channels<Acc>();
+// The head's view in the bodies below: on the device read from shared memory at each use (volatile), so that its
+// fields take no registers across the loops.
+#if defined(__CUDA_ARCH__)
+template <typename Acc>
+using RotatedHeadView = const volatile RotatedHead<Acc>&;
+#else
+template <typename Acc>
+using RotatedHeadView = const RotatedHead<Acc>&;
+#endif
+
+// Forward of bin (ph, pw) of RoI k for channels [c0, c0 + nc) (nc <= kC): output[k, c, ph, pw] is the mean of the
+// bin's samples; 0 for a RoI outside the batch. f: the visit's frame. kC: the CPU's rotated_channels<Acc>(), the CUDA
+// visit kernels' 1.
+template <typename Acc, int kC, typename T, typename F>
+DCNKIT_HD void roi_align_rotated_forward_bin(const RoIAlignRotatedParams& p, RotatedHeadView<Acc> h, const T* input,
+                                             int64_t k, int64_t c0, int nc, int32_t ph, int32_t pw, T* output, F f) {
   const int64_t bins = p.attrs.pooled_h * p.attrs.pooled_w, H = p.height, W = p.width, HW = H * W;
   Acc acc[kC];
   for (int c = 0; c < kC; ++c) acc[c] = Acc(0);
-  if (h.b >= 0) {
-    const T* img = input + (h.b * p.channels + c0) * HW;
-    auto visit = [&](const Taps<Acc>& t, Acc m) {
+  const int64_t b = h.b;
+  if (b >= 0) {
+    const T* img = input + (b * p.channels + c0) * HW;
+    auto visit = [&](const RoIBinSample<Acc>& s) {
       for (int c = 0; c < kC; ++c) {
-        if (c < nc) acc[c] += m * taps_value<Acc>(img + c * HW, t);
+        if (c < nc) acc[c] += s.m * s.value(img + c * HW);
       }
+      return true;
     };
-    roi_align_rotated_visit<Acc>(h.box, ph, pw, H, W, visit);
-    for (int c = 0; c < kC; ++c) acc[c] = div_count(acc[c], h.box.count);
+    roi_align_rotated_visit<Acc>(h.box, ph, pw, H, W, visit, f);
+    for (int c = 0; c < kC; ++c) acc[c] = div_count(acc[c], static_cast<Acc>(h.box.count));
   }
   T* out = output + rotated_bin_offset(k, p.channels, c0, bins, ph, p.attrs.pooled_w, pw);
   for (int c = 0; c < kC; ++c) {
@@ -266,35 +294,37 @@ DCNKIT_HD void roi_align_rotated_forward_bin(const RoIAlignRotatedParams& p, con
 
 // Backward of bin (ph, pw) of RoI k for channels [c0, c0 + nc): grad_output[k, c, ph, pw] / count times each tap's
 // weight, added into grad_input through add(offset, value) (atomics on CUDA). Nothing for a RoI outside the batch.
-template <typename Acc, typename T, typename Add>
-DCNKIT_HD void roi_align_rotated_backward_bin(const RoIAlignRotatedParams& p, const RotatedHead<Acc>& h,
+template <typename Acc, int kC, typename T, typename Add, typename F>
+DCNKIT_HD void roi_align_rotated_backward_bin(const RoIAlignRotatedParams& p, RotatedHeadView<Acc> h,
                                               const T* grad_output, int64_t k, int64_t c0, int nc, int32_t ph,
-                                              int32_t pw, const Add& add) {
-  constexpr int kC = rotated_channels<Acc>();
-  if (h.b < 0) return;
+                                              int32_t pw, const Add& add, F f) {
+  const int64_t b = h.b;
+  if (b < 0) return;
   const int64_t bins = p.attrs.pooled_h * p.attrs.pooled_w, HW = p.height * p.width;
   Acc g[kC];
   const T* go = grad_output + rotated_bin_offset(k, p.channels, c0, bins, ph, p.attrs.pooled_w, pw);
-  for (int c = 0; c < kC; ++c) g[c] = c < nc ? div_count(to_acc<Acc>(go[c * bins]), h.box.count) : Acc(0);
-  const int64_t base = (h.b * p.channels + c0) * HW;
-  auto visit = [&](const Taps<Acc>& t, Acc m) {
+  for (int c = 0; c < kC; ++c) {
+    g[c] = c < nc ? div_count(to_acc<Acc>(go[c * bins]), static_cast<Acc>(h.box.count)) : Acc(0);
+  }
+  const int64_t base = (b * p.channels + c0) * HW;
+  auto visit = [&](const RoIBinSample<Acc>& s) {
+    const Taps<Acc> t = s.taps();
     for (int j = 0; j < 4; ++j) {
-      if (!t.ok[j]) continue;
-      const Acc w = m * t.w[j];
+      const Acc w = s.m * t.w[j];
       for (int c = 0; c < kC; ++c) {
         if (c < nc) add(base + c * HW + t.idx[j], g[c] * w);
       }
     }
+    return true;
   };
-  roi_align_rotated_visit<Acc>(h.box, ph, pw, p.height, p.width, visit);
+  roi_align_rotated_visit<Acc>(h.box, ph, pw, p.height, p.width, visit, f);
 }
 
 // A block's items (channel group g of kRotatedBlockChannels channels, one thread in `step` from `tid`): f(c0, nc, ph,
-// pw) for each of its (slice, bin) pairs, slice c0 of nc channels. The pairs are walked with 32-bit counters (fewer
-// than 2^31 bins: check_rotated_cuda), no division in the loop.
-template <typename Acc, typename F>
+// pw) for each of its (slice of kC channels, bin) pairs, slice c0 of nc channels. The pairs are walked with 32-bit
+// counters (fewer than 2^31 bins: check_rotated_cuda), no division in the loop.
+template <int kC, typename F>
 DCNKIT_HD void roi_align_rotated_block_items(const RoIAlignRotatedParams& p, int64_t g, int tid, int step, const F& f) {
-  constexpr int kC = rotated_channels<Acc>();
   const int64_t first = g * kRotatedBlockChannels;
   const int64_t rest = p.channels - first, group = rest < kRotatedBlockChannels ? rest : kRotatedBlockChannels;
   const int32_t slices = static_cast<int32_t>((group + kC - 1) / kC);
@@ -309,6 +339,45 @@ DCNKIT_HD void roi_align_rotated_block_items(const RoIAlignRotatedParams& p, int
 // Channel groups of the blocks (grid y).
 DCNKIT_HD int64_t roi_align_rotated_groups(int64_t channels) {
   return (channels + kRotatedBlockChannels - 1) / kRotatedBlockChannels;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sampling plan (CUDA's default path, as RoIAlign's: roi_plan.h): a RoI whose grid fits a plan (roi_plan_fits: at
+// most kRoIPlanSamples samples per bin) has every sample of every bin computed once per block as taps (RoIPlanEntry),
+// then RoIAlign's plan apply sums them per (channel, bin) (roi_plan_forward_items, roi_plan_backward_items): the
+// samples of roi_align_rotated_visit's full loop, in its order, so the same bits. The others take the visit kernels.
+
+// The plan head of a rotated RoI: batch index, map, divisor and plan stride (0: not planned).
+template <typename Acc>
+DCNKIT_HD RoIPlanHead<Acc> rotated_plan_head(const RoIAlignRotatedParams& p, const RotatedHead<Acc>& r) {
+  RoIPlanHead<Acc> h;
+  h.box = RoIAlignBox<Acc>{};
+  h.b = r.b;
+  h.H = p.height;
+  h.W = p.width;
+  h.level = 0;
+  h.n = r.box.count;
+  const int64_t gh = r.box.gh, gw = r.box.gw;
+  h.stride = roi_plan_fits<Acc>(gh, gw, p.attrs.pooled_h * p.attrs.pooled_w, h.H * h.W) ? int32_t(gh * gw) : 0;
+  return h;
+}
+
+// The plan of a planned rotated head (roi_plan_fill's layout: entry bin * stride + iy * gw + ix), this thread's share.
+template <typename Acc>
+DCNKIT_HD void rotated_plan_fill(const RoIAlignRotatedParams& p, RotatedHeadView<Acc> h, int32_t stride, int tid,
+                                 int step, RoIPlanEntry<Acc>* plan) {
+  const uint32_t ow = static_cast<uint32_t>(p.attrs.pooled_w), S = static_cast<uint32_t>(stride);
+  const uint32_t gw = static_cast<uint32_t>(h.box.gw), total = static_cast<uint32_t>(p.attrs.pooled_h) * ow * S;
+  const int32_t H = static_cast<int32_t>(p.height), W = static_cast<int32_t>(p.width);
+  for (uint32_t e = static_cast<uint32_t>(tid); e < total; e += static_cast<uint32_t>(step)) {
+    const uint32_t bin = e / S, s = e % S;
+    const Acc yy = roi_sample_coord<Acc>(h.box.start_h + static_cast<Acc>(bin / ow) * h.box.bin_h, h.box.bin_h,
+                                         h.box.ghf, s / gw);
+    const Acc xx = roi_sample_coord<Acc>(h.box.start_w + static_cast<Acc>(bin % ow) * h.box.bin_w, h.box.bin_w,
+                                         h.box.gwf, s % gw);
+    roi_plan_store(roi_axis_taps(rotated_y<Acc>(h.box, yy, xx), H), roi_axis_taps(rotated_x<Acc>(h.box, yy, xx), W), W,
+                   &plan[e]);
+  }
 }
 
 // The CUDA launchers' limits, checked once per launch on the host: fewer than 2^31 rows, columns and bins, at most

@@ -167,6 +167,23 @@ DCNKIT_HD RoIPlanHead<Acc> deform_roi_plan_head(const DeformRoIPoolParams& p, co
   return h;
 }
 
+// A sample's plan entry from its two axes' taps (roi_axis_taps: the taps and weights of roi_taps) on a map of width W,
+// each tap stored as it is computed (fewer live registers); idx[0] = -1 for a sample outside the map.
+template <typename Acc>
+DCNKIT_HD void roi_plan_store(const RoIAxisTaps<Acc, int32_t>& ty, const RoIAxisTaps<Acc, int32_t>& tx, int32_t W,
+                              RoIPlanEntry<Acc>* entry) {
+  const bool inside = ty.inside && tx.inside;
+  const Acc hy = Acc(1) - ty.l, hx = Acc(1) - tx.l;
+  entry->idx[0] = inside ? ty.lo * W + tx.lo : -1;
+  entry->w[0] = inside ? hy * hx : Acc(0);
+  entry->idx[1] = inside ? ty.lo * W + tx.hi : -1;
+  entry->w[1] = inside ? hy * tx.l : Acc(0);
+  entry->idx[2] = inside ? ty.hi * W + tx.lo : -1;
+  entry->w[2] = inside ? ty.l * hx : Acc(0);
+  entry->idx[3] = inside ? ty.hi * W + tx.hi : -1;
+  entry->w[3] = inside ? ty.l * tx.l : Acc(0);
+}
+
 // Entry (bin, s) of a planned head's plan (sample (s / gw, s % gw) of bin `bin`, ow bins per row): the plan's one
 // source of the sampling geometry (roi_plan_fill). Head: RoIPlanHead<Acc>, volatile where the kernels read it from
 // shared memory at each use (roi_plan_fill).
@@ -182,17 +199,7 @@ DCNKIT_HD void roi_plan_entry(const Head& h, uint32_t ow, uint32_t gw, uint32_t 
       roi_axis_taps(roi_sample_coord<Acc>(y0, h.box.bin_h, static_cast<Acc>(h.box.gh), s / gw), static_cast<int32_t>(h.H));
   const RoIAxisTaps<Acc, int32_t> tx =
       roi_axis_taps(roi_sample_coord<Acc>(x0, h.box.bin_w, static_cast<Acc>(h.box.gw), s % gw), W);
-  const bool inside = ty.inside && tx.inside;
-  const Acc hy = Acc(1) - ty.l, hx = Acc(1) - tx.l;
-  // each tap stored as it is computed (fewer live registers)
-  entry->idx[0] = inside ? ty.lo * W + tx.lo : -1;
-  entry->w[0] = inside ? hy * hx : Acc(0);
-  entry->idx[1] = inside ? ty.lo * W + tx.hi : -1;
-  entry->w[1] = inside ? hy * tx.l : Acc(0);
-  entry->idx[2] = inside ? ty.hi * W + tx.lo : -1;
-  entry->w[2] = inside ? ty.l * hx : Acc(0);
-  entry->idx[3] = inside ? ty.hi * W + tx.hi : -1;
-  entry->w[3] = inside ? ty.l * tx.l : Acc(0);
+  roi_plan_store(ty, tx, W, entry);
 }
 
 // The plan of a planned head: entry e = bin * stride + iy * gw + ix is sample (iy, ix) of bin `bin`, every

@@ -10,6 +10,9 @@
 
 namespace dcnkit {
 
+// Threads of a block of the CUDA RoI kernels, run one after the other by the serial schedules.
+constexpr int kCudaScheduleThreads = 256;
+
 // The CUDA grid of the block kernels run serially: the launches the CUDA launcher makes (roi_plan_launch: the plan
 // kernel, the visit kernel or both) checked against CUDA's limits (check_launch), then for each block (RoI k, channel
 // group), its head (head_of(k)), its plan where the plan kernel serves it (every thread's share), then
