@@ -239,7 +239,7 @@ int main() {
           } else {
             dcnkit::RoIVisitFrame<double> frame;
             roi_visit_forward_items<double, double>(mp, h, h.H, h.W, maps[h.level], k, c0, nc, tid, 256, out.data(),
-                                                    &frame);
+                                                    &frame, false);
           }
         });
     bool written = true;

@@ -61,7 +61,7 @@ Status deform_roi_forward_cuda_schedule(const DeformRoIPoolParams& p, const T* i
     } else {
       RoIVisitFrame<T> frame;
       roi_visit_forward_items<T, T>(p, h, p.height, p.width, input, k, c0, nc, tid, kCudaScheduleThreads, output,
-                                    &frame, origin);
+                                    &frame, false, origin);
     }
   });
 }
@@ -84,7 +84,7 @@ Status deform_roi_grad_input_cuda_schedule(const DeformRoIPoolParams& p, const T
     } else {
       RoIVisitFrame<T> frame;
       roi_visit_backward_items<T, T>(p, h, p.height, p.width, grad_output, none, k, c0, nc, tid,
-                                     kCudaScheduleThreads, add_at, &frame, origin);
+                                     kCudaScheduleThreads, add_at, &frame, false, origin);
     }
   });
 }

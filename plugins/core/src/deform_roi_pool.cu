@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
   const int64_t g = blockIdx.y;
   roi_visit_forward_items<Acc, T>(p, head, p.height, p.width, input, blockIdx.x, g * kRoIPlanChannels,
                                   roi_group_channels(p.channels, g), threadIdx.x, blockDim.x, output,
-                                  roi_thread_frame<Acc>(), DeformRoIOrigin<T>{p, offset, blockIdx.x});
+                                  roi_thread_frame<Acc>(), false, DeformRoIOrigin<T>{p, offset, blockIdx.x});
 }
 
 // grad_input: the same blocks, scattering with atomicAdd into the accumulation buffer (type Acc).
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
   const int64_t g = blockIdx.y;
   roi_visit_backward_items<Acc, T>(p, head, p.height, p.width, grad_output, static_cast<const T*>(nullptr),
                                    blockIdx.x, g * kRoIPlanChannels, roi_group_channels(p.channels, g), threadIdx.x,
-                                   blockDim.x, DeformRoIAtomicAt<Acc>{grad_input}, roi_thread_frame<Acc>(),
+                                   blockDim.x, DeformRoIAtomicAt<Acc>{grad_input}, roi_thread_frame<Acc>(), false,
                                    DeformRoIOrigin<T>{p, offset, blockIdx.x});
 }
 
@@ -168,7 +168,7 @@ Status deform_roi_pool_forward_cuda(const DeformRoIPoolParams& p, DType dtype, c
         [&](auto, size_t smem) {
           deform_roi_pool_plan_forward_kernel<T, Acc><<<grid, kCudaThreads, smem, s>>>(p, x, r, off, y);
         },
-        [&](bool all) {
+        [&](auto, bool all) {
           deform_roi_pool_visit_forward_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, x, r, off, y, all);
         });
   });
@@ -210,7 +210,7 @@ Status deform_roi_pool_backward_cuda(const DeformRoIPoolParams& p, DType dtype,
               deform_roi_pool_plan_grad_input_kernel<T, Acc><<<grid, kCudaThreads, smem, s>>>(p, go, r, offset,
                                                                                               gin.acc);
             },
-            [&](bool all) {
+            [&](auto, bool all) {
               deform_roi_pool_visit_grad_input_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, go, r, offset, gin.acc,
                                                                                              all);
             }));

@@ -115,7 +115,8 @@ Status multi_level_forward_cuda_schedule(const MultiLevelRoIAlignParams& p, cons
       roi_plan_forward_items<T, T>(p, h, plan, input, k, c0, nc, tid, kCudaScheduleThreads, output, max_mode);
     } else {
       RoIVisitFrame<T> frame;
-      roi_visit_forward_items<T, T>(p, h, h.H, h.W, input, k, c0, nc, tid, kCudaScheduleThreads, output, &frame);
+      roi_visit_forward_items<T, T>(p, h, h.H, h.W, input, k, c0, nc, tid, kCudaScheduleThreads, output, &frame,
+                                    roi_pool_max_mode(p));
     }
   });
 }
@@ -138,7 +139,7 @@ Status multi_level_backward_cuda_schedule(const MultiLevelRoIAlignParams& p, con
     } else {
       RoIVisitFrame<T> frame;
       roi_visit_backward_items<T, T>(p, h, h.H, h.W, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads, add_at,
-                                     &frame);
+                                     &frame, roi_pool_max_mode(p));
     }
   });
 }

@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
 
 // The visit kernels (the fallback of grids too large to plan) keep the bounded visit's loop invariants in a per-thread
 // frame in shared memory (roi_thread_frame), within 48 registers.
-template <typename T, typename Acc>
+template <typename T, typename Acc, bool kMax>
 __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     multi_level_roi_align_visit_forward_kernel(MultiLevelRoIAlignParams p, LevelPointers<const T*> features,
                                                const T* rois, T* output, bool all) {
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
   const int64_t g = blockIdx.y;
   roi_visit_forward_items<Acc, T>(p, head, head.H, head.W, level_pick(features.ptr, head.level), blockIdx.x,
                                   g * kRoIPlanChannels, roi_group_channels(p.channels, g), threadIdx.x, blockDim.x,
-                                  output, roi_thread_frame<Acc>());
+                                  output, roi_thread_frame<Acc>(), kMax);
 }
 
 // Backward: the same blocks, scattering with atomicAdd into the level's accumulation buffer (type Acc).
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
                                   LevelAtomicAt<Acc>{level_pick(grad_features.ptr, head.level)}, kMax);
 }
 
-template <typename T, typename Acc>
+template <typename T, typename Acc, bool kMax>
 __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     multi_level_roi_align_visit_backward_kernel(MultiLevelRoIAlignParams p, const T* grad_output,
                                                 LevelPointers<const T*> features, const T* rois,
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
   roi_visit_backward_items<Acc, T>(p, head, head.H, head.W, grad_output, level_pick(features.ptr, head.level),
                                    blockIdx.x, g * kRoIPlanChannels, roi_group_channels(p.channels, g), threadIdx.x,
                                    blockDim.x, LevelAtomicAt<Acc>{level_pick(grad_features.ptr, head.level)},
-                                   roi_thread_frame<Acc>());
+                                   roi_thread_frame<Acc>(), kMax);
 }
 
 int64_t output_elements(const MultiLevelRoIAlignParams& p) {
@@ -152,8 +152,9 @@ Status multi_level_roi_align_forward_cuda(const MultiLevelRoIAlignParams& p, DTy
           multi_level_roi_align_plan_forward_kernel<T, Acc, decltype(max_mode)::value>
               <<<grid, kCudaThreads, smem, s>>>(p, f, r, y);
         },
-        [&](bool all) {
-          multi_level_roi_align_visit_forward_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, f, r, y, all);
+        [&](auto max_mode, bool all) {
+          multi_level_roi_align_visit_forward_kernel<T, Acc, decltype(max_mode)::value>
+              <<<grid, kCudaThreads, 0, s>>>(p, f, r, y, all);
         });
   });
 }
@@ -218,8 +219,9 @@ Status multi_level_roi_align_backward_cuda(const MultiLevelRoIAlignParams& p, DT
             multi_level_roi_align_plan_backward_kernel<T, Acc, decltype(max_mode)::value>
                 <<<grid, kCudaThreads, smem, s>>>(p, go, f, r, g);
           },
-          [&](bool all) {
-            multi_level_roi_align_visit_backward_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, go, f, r, g, all);
+          [&](auto max_mode, bool all) {
+            multi_level_roi_align_visit_backward_kernel<T, Acc, decltype(max_mode)::value>
+                <<<grid, kCudaThreads, 0, s>>>(p, go, f, r, g, all);
           }));
     }
     for (int64_t l = 0; l < p.attrs.num_levels; ++l) {

@@ -76,7 +76,7 @@ Status roi_align_forward_cuda_schedule(const RoIAlignParams& p, const T* input, 
     } else {
       RoIVisitFrame<T> frame;
       roi_visit_forward_items<T, T>(p, h, p.height, p.width, input, k, c0, nc, tid, kCudaScheduleThreads, output,
-                                    &frame);
+                                    &frame, roi_pool_max_mode(p));
     }
   });
 }
@@ -95,7 +95,7 @@ Status roi_align_backward_cuda_schedule(const RoIAlignParams& p, const T* grad_o
     } else {
       RoIVisitFrame<T> frame;
       roi_visit_backward_items<T, T>(p, h, p.height, p.width, grad_output, input, k, c0, nc, tid, kCudaScheduleThreads,
-                                     add_at, &frame);
+                                     add_at, &frame, roi_pool_max_mode(p));
     }
   });
 }

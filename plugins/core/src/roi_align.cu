@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
 
 // The visit kernels (the fallback of grids too large to plan) keep the bounded visit's loop invariants in a per-thread
 // frame in shared memory (roi_thread_frame), within 48 registers.
-template <typename T, typename Acc>
+template <typename T, typename Acc, bool kMax>
 __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     roi_align_visit_forward_kernel(RoIAlignParams p, const T* input, const T* rois, T* output, bool all) {
   __shared__ RoIPlanHead<Acc> head;
@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
   const int64_t g = blockIdx.y;
   roi_visit_forward_items<Acc, T>(p, head, p.height, p.width, input, blockIdx.x, g * kRoIPlanChannels,
                                   roi_group_channels(p.channels, g), threadIdx.x, blockDim.x, output,
-                                  roi_thread_frame<Acc>());
+                                  roi_thread_frame<Acc>(), kMax);
 }
 
 // Backward: the same blocks, scattering with atomicAdd into grad_input's accumulation buffer (type Acc).
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
                                   RoIAtomicAt<Acc>{grad_input}, kMax);
 }
 
-template <typename T, typename Acc>
+template <typename T, typename Acc, bool kMax>
 __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     roi_align_visit_backward_kernel(RoIAlignParams p, const T* grad_output, const T* input, const T* rois,
                                     Acc* grad_input, bool all) {
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
   const int64_t g = blockIdx.y;
   roi_visit_backward_items<Acc, T>(p, head, p.height, p.width, grad_output, input, blockIdx.x, g * kRoIPlanChannels,
                                    roi_group_channels(p.channels, g), threadIdx.x, blockDim.x,
-                                   RoIAtomicAt<Acc>{grad_input}, roi_thread_frame<Acc>());
+                                   RoIAtomicAt<Acc>{grad_input}, roi_thread_frame<Acc>(), kMax);
 }
 
 int64_t output_elements(const RoIAlignParams& p) {
@@ -132,7 +132,9 @@ Status roi_align_forward_cuda(const RoIAlignParams& p, DType dtype, const void* 
         [&](auto max_mode, size_t smem) {
           roi_align_plan_forward_kernel<T, Acc, decltype(max_mode)::value><<<grid, kCudaThreads, smem, s>>>(p, x, r, y);
         },
-        [&](bool all) { roi_align_visit_forward_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, x, r, y, all); });
+        [&](auto max_mode, bool all) {
+          roi_align_visit_forward_kernel<T, Acc, decltype(max_mode)::value><<<grid, kCudaThreads, 0, s>>>(p, x, r, y, all);
+        });
   });
 }
 
@@ -184,8 +186,9 @@ Status roi_align_backward_cuda(const RoIAlignParams& p, DType dtype, const void*
             roi_align_plan_backward_kernel<T, Acc, decltype(max_mode)::value>
                 <<<grid, kCudaThreads, smem, s>>>(p, go, x, r, gin.acc);
           },
-          [&](bool all) {
-            roi_align_visit_backward_kernel<T, Acc><<<grid, kCudaThreads, 0, s>>>(p, go, x, r, gin.acc, all);
+          [&](auto max_mode, bool all) {
+            roi_align_visit_backward_kernel<T, Acc, decltype(max_mode)::value>
+                <<<grid, kCudaThreads, 0, s>>>(p, go, x, r, gin.acc, all);
           }));
     }
     return grad_acc_store(gin, s, "roi_align_backward_cuda: store");

@@ -168,7 +168,7 @@ Status roi_align_rotated_forward_cuda(const RoIAlignRotatedParams& p, DType dtyp
         [&](auto, size_t smem) {
           roi_align_rotated_forward_kernel<T, R><<<grid, kCudaThreads, smem, stream>>>(p, x, rr, y);
         },
-        [&](bool all) {
+        [&](auto, bool all) {
           roi_align_rotated_visit_forward_kernel<T, R><<<grid, kCudaThreads, 0, stream>>>(p, x, rr, y, all);
         });
   });
@@ -211,7 +211,7 @@ Status roi_align_rotated_backward_cuda(const RoIAlignRotatedParams& p, DType dty
           [&](auto, size_t smem) {
             roi_align_rotated_backward_kernel<T, R><<<grid, kCudaThreads, smem, stream>>>(p, go, rr, g.acc);
           },
-          [&](bool all) {
+          [&](auto, bool all) {
             roi_align_rotated_visit_backward_kernel<T, R><<<grid, kCudaThreads, 0, stream>>>(p, go, rr, g.acc, all);
           }));
     }

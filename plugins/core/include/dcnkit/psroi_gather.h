@@ -98,7 +98,7 @@ struct PSRoIGather {
     }
     return roi_axis_weight<Acc>(PSRoIAxis<Acc>{r.w0, r.sub_w}, spp, !(r.sub_w < Acc(0)), at, W, PSRoIAxisTapsOf());
   }
-  DCNKIT_HD void add(int64_t k, int64_t c0, int nc, int32_t y, int32_t x, Acc* acc) const {
+  DCNKIT_HD void add(int64_t k, int64_t c0, int nc, int32_t y, int32_t x, Acc* acc, RoIScratch) const {
     const uint32_t P = static_cast<uint32_t>(p.attrs.output_size), G = div_g.d;
     const int64_t H = p.height, W = p.width, D = p.attrs.output_dim, PP = int64_t(P) * P;
     const Acc* rows = tables + (k - k0) * table_entries();

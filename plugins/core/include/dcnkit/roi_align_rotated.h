@@ -202,7 +202,8 @@ DCNKIT_HD void roi_align_rotated_visit(const Box& b, int32_t ph, int32_t pw, int
     return;
   }
   // Rows: yy = (y - cy) cos + (x - cx) sin over the corners of [-1, H] x [-1, W], widened by tol.
-  const Acc Hf = index_to_acc<Acc>(H), Wf = index_to_acc<Acc>(W);
+  // (converted from the frame: a conversion of the kernel's parameter would be hoisted out of the caller's loops)
+  const Acc Hf = index_to_acc<Acc>(static_cast<AxisIndex>(f->H)), Wf = index_to_acc<Acc>(static_cast<AxisIndex>(f->W));
   Acc lo = Acc(0), hi = Acc(0);
   for (int q = 0; q < 4; ++q) {
     const Acc v = ((q & 2) ? Hf - b.cy : Acc(-1) - b.cy) * b.cos_t + ((q & 1) ? Wf - b.cx : Acc(-1) - b.cx) * b.sin_t;

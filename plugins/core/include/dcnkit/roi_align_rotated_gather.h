@@ -89,36 +89,62 @@ struct RotatedGather {
     *b1 = *b1 > n - 1 ? n - 1 : *b1;
   }
 
-  // The sum of the samples' weights of bin (ph, pw) on pixel (y, x): the taps of every sample whose frame
+  // A table read at each use: volatile on the device, so that the RoI's entries take no registers across the loops.
+#if defined(__CUDA_ARCH__)
+  using TableRef = const volatile Acc*;
+#else
+  using TableRef = const Acc*;
+#endif
+
+  // add()'s state that the loops read but do not change, kept in the gather's scratch (shared memory, volatile): the
+  // reach's frame bounds, the bins' ranges, the current bin, and within it the sample rows' end, the columns' range,
+  // the row's frame coordinate and run length, the map's size (whose conversions the compiler would otherwise hoist out
+  // of every loop into registers).
+  struct Scratch {
+    Acc yy0, yy1, xx0, xx1, yy, my;
+    int32_t ph, ph1, pw, pw0, pw1, yhi, xlo, xhi, H, W;
+  };
+
+  // The sum of the samples' weights of bin (sc->ph, sc->pw) on pixel (y, x): the taps of every sample whose frame
   // coordinates lie in [yy0, yy1] x [xx0, xx1], runs of equal samples once times their length.
-  DCNKIT_HD Acc bin_weight(const Acc* t, const RotatedBox<Acc>& box, int32_t ph, int32_t pw, Acc yy0, Acc yy1,
-                           Acc xx0, Acc xx1, int32_t y, int32_t x) const {
+  template <typename S>
+  DCNKIT_HD Acc bin_weight(TableRef t, S sc, int32_t y, int32_t x) const {
     const int32_t gh = static_cast<int32_t>(t[kRtGhHi]) * 65536 + static_cast<int32_t>(t[kRtGhLo]);
     const int32_t gw = static_cast<int32_t>(t[kRtGwHi]) * 65536 + static_cast<int32_t>(t[kRtGwLo]);
-    const Acc bin_h = t[kRtBinH], bin_w = t[kRtBinW];
-    const RoIAxis<Acc> ay{t[kRtStartH] + static_cast<Acc>(ph) * bin_h, bin_h, t[kRtGh]};
-    const RoIAxis<Acc> ax{t[kRtStartW] + static_cast<Acc>(pw) * bin_w, bin_w, t[kRtGw]};
-    const SampleRange ry = sample_range(gh, !(bin_h < Acc(0)), yy0, yy1, ay);
+    const auto ay = [&](int32_t i) {
+      return roi_sample_coord<Acc>(t[kRtStartH] + static_cast<Acc>(sc->ph) * t[kRtBinH], t[kRtBinH], t[kRtGh], i);
+    };
+    const auto ax = [&](int32_t i) {
+      return roi_sample_coord<Acc>(t[kRtStartW] + static_cast<Acc>(sc->pw) * t[kRtBinW], t[kRtBinW], t[kRtGw], i);
+    };
+    const auto sy_of = [&](Acc yy, Acc xx) { return yy * t[kRtCos] - xx * t[kRtSin] + t[kRtCy]; };  // rotated_y
+    const auto sx_of = [&](Acc yy, Acc xx) { return yy * t[kRtSin] + xx * t[kRtCos] + t[kRtCx]; };  // rotated_x
+    const SampleRange ry = sample_range(gh, !(t[kRtBinH] < Acc(0)), static_cast<Acc>(sc->yy0),
+                                        static_cast<Acc>(sc->yy1), ay);
     if (ry.lo >= ry.hi) return Acc(0);
-    const SampleRange rx = sample_range(gw, !(bin_w < Acc(0)), xx0, xx1, ax);
+    const SampleRange rx = sample_range(gw, !(t[kRtBinW] < Acc(0)), static_cast<Acc>(sc->xx0),
+                                        static_cast<Acc>(sc->xx1), ax);
     if (rx.lo >= rx.hi) return Acc(0);
-    const int32_t H = static_cast<int32_t>(p.height), W = static_cast<int32_t>(p.width);
     const bool y_runs = ry.hi - ry.lo > kRotatedFullGrid, x_runs = rx.hi - rx.lo > kRotatedFullGrid;
+    sc->yhi = ry.hi;
+    sc->xlo = rx.lo;
+    sc->xhi = rx.hi;
     Acc sum = Acc(0);
-    for (int32_t iy = ry.lo; iy < ry.hi;) {
-      const Acc yy = ay(iy);
-      const int32_t ey = y_runs ? sample_run_end(iy, ry.hi, yy, ay) : iy + 1;
-      const Acc my = static_cast<Acc>(ey - iy);
-      for (int32_t ix = rx.lo; ix < rx.hi;) {
-        const Acc xx = ax(ix), sy = rotated_y(box, yy, xx), sx = rotated_x(box, yy, xx);
-        const int32_t ex = x_runs ? run_end(ix, rx.hi, [&](int32_t j) {
+    for (int32_t iy = ry.lo; iy < sc->yhi;) {
+      sc->yy = ay(iy);
+      const int32_t ey = y_runs ? sample_run_end(iy, sc->yhi, static_cast<Acc>(sc->yy), ay) : iy + 1;
+      sc->my = static_cast<Acc>(ey - iy);
+      for (int32_t ix = sc->xlo; ix < sc->xhi;) {
+        const Acc yy = sc->yy, xx = ax(ix), sy = sy_of(yy, xx), sx = sx_of(yy, xx);
+        const int32_t ex = x_runs ? run_end(ix, sc->xhi, [&](int32_t j) {
           const Acc xj = ax(j);
-          return rotated_y(box, yy, xj) == sy && rotated_x(box, yy, xj) == sx;
+          return sy_of(static_cast<Acc>(sc->yy), xj) == sy && sx_of(static_cast<Acc>(sc->yy), xj) == sx;
         }) : ix + 1;
-        const RoIAxisTaps<Acc, int32_t> ty = roi_axis_taps(sy, H), tx = roi_axis_taps(sx, W);
+        const RoIAxisTaps<Acc, int32_t> ty = roi_axis_taps(sy, static_cast<int32_t>(sc->H));
+        const RoIAxisTaps<Acc, int32_t> tx = roi_axis_taps(sx, static_cast<int32_t>(sc->W));
         const Acc wy = (ty.lo == y ? Acc(1) - ty.l : Acc(0)) + (ty.hi == y ? ty.l : Acc(0));
         const Acc wx = (tx.lo == x ? Acc(1) - tx.l : Acc(0)) + (tx.hi == x ? tx.l : Acc(0));
-        if (ty.inside && tx.inside) sum += my * static_cast<Acc>(ex - ix) * (wy * wx);
+        if (ty.inside && tx.inside) sum += sc->my * static_cast<Acc>(ex - ix) * (wy * wx);
         ix = ex;
       }
       iy = ey;
@@ -126,47 +152,46 @@ struct RotatedGather {
     return sum;
   }
 
-  DCNKIT_HD void add(int64_t k, int64_t c0, int nc, int32_t y, int32_t x, Acc* acc) const {
+  DCNKIT_HD void add(int64_t k, int64_t c0, int nc, int32_t y, int32_t x, Acc* acc, RoIScratch scratch) const {
     constexpr int kC = roi_gather_channels<Acc>();
-    const Acc* t = tables + (k - k0) * kRtEntries;
+    auto* sc = roi_scratch<Scratch>(scratch);
+    TableRef t = tables + (k - k0) * kRtEntries;
     if (!(t[kRtCount] > Acc(0)) || t[kRtGhHi] + t[kRtGhLo] == Acc(0) || t[kRtGwHi] + t[kRtGwLo] == Acc(0)) return;
-    RotatedBox<Acc> box;
-    box.cy = t[kRtCy];
-    box.cx = t[kRtCx];
-    box.cos_t = t[kRtCos];
-    box.sin_t = t[kRtSin];
-    const int32_t H = static_cast<int32_t>(p.height), W = static_cast<int32_t>(p.width);
-    // The pixel's reach, projected onto the box's axes (yy, xx), widened by the rounding.
-    const Acc ylo = y == 0 ? Acc(-1) : static_cast<Acc>(y - 1), yhi = y == H - 1 ? static_cast<Acc>(H)
-                                                                               : static_cast<Acc>(y + 1);
-    const Acc xlo = x == 0 ? Acc(-1) : static_cast<Acc>(x - 1), xhi = x == W - 1 ? static_cast<Acc>(W)
-                                                                               : static_cast<Acc>(x + 1);
+    sc->H = static_cast<int32_t>(p.height);
+    sc->W = static_cast<int32_t>(p.width);
+    // The pixel's reach, projected onto the box's axes (yy, xx), widened by the rounding: [y - 1, y + 1] x [x - 1,
+    // x + 1] (at the borders -1 and H, W: the same values).
+    const Acc ylo = static_cast<Acc>(y - 1), yhi = static_cast<Acc>(y + 1);
+    const Acc xlo = static_cast<Acc>(x - 1), xhi = static_cast<Acc>(x + 1);
     Acc yy0 = Acc(0), yy1 = Acc(0), xx0 = Acc(0), xx1 = Acc(0);
     for (int q = 0; q < 4; ++q) {
-      const Acc dy = (q < 2 ? ylo : yhi) - box.cy, dx = ((q & 1) ? xhi : xlo) - box.cx;
-      const Acc yy = dy * box.cos_t + dx * box.sin_t, xx = dx * box.cos_t - dy * box.sin_t;
+      const Acc dy = (q < 2 ? ylo : yhi) - t[kRtCy], dx = ((q & 1) ? xhi : xlo) - t[kRtCx];
+      const Acc yy = dy * t[kRtCos] + dx * t[kRtSin], xx = dx * t[kRtCos] - dy * t[kRtSin];
       yy0 = q == 0 || yy < yy0 ? yy : yy0;
       yy1 = q == 0 || yy > yy1 ? yy : yy1;
       xx0 = q == 0 || xx < xx0 ? xx : xx0;
       xx1 = q == 0 || xx > xx1 ? xx : xx1;
     }
     const Acc tol = t[kRtTol];
-    yy0 -= tol;
-    yy1 += tol;
-    xx0 -= tol;
-    xx1 += tol;
+    sc->yy0 = yy0 - tol;
+    sc->yy1 = yy1 + tol;
+    sc->xx0 = xx0 - tol;
+    sc->xx1 = xx1 + tol;
     const int32_t oh = static_cast<int32_t>(p.attrs.pooled_h), ow = static_cast<int32_t>(p.attrs.pooled_w);
     int32_t ph0, ph1, pw0, pw1;
-    reach_bins(yy0, yy1, t[kRtStartH], t[kRtInvBinH], oh, &ph0, &ph1);
-    reach_bins(xx0, xx1, t[kRtStartW], t[kRtInvBinW], ow, &pw0, &pw1);
+    reach_bins(sc->yy0, sc->yy1, t[kRtStartH], t[kRtInvBinH], oh, &ph0, &ph1);
+    reach_bins(sc->xx0, sc->xx1, t[kRtStartW], t[kRtInvBinW], ow, &pw0, &pw1);
+    sc->ph1 = ph1;
+    sc->pw0 = pw0;
+    sc->pw1 = pw1;
     const int64_t bins = p.attrs.pooled_h * p.attrs.pooled_w;
-    for (int32_t ph = ph0; ph <= ph1; ++ph) {
-      for (int32_t pw = pw0; pw <= pw1; ++pw) {
-        const Acc w = bin_weight(t, box, ph, pw, yy0, yy1, xx0, xx1, y, x);
+    for (sc->ph = ph0; sc->ph <= sc->ph1; sc->ph = sc->ph + 1) {
+      for (sc->pw = sc->pw0; sc->pw <= sc->pw1; sc->pw = sc->pw + 1) {
+        const Acc w = bin_weight(t, sc, y, x);
         if (w == Acc(0)) continue;
-        const T* go = grad_output + rotated_bin_offset(k, p.channels, c0, bins, ph, ow, pw);
+        const T* go = grad_output + rotated_bin_offset(k, p.channels, c0, bins, sc->ph, ow, sc->pw);
         for (int c = 0; c < kC; ++c) {
-          if (c < nc) acc[c] += div_count(to_acc<Acc>(go[c * bins]), t[kRtCount]) * w;
+          if (c < nc) acc[c] += div_count(to_acc<Acc>(go[c * bins]), static_cast<Acc>(t[kRtCount])) * w;
         }
       }
     }

@@ -219,8 +219,10 @@ DCNKIT_HD void roi_bin_visit_at(const Box& b, Acc y0, Acc x0, int64_t H, int64_t
   const RoIFrameAxisX<F> ax{f};
   SampleRange ry{0, 0}, rx{0, 0};
   if (H > 0 && W > 0) {  // roi_taps: inside when -1 <= y <= H and -1 <= x <= W
-    ry = sample_range(gh, !(bin_h < Acc(0)), Acc(-1), index_to_acc<Acc>(H), ay);
-    if (ry.lo < ry.hi) rx = sample_range(gw, !(bin_w < Acc(0)), Acc(-1), index_to_acc<Acc>(W), ax);
+    // (the map's size converted from the frame: a conversion of the kernel's parameter would be hoisted out of the
+    // caller's loops into registers)
+    ry = sample_range(gh, !(bin_h < Acc(0)), Acc(-1), index_to_acc<Acc>(static_cast<AxisIndex>(f->H)), ay);
+    if (ry.lo < ry.hi) rx = sample_range(gw, !(bin_w < Acc(0)), Acc(-1), index_to_acc<Acc>(static_cast<AxisIndex>(f->W)), ax);
   }
   RoIBinSample<Acc> out;
   out.y.inside = out.x.inside = false;

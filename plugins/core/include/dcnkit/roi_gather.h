@@ -32,8 +32,9 @@
 //   RoIFootprint footprint(int64_t k);     RoI k on the map this launch writes (b = -1: nothing there)
 //   int64_t table_entries();               table entries per RoI
 //   Acc table(int64_t k, int64_t e);       entry e of RoI k's tables
-//   void add(int64_t k, int64_t c0, int nc, int32_t y, int32_t x, Acc* acc);   acc[c] += RoI k's contribution to
-//                                          pixel (y, x) of channel c0 + c, c < nc <= roi_gather_channels<Acc>()
+//   void add(int64_t k, int64_t c0, int nc, int32_t y, int32_t x, Acc* acc, RoIScratch scratch);
+//                                          acc[c] += RoI k's contribution to pixel (y, x) of channel c0 + c,
+//                                          c < nc <= roi_gather_channels<Acc>(); scratch: kRoIGatherScratch values
 #pragma once
 
 #include <cmath>
@@ -110,8 +111,7 @@ constexpr int64_t kRoIGatherRunCap = 64;
 template <typename Acc, typename Coord, typename TapsOf>
 DCNKIT_HD Acc roi_axis_weight(const Coord& coord, int32_t g, bool increasing, int64_t y, int64_t n,
                               const TapsOf& taps_of) {
-  const Acc lo = y == 0 ? Acc(-1) : index_to_acc<Acc>(y - 1);
-  const Acc hi = y == n - 1 ? index_to_acc<Acc>(n) : index_to_acc<Acc>(y + 1);
+  const Acc lo = index_to_acc<Acc>(y - 1), hi = index_to_acc<Acc>(y + 1);  // -1 and n at the borders
   const SampleRange s = sample_range(g, increasing, lo, hi, coord);
   const bool runs = s.hi - s.lo > kRoIGatherRunCap;
   Acc w = Acc(0);
@@ -176,8 +176,28 @@ struct RoIGatherFrame {
   int32_t total, j;                          // the step's listed RoIs, the one being added
 };
 
+// An op's per-thread scratch in shared memory (its add()'s values that its loops do not change): kRoIGatherScratch
+// doubles' bytes, which an op views as its own struct S through roi_scratch<S> (volatile on the device).
+constexpr int kRoIGatherScratch = 11;
+#if defined(__CUDA_ARCH__)
+using RoIScratch = volatile double*;
+template <typename S>
+DCNKIT_HD volatile S* roi_scratch(RoIScratch p) {
+  static_assert(sizeof(S) <= kRoIGatherScratch * sizeof(double), "scratch size");
+  return reinterpret_cast<volatile S*>(p);
+}
+#else
+using RoIScratch = double*;
+template <typename S>
+DCNKIT_HD S* roi_scratch(RoIScratch p) {
+  static_assert(sizeof(S) <= kRoIGatherScratch * sizeof(double), "scratch size");
+  return reinterpret_cast<S*>(p);
+}
+#endif
+
 constexpr int64_t kRoIGatherStaticSmem =
-    kRoIGatherThreads * static_cast<int64_t>(sizeof(int) + sizeof(RoIFootprint) + sizeof(RoIGatherFrame)) +
+    kRoIGatherThreads * static_cast<int64_t>(sizeof(int) + sizeof(RoIFootprint) + sizeof(RoIGatherFrame) +
+                                             kRoIGatherScratch * sizeof(double)) +
     static_cast<int64_t>(sizeof(int)) * (kRoIGatherThreads / 32);
 
 inline LaunchDims roi_gather_launch(const RoIGatherGrid& g) {
@@ -295,6 +315,7 @@ Status roi_gather_serial(G g, int64_t num_rois, const RoIGatherGrid& grid, T* ou
   const int64_t C = grid.channels, HW = grid.height * grid.width;
   Acc* partial = out;
   std::vector<int64_t> listed;
+  double scratch[kRoIGatherScratch];
   for (int64_t k0 = 0; k0 < num_rois || k0 == 0; k0 += chunk) {
     const int64_t k1 = k0 + chunk < num_rois ? k0 + chunk : num_rois;
     g.k0 = k0;
@@ -315,7 +336,9 @@ Status roi_gather_serial(G g, int64_t num_rois, const RoIGatherGrid& grid, T* ou
             const RoIGatherPixel px = roi_gather_pixel(grid, blk, tid);
             if (!px.inside) continue;
             for (int64_t k : listed) {
-              if (roi_gather_holds(foot[static_cast<size_t>(k)], px)) g.add(k, c0, nc, px.y, px.x, acc[tid]);
+              if (roi_gather_holds(foot[static_cast<size_t>(k)], px)) {
+                g.add(k, c0, nc, px.y, px.x, acc[tid], scratch);
+              }
             }
           }
         }

@@ -46,8 +46,10 @@ __global__ void __launch_bounds__(kRoIGatherThreads, kRoIMinBlocks)
   __shared__ RoIFootprint feet[kRoIGatherThreads];
   __shared__ int warp_hits[kRoIGatherThreads / 32];
   __shared__ RoIGatherFrame frames[kRoIGatherThreads];
+  __shared__ double scratch_store[kRoIGatherThreads * kRoIGatherScratch];
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   volatile RoIGatherFrame* fr = frames + tid;
+  const RoIScratch scratch = scratch_store + tid * kRoIGatherScratch;
   const int32_t C = static_cast<int32_t>(grid.channels);
   for (int32_t blk = blockIdx.x; blk < grid.blocks; blk += gridDim.x) {
     const RoIGatherPixel px = roi_gather_pixel(grid, blk, tid);
@@ -89,18 +91,18 @@ __global__ void __launch_bounds__(kRoIGatherThreads, kRoIMinBlocks)
             const int j = fr->j;
             const int32_t y = fr->y, x = fr->x;
             if (feet[j].y0 <= y && y <= feet[j].y1 && feet[j].x0 <= x && x <= feet[j].x1) {
-              g.add(fr->s0 + listed[j], fr->c0, fr->nc, y, x, acc);
+              g.add(fr->s0 + listed[j], fr->c0, fr->nc, y, x, acc, scratch);
             }
           }
         }
         __syncthreads();
       }
-      if (fr->inside) {
+      if (fr->inside) {  // channel by channel, the element's offset moved by one map each (no 8 addresses at once)
         const int64_t HW = grid.height * grid.width;
-        const int64_t i = (int64_t(fr->b) * C + fr->c0) * HW + int64_t(fr->y) * grid.width + fr->x;
+        int64_t i = (int64_t(fr->b) * C + fr->c0) * HW + int64_t(fr->y) * grid.width + fr->x;
         DCNKIT_PRAGMA_UNROLL
-        for (int c = 0; c < kC; ++c) {
-          if (c < fr->nc) roi_gather_store<T, Acc>(acc[c], i + c * HW, first, last, partial, out);
+        for (int c = 0; c < kC; ++c, i += HW) {
+          if (c < fr->nc) roi_gather_store<T, Acc>(acc[c], i, first, last, partial, out);
         }
       }
     }

@@ -120,7 +120,7 @@ struct RoIAlignGather {
     roi_bin_origin<Acc, Acc>(h.box, int64_t(0), e / W, nullptr, nullptr, Acc(0), &y0, &x0);
     return roi_bin_axis_weight(x0, h.box.bin_w, h.box.gw, e % W, W);
   }
-  DCNKIT_HD void add(int64_t k, int64_t c0, int nc, int32_t y, int32_t x, Acc* acc) const {
+  DCNKIT_HD void add(int64_t k, int64_t c0, int nc, int32_t y, int32_t x, Acc* acc, RoIScratch) const {
     const Acc* rows = tables + (k - k0) * table_entries();
     const Acc* cols = rows + pooled_h * H;
     const int64_t bins = pooled_h * pooled_w;
@@ -185,7 +185,7 @@ struct DeformRoIGather {
     if (row) return div_count(roi_bin_axis_weight(y0, h.box.bin_h, h.box.gh, at, H), h.n);
     return roi_bin_axis_weight(x0, h.box.bin_w, h.box.gw, at, W);
   }
-  DCNKIT_HD void add(int64_t k, int64_t c0, int nc, int32_t y, int32_t x, Acc* acc) const {
+  DCNKIT_HD void add(int64_t k, int64_t c0, int nc, int32_t y, int32_t x, Acc* acc, RoIScratch) const {
     const int64_t bins = p.attrs.pooled_h * p.attrs.pooled_w, H = p.height, W = p.width;
     const Acc* rows = tables + (k - k0) * table_entries();
     const Acc* cols = rows + bins * H;

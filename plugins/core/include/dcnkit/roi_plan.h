@@ -438,15 +438,15 @@ DCNKIT_HD void roi_plan_backward_items(const P& p, const RoIPlanHead<Acc>& h,
 
 // The same two for a block whose RoI is not planned: each (channel, bin) samples on the fly (bounded visit).
 // H, W: the head's map (RoIAlign passes its params' sizes, which stay in the kernel's parameters). frame: the visit's
-// (RoIVisitFrame: the kernels' per-thread slot in shared memory). The (channel, bin) walk is 32-bit
-// (check_roi_block_bins).
+// (RoIVisitFrame: the kernels' per-thread slot in shared memory). max_mode: roi_pool_max_mode(p), a compile-time
+// constant in the kernels (one instantiation per mode: each holds one visitor's registers). The (channel, bin) walk is
+// 32-bit (check_roi_block_bins).
 template <typename Acc, typename T, typename P, typename F, typename Origin = RoIBoxOrigin>
 DCNKIT_HD void roi_visit_forward_items(const P& p, const RoIPlanHead<Acc>& h, int64_t H, int64_t W, const T* input,
                                        int64_t k, int64_t c0, int64_t nc, int tid, int step, T* output, F frame,
-                                       const Origin& origin = Origin()) {
+                                       bool max_mode, const Origin& origin = Origin()) {
   const int64_t C = p.channels;
   const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w, bins = oh * ow;
-  const bool max_mode = roi_pool_max_mode(p);
   T* out = output + (k * C + c0) * bins;
 #if defined(__CUDA_ARCH__)
   const volatile RoIPlanHead<Acc>& hv = h;  // read from shared memory at each use (registers: roi_plan_fill)
@@ -472,12 +472,11 @@ DCNKIT_HD void roi_visit_forward_items(const P& p, const RoIPlanHead<Acc>& h, in
 template <typename Acc, typename T, typename P, typename AddAt, typename F, typename Origin = RoIBoxOrigin>
 DCNKIT_HD void roi_visit_backward_items(const P& p, const RoIPlanHead<Acc>& h, int64_t H, int64_t W,
                                         const T* grad_output, const T* input, int64_t k, int64_t c0, int64_t nc,
-                                        int tid, int step, const AddAt& add_at, F frame,
+                                        int tid, int step, const AddAt& add_at, F frame, bool max_mode,
                                         const Origin& origin = Origin()) {
   if (h.b < 0 || !(h.n > Acc(0))) return;
   const int64_t C = p.channels;
   const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w, bins = oh * ow;
-  const bool max_mode = roi_pool_max_mode(p);
   const T* go = grad_output + (k * C + c0) * bins;
 #if defined(__CUDA_ARCH__)
   const volatile RoIPlanHead<Acc>& hv = h;  // read from shared memory at each use (registers: roi_plan_fill)

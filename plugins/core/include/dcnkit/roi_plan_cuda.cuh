@@ -36,7 +36,8 @@ inline dim3 roi_block_grid(int64_t num_rois, int64_t channels) {
   return launch_grid(roi_block_dims("roi block kernel", num_rois, channels, 0));
 }
 
-// Launches the plan and/or the visit kernel (roi_plan_launch): plan(max mode tag, smem bytes), visit(all): `all`
+// Launches the plan and/or the visit kernel (roi_plan_launch): plan(max mode tag, smem bytes), visit(max mode tag,
+// all): `all`
 // when the plan kernel is not launched (kVisitOnly), so that the visit kernel serves every RoI -- also those whose
 // own head would be planned (MultiLevelRoIAlign: a small level's RoI when the largest level is too large to plan).
 template <typename Acc, typename Plan, typename Visit>
@@ -62,7 +63,11 @@ Status roi_block_launch(const char* where, int64_t num_rois, int64_t channels, i
     DCNKIT_RETURN_IF_ERROR(cuda_launch_status(where));
   }
   if (how != RoIPlanLaunch::kPlanOnly) {
-    visit(how == RoIPlanLaunch::kVisitOnly);
+    if (max_mode) {
+      visit(std::true_type{}, how == RoIPlanLaunch::kVisitOnly);
+    } else {
+      visit(std::false_type{}, how == RoIPlanLaunch::kVisitOnly);
+    }
     DCNKIT_RETURN_IF_ERROR(cuda_launch_status(where));
   }
   return Status::Ok();
