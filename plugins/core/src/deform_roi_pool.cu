@@ -89,7 +89,16 @@ __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
 }
 
 // grad_offset: one thread per (k, ph, pw) (element_launch), summing over channels in the accumulation type (no
-// atomics).
+// atomics). The channel loop's invariants (the element, the box, the bin's corner, the sample count) and its two sums
+// sit in the thread's RoIThreadSlot (shared memory, read through volatile): held in registers across the visit they
+// would not fit in 48.
+template <typename Acc>
+struct GradOffsetState {
+  RoIAlignBox<Acc> box;
+  Acc y0, x0, n, sy, sx;
+  int64_t k, ph, pw;
+};
+
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     deform_roi_pool_grad_offset_kernel(DeformRoIPoolParams p, const T* grad_output, const T* input, const T* rois,
@@ -97,32 +106,45 @@ __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
   const int64_t C = p.channels, H = p.height, W = p.width;
   const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w;
   DCNKIT_CUDA_ELEMENT(i, p.num_rois * oh * ow);
-  const RoIElement e = roi_element(i, 1, oh, ow);
-  const int64_t k = e.k, ph = e.ph, pw = e.pw;
-  T* gox = grad_offset + (k * 2 * oh + ph) * ow + pw;
-  T* goy = gox + oh * ow;
-  const T* roi = rois + k * 5;
+  const RoIThreadSlot<GradOffsetState<Acc>> slot;
+  volatile GradOffsetState<Acc>* st = slot.p;
+  {
+    const RoIElement e = roi_element(i, 1, oh, ow);
+    st->k = e.k;
+    st->ph = e.ph;
+    st->pw = e.pw;
+  }
+  st->sy = Acc(0);
+  st->sx = Acc(0);
+  const T* roi = rois + st->k * 5;
   int64_t b = 0;
-  if (!roi_batch_index<Acc>(roi, p.batch, &b)) {
-    *gox = from_acc<T>(Acc(0));
-    *goy = from_acc<T>(Acc(0));
-    return;
+  if (roi_batch_index<Acc>(roi, p.batch, &b)) {
+    const RoIAlignBox<Acc> box = deform_roi_pool_box<Acc>(p, roi);
+    Acc y0, x0;
+    deform_roi_pool_origin<Acc, T>(p, box, offset, st->k, st->ph, st->pw, &y0, &x0);
+    roi_box_store(&st->box, box);
+    st->y0 = y0;
+    st->x0 = x0;
+    st->n = roi_bin_count(box);
+    const T* go = grad_output + (st->k * C * oh + st->ph) * ow + st->pw;
+    const T* img = input + b * C * H * W;
+    using Box = volatile RoIAlignBox<Acc>;
+    for (int64_t c = 0; c < C; ++c, go += oh * ow, img += H * W) {
+      const Acc g = to_acc<Acc>(*go);
+      if (g == Acc(0)) continue;
+      Acc gy, gx;
+      const RoIBinTaps<Acc, RoIFrameRef<Acc>, Box> src{&st->box, st->y0, st->x0, H, W, roi_thread_frame<Acc>()};
+      roi_bin_coord_grad<Acc>(img, static_cast<Acc>(st->n), src, &gy, &gx);
+      st->sx = st->sx + g * gx;
+      st->sy = st->sy + g * gy;
+    }
+    const Acc gamma = static_cast<Acc>(p.attrs.gamma);
+    st->sx = gamma * st->box.roi_w * st->sx;
+    st->sy = gamma * st->box.roi_h * st->sy;
   }
-  const RoIAlignBox<Acc> box = deform_roi_pool_box<Acc>(p, roi);
-  Acc y0, x0;
-  deform_roi_pool_origin<Acc, T>(p, box, offset, k, ph, pw, &y0, &x0);
-  Acc sx = Acc(0), sy = Acc(0);
-  for (int64_t c = 0; c < C; ++c) {
-    const Acc g = to_acc<Acc>(grad_output[((k * C + c) * oh + ph) * ow + pw]);
-    if (g == Acc(0)) continue;
-    Acc gy, gx;
-    roi_align_bin_coord_grad<Acc>(input + (b * C + c) * H * W, H, W, box, y0, x0, &gy, &gx, roi_thread_frame<Acc>());
-    sx += g * gx;
-    sy += g * gy;
-  }
-  const Acc gamma = static_cast<Acc>(p.attrs.gamma);
-  *gox = from_acc<T>(gamma * box.roi_w * sx);
-  *goy = from_acc<T>(gamma * box.roi_h * sy);
+  T* gox = grad_offset + (st->k * 2 * oh + st->ph) * ow + st->pw;
+  gox[0] = from_acc<T>(st->sx);
+  gox[oh * ow] = from_acc<T>(st->sy);
 }
 
 int64_t input_elements(const DeformRoIPoolParams& p) { return p.batch * p.channels * p.height * p.width; }

@@ -141,6 +141,26 @@ struct RoIBinSample {
     v += y.l * x.l * to_acc<Acc>(r1[x.hi]);
     return v;
   }
+  // taps_coord_grad of the sample (the same sums, in its order): d value / dy and d value / dx.
+  template <typename T>
+  DCNKIT_HD void coord_grad(const T* img, Acc* gy, Acc* gx) const {
+    const Acc hy = Acc(1) - y.l, hx = Acc(1) - x.l;
+    const T* r0 = img + static_cast<int64_t>(y.lo) * W;
+    const T* r1 = img + static_cast<int64_t>(y.hi) * W;
+    Acc v = to_acc<Acc>(r0[x.lo]);
+    Acc dy = Acc(0) + (-hx) * v, dx = Acc(0) + (-hy) * v;
+    v = to_acc<Acc>(r0[x.hi]);
+    dy += (-x.l) * v;
+    dx += hy * v;
+    v = to_acc<Acc>(r1[x.lo]);
+    dy += hx * v;
+    dx += (-y.l) * v;
+    v = to_acc<Acc>(r1[x.hi]);
+    dy += x.l * v;
+    dx += y.l * v;
+    *gy = dy;
+    *gx = dx;
+  }
   DCNKIT_HD Taps<Acc> taps() const {
     Taps<Acc> t;
     if (!inside()) {
@@ -163,6 +183,10 @@ struct RoITapsSample {
   template <typename T>
   DCNKIT_HD Acc value(const T* img) const {
     return taps_value(img, t);
+  }
+  template <typename T>
+  DCNKIT_HD void coord_grad(const T* img, Acc* gy, Acc* gx) const {
+    taps_coord_grad(img, t, *gy, *gx);
   }
   DCNKIT_HD Taps<Acc> taps() const { return t; }
 };
@@ -218,9 +242,9 @@ DCNKIT_HD void roi_bin_visit_at(const Box& b, Acc y0, Acc x0, int64_t H, int64_t
   const RoIFrameAxisY<F> ay{f};
   const RoIFrameAxisX<F> ax{f};
   SampleRange ry{0, 0}, rx{0, 0};
-  if (H > 0 && W > 0) {  // roi_taps: inside when -1 <= y <= H and -1 <= x <= W
-    // (the map's size converted from the frame: a conversion of the kernel's parameter would be hoisted out of the
-    // caller's loops into registers)
+  if (f->H > 0 && f->W > 0) {  // roi_taps: inside when -1 <= y <= H and -1 <= x <= W
+    // (the map's size tested and converted from the frame: a test or conversion of the kernel's parameter would be
+    // hoisted out of the caller's loops into registers)
     ry = sample_range(gh, !(bin_h < Acc(0)), Acc(-1), index_to_acc<Acc>(static_cast<AxisIndex>(f->H)), ay);
     if (ry.lo < ry.hi) rx = sample_range(gw, !(bin_w < Acc(0)), Acc(-1), index_to_acc<Acc>(static_cast<AxisIndex>(f->W)), ax);
   }
@@ -348,7 +372,7 @@ struct RoIBinCoordSum {  // sums of dS/dy and dS/dx over the samples inside
   DCNKIT_HD bool operator()(const S& s) {
     if (!s.inside()) return true;
     Acc dy, dx;
-    taps_coord_grad(img, s.taps(), dy, dx);
+    s.coord_grad(img, &dy, &dx);
     sy += dy * s.m;
     sx += dx * s.m;
     return true;

@@ -156,16 +156,21 @@ struct DeformRoIGather {
   const Acc* tables;
 
   DCNKIT_HD RoIFootprint footprint(int64_t k) const {
-    const RoIPlanHead<Acc> h = deform_roi_plan_head<Acc>(p, rois, k);
-    if (h.b < 0 || !(h.n > Acc(0))) return roi_no_footprint();
-    RoIFootprint f{static_cast<int32_t>(h.b), 0, -1, 0, -1};
+    RoIFootprint f = roi_no_footprint();
+    RoIThreadSlot<RoIAlignBox<Acc>> box;  // the loop's box (RoIThreadSlot)
+    {
+      const RoIPlanHead<Acc> h = deform_roi_plan_head<Acc>(p, rois, k);
+      if (h.b < 0 || !(h.n > Acc(0))) return f;
+      f = RoIFootprint{static_cast<int32_t>(h.b), 0, -1, 0, -1};
+      roi_box_store(box.p, h.box);
+    }
     for (int64_t ph = 0; ph < p.attrs.pooled_h; ++ph) {
       for (int64_t pw = 0; pw < p.attrs.pooled_w; ++pw) {
         Acc y0, x0;
-        deform_roi_pool_origin<Acc, T>(p, h.box, offset, k, ph, pw, &y0, &x0);
+        deform_roi_pool_origin<Acc, T>(p, *box.p, offset, k, ph, pw, &y0, &x0);
         int32_t a, b, c, d;
-        if (roi_box_footprint_axis(y0, h.box.bin_h, 1, h.H, &a, &b) &&
-            roi_box_footprint_axis(x0, h.box.bin_w, 1, h.W, &c, &d)) {
+        if (roi_box_footprint_axis(y0, box.p->bin_h, 1, p.height, &a, &b) &&
+            roi_box_footprint_axis(x0, box.p->bin_w, 1, p.width, &c, &d)) {
           roi_footprint_join(a, b, &f.y0, &f.y1);
           roi_footprint_join(c, d, &f.x0, &f.x1);
         }

@@ -117,6 +117,38 @@ struct RoIAlignBox {
   int32_t gh, gw;        // samples per bin (0: empty grid; at most kMaxGridSamples)
 };
 
+// Writes box b to *d (d possibly volatile: a RoIThreadSlot).
+template <typename D, typename Acc>
+DCNKIT_HD void roi_box_store(D* d, const RoIAlignBox<Acc>& b) {
+  d->y_start = b.y_start;
+  d->x_start = b.x_start;
+  d->roi_h = b.roi_h;
+  d->roi_w = b.roi_w;
+  d->bin_h = b.bin_h;
+  d->bin_w = b.bin_w;
+  d->gh = b.gh;
+  d->gw = b.gw;
+}
+
+// Where a loop keeps what it reads but does not change (p): on the device this thread's slot of a block-wide array in
+// shared memory (kernels of 256 threads), read through volatile at each use -- held in registers across a sampling
+// loop such values take a kernel past 48; on the host a local.
+template <typename S>
+struct RoIThreadSlot {
+#if defined(__CUDA_ARCH__)
+  volatile S* p;
+  __device__ RoIThreadSlot() {
+    __shared__ S slots[256];
+    p = slots + threadIdx.x;
+  }
+#else
+  S local;
+  S* p = &local;
+  RoIThreadSlot() = default;
+  RoIThreadSlot(const RoIThreadSlot&) = delete;
+#endif
+};
+
 // Geometry of one RoI row: x_start = x1 * s - o, roi_w = x2 * s - o - x_start (o = 0.5 when aligned;
 // when not aligned roi_w >= 1), bin = roi / pooled, grid from the sampling ratio.
 template <typename Acc, typename T>
