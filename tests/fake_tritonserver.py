@@ -6,10 +6,11 @@ Python-backend stubs as children of the server, with Triton's command line (``ar
 the model is unloaded, and answers ``Stub process '<instance>' is not healthy.`` for it.
 
 What each load does comes from ``<repository>/fake_triton.json``, read at every load:
-``{"loads": [[mode, ...], ...], "reap": false}``; load k uses ``loads[k]`` (the last one again once they run out),
+``{"loads": [[mode, ...], ...], "reap": false, "bare": false}``; load k uses ``loads[k]`` (the last one again once they run out),
 one mode per instance (the instance count is the first load's): ``run``, ``die`` (the stub kills itself at start:
 the model still turns ready, once the stub is a zombie), ``hang`` (the stub never answers an inference). ``reap``:
-the server reaps stubs that die (as no Triton does).
+the server reaps stubs that die (as no Triton does); ``bare``: no metadata, configuration or statistics endpoints
+(404), only readiness, model control and inference.
 
     python fake_tritonserver.py --model-repository=R --http-port=P --load-model=M [Triton's other flags, ignored]
 """
@@ -87,8 +88,9 @@ class Model:
         self.stubs = [Stub(self.repo, self.name, i, m) for i, m in enumerate(modes)]
         deadline = time.monotonic() + 10
         for stub, mode in zip(self.stubs, modes):
-            while mode == "die" and _state(stub.pid) not in ("Z", "X") and time.monotonic() < deadline:
+            while mode == "die" and _state(stub.pid) not in (None, "Z", "X") and time.monotonic() < deadline:
                 time.sleep(0.01)  # dead before the model turns ready
+        time.sleep(0.3)  # a model's load time: not ready meanwhile
         self.ready = True
 
     def unload(self) -> None:
@@ -164,6 +166,8 @@ def main(argv) -> None:
                 return self._send(200 if model.ready else 400)
             if self.path == "/v2/health/live":
                 return self._send(200)
+            if model.config.get("bare"):
+                return self._send(404, {"error": "not found"})
             if self.path == m:
                 return self._send(200, {"name": name, "inputs": [{"name": "input", "datatype": "FP32",
                                                                   "shape": [-1, 4]}]})

@@ -36,10 +36,10 @@ class FakeServer(TritonServer):
         self.env, self.exit_timeout_s, self.log_file, self.process = dict(os.environ), exit_timeout_s, log_file, None
 
 
-def _repo(tmp_path, loads, reap=False, name="repo") -> Path:
+def _repo(tmp_path, loads, reap=False, name="repo", bare=False) -> Path:
     repo = tmp_path / name
     repo.mkdir()
-    (repo / "fake_triton.json").write_text(json.dumps({"loads": loads, "reap": reap}))
+    (repo / "fake_triton.json").write_text(json.dumps({"loads": loads, "reap": reap, "bare": bare}))
     return repo
 
 
@@ -112,6 +112,22 @@ def test_a_stub_dead_before_the_first_look_is_a_crash_and_is_recovered(tmp_path)
     assert len(lines) == 1 and f"backend stub of {MODEL} (pid " in lines[0] and "killed by SIGKILL" in lines[0]
     assert "reloading the model (restart 1 in a row" in lines[0]
     assert any(code != 200 for _, code in r.readiness)  # readiness false while it recovered
+
+
+@pytest.mark.parametrize("bare", [False, True])
+def test_a_stub_reaped_before_the_first_look_is_found_by_count_or_by_the_health_inference(tmp_path, bare):
+    """A server that reaps a stub dead before the first look leaves no zombie: the instance count finds it (Triton's
+    configuration endpoint); a server without that endpoint (and no config.pbtxt) by the health inference's answer
+    'Stub process ... is not healthy.'"""
+    lines: list[str] = []
+    sup = _supervisor(_repo(tmp_path, [["die"], ["run"]], reap=True, bare=bare), lines,
+                      health_timeout_s=0.5 if bare else 5.0)  # with the endpoint, the count speaks first (2 s)
+    assert sup.start()
+    with Running(sup) as r:
+        took = r.wait(lambda: sup.restarts == 1 and sup.state == "serving")
+        assert _infer(sup) == 200
+    assert took < 6 and len(lines) == 1, lines
+    assert ("is not healthy" in lines[0]) == bare and ("0 of 1 instance stubs" in lines[0]) == (not bare), lines
 
 
 def test_a_hung_stub_is_found_by_the_health_inference_killed_and_recovered(tmp_path):

@@ -37,11 +37,13 @@ def completed_inferences(http_url: str, model: str, timeout: float = 1.0) -> int
 
 
 def probe_request(http_url: str, model: str, timeout: float = 2.0) -> tuple[bytes, dict] | None:
-    """The body and headers of one inference of zeros for ``model`` (binary tensor extension); None when the
-    metadata cannot be read (or an input has a datatype outside Triton's list)."""
+    """The body and headers of one inference of zeros for ``model`` (binary tensor extension); None when an input
+    has a datatype outside Triton's list."""
     meta = _get_json(f"http://{http_url}/v2/models/{model}", timeout)
     if not isinstance(meta, dict) or not isinstance(meta.get("inputs"), list):
-        return None
+        # No metadata: a request without inputs, which a server that hands every request to its stub still sends on
+        # (Triton itself refuses it without asking the stub: the metadata is always there).
+        return b'{"inputs": []}', {"Content-Type": "application/json"}
     inputs, blobs = [], []
     for spec in meta["inputs"]:
         size = _ITEM_BYTES.get(spec.get("datatype"))
@@ -73,16 +75,20 @@ class HealthProbe:
         """A (re)loaded model: no probe in flight, the next one after ``interval_s``."""
         self.http_url = http_url
         self._answered: threading.Event | None = None
+        self._unhealthy: str | None = None
         self._sent_at = self._idle_since = now
         self._count: int | None = None
 
     def check(self, now: float) -> str | None:
-        """The cause when the model hangs, else None (sends a probe in the background when it is time)."""
+        """The cause when the model hangs or its stub is dead, else None (sends a probe in the background when it
+        is time)."""
         if self.timeout_s <= 0 or not self.http_url:
             return None
         if self._answered is not None:
             if self._answered.is_set():
                 self._answered, self._idle_since = None, now
+                if self._unhealthy:  # Triton's answer for a stub that is gone, whatever /proc shows
+                    return f"the health inference was answered: {self._unhealthy}"
                 return None
             if now - self._sent_at < self.timeout_s:
                 return None
@@ -117,13 +123,15 @@ class HealthProbe:
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout_s + 30) as r:
                     r.read()
-                answered.set()
-            except urllib.error.HTTPError:  # Triton answered (the zeros may not suit the model): a live stub
-                answered.set()
+            except urllib.error.HTTPError as e:  # an answer (the zeros may not suit the model): a live stub, unless
+                text = e.read().decode(errors="replace")  # Triton says the stub is not healthy
+                if "is not healthy" in text:
+                    self._unhealthy = f"{e.code} {text.strip()}"
             except OSError:  # no answer (timed out, connection closed): left unset
-                pass
+                return
+            answered.set()
 
-        self._answered, self._sent_at = answered, now
+        self._answered, self._sent_at, self._unhealthy = answered, now, None
         threading.Thread(target=send, daemon=True, name="triton-health-inference").start()
 
 

@@ -35,12 +35,14 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import signal
 import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 from dcnkit.runtime.triton_server import TritonServer, describe_exit
 from dcnkit.server.triton_health import HealthProbe
@@ -218,13 +220,20 @@ class TritonSupervisor:
             return None
 
     def _instance_count(self) -> int:
-        """The model's instance count from Triton's configuration endpoint; 0 when it does not say."""
+        """The model's instance count: Triton's configuration endpoint, else the repository's config.pbtxt (the
+        counts of its instance_group); 0 when neither says."""
         try:
             with urllib.request.urlopen(f"http://{self.server.http_url}/v2/models/{self.model}/config", timeout=5) as r:
                 groups = json.loads(r.read()).get("instance_group") or []
             return sum(int(g.get("count", 1)) for g in groups)
         except (OSError, ValueError, TypeError, AttributeError):
+            pass
+        try:
+            text = (Path(self.repository) / self.model / "config.pbtxt").read_text()
+        except OSError:
             return 0
+        groups = re.findall(r"instance_group\s*\[(.*?)\]", text, re.S)
+        return sum(int(n) for g in groups for n in re.findall(r"\bcount\s*:\s*(\d+)", g))
 
     def _kill_live_stubs(self) -> None:
         for c in self.server.children():
