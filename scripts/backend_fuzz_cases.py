@@ -302,7 +302,7 @@ def _attribute(name: str, kind: str, value):
         value = float(value)
     elif kind == "floats":
         value = [float(v) for v in value]
-    elif kind == "int":
+    elif kind == "int" and not isinstance(value, float):
         value = int(value)
     elif kind == "ints":
         value = [int(v) for v in value]
@@ -331,11 +331,37 @@ def _variant_attributes(d: _Draw, op: dict, variant: dict, attrs: dict) -> list:
     return out
 
 
+def _mutate(d: _Draw, canonical: list, attrs: dict) -> None:
+    """Now and then a malformed node: one tensor of another shape (a dim more, less, larger or 0), one attribute left
+    out (its default) or written as a float."""
+    tensors = [i for i, a in enumerate(canonical) if isinstance(a, np.ndarray)]
+    if tensors and d.p(0.1):
+        i = d.pick(tensors)
+        shape = list(canonical[i].shape)
+        how = d.int(0, 3)
+        if how == 0 and shape:
+            shape.pop(d.int(0, len(shape) - 1))
+        elif how == 1:
+            shape.insert(d.int(0, len(shape)), d.int(1, 2))
+        elif shape:
+            shape[d.int(0, len(shape) - 1)] = 0 if how == 2 else shape[0] + 1
+        a = canonical[i]
+        canonical[i] = (np.arange(int(np.prod(shape)), dtype=a.dtype).reshape(shape) if a.dtype == np.int64
+                        else d.data(tuple(shape)))
+    if attrs and d.p(0.08):
+        name = d.pick(sorted(attrs))
+        if d.p(0.5):
+            del attrs[name]
+        elif isinstance(attrs[name], int):
+            attrs[name] = float(attrs[name])
+
+
 def _variant_case(d: _Draw, op: dict, variant: dict) -> Case:
     from onnx import helper, numpy_helper
 
     make = OPS[op["name"]]
     canonical, attrs = make(d, standard=True) if variant.get("onnx_standard") else make(d)
+    _mutate(d, canonical, attrs)
     names = [t["name"] for t in op["inputs"]]
     graph_inputs, initializers, node_inputs, feeds = [], [], [], {}
     for slot in variant["inputs"]:

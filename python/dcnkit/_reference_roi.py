@@ -69,14 +69,15 @@ def _roi_bin(img, y0, x0, bin_h, bin_w, gh: int, gw: int, pool_mode: str, f: typ
     return G.tap_max(img, ty, tx, first, iy.size == gh and ix.size == gw)
 
 
-def _roi_align(x, rois, oh: int, ow: int, spatial_scale, sampling_ratio: int, aligned: bool, pool_mode: str,
-               f: type) -> np.ndarray:
-    """RoIAlign of float64 maps `x` and RoIs `rois` (values of type f), the geometry in f."""
+def _roi_pool(x, rois, offset, oh: int, ow: int, spatial_scale, sampling_ratio: int, aligned: bool, pool_mode: str,
+              gamma, f: type) -> np.ndarray:
+    """RoIAlign of float64 maps `x` and RoIs `rois` (values of type f), the geometry in f; with `offset` (K, 2, oh, ow)
+    the start of bin (p, q) moves by gamma * roi_w * offset[k, 0, p, q] in x (y alike): DeformRoIPool."""
     N, C, H, W = x.shape
     out = np.zeros((rois.shape[0], C, oh, ow))
     if out.size == 0:  # no work, and nothing checked (as in the kernels)
         return out
-    s, o = f(spatial_scale), f(0.5) if aligned else f(0)
+    s, o, gamma = f(spatial_scale), f(0.5) if aligned else f(0), f(gamma)
     for k in range(rois.shape[0]):
         b = _batch_index(rois, k, N)
         with np.errstate(all="ignore"):
@@ -89,8 +90,12 @@ def _roi_align(x, rois, oh: int, ow: int, spatial_scale, sampling_ratio: int, al
             gh, gw = G.grid_size(roi_h, oh, sampling_ratio, f), G.grid_size(roi_w, ow, sampling_ratio, f)
             for p in range(oh):
                 for q in range(ow):
-                    out[k, :, p, q] = _roi_bin(x[b], y_start + f(p) * bin_h, x_start + f(q) * bin_w, bin_h, bin_w,
-                                               gh, gw, pool_mode, f)
+                    xs, ys = x_start, y_start
+                    if offset is not None:
+                        xs = xs + gamma * roi_w * offset[k, 0, p, q]
+                        ys = ys + gamma * roi_h * offset[k, 1, p, q]
+                    out[k, :, p, q] = _roi_bin(x[b], ys + f(p) * bin_h, xs + f(q) * bin_w, bin_h, bin_w, gh, gw,
+                                               pool_mode, f)
     return out
 
 
@@ -100,8 +105,8 @@ def roi_align(x, rois, output_size, spatial_scale=1.0, sampling_ratio=0, aligned
         raise ValueError(f"pool_mode: expected 'avg' or 'max', got {pool_mode!r}")
     f = G.acc_type(x)
     oh, ow = _pair(output_size)
-    return _roi_align(_f64(x), np.asarray(rois).astype(f), oh, ow, spatial_scale, sampling_ratio, aligned, pool_mode,
-                      f)
+    return _roi_pool(_f64(x), np.asarray(rois).astype(f), None, oh, ow, spatial_scale, sampling_ratio, aligned,
+                     pool_mode, 0.0, f)
 
 
 def multi_level_roi_align(features, rois, output_size, featmap_strides, sampling_ratio=0, finest_scale=56,
@@ -130,39 +135,18 @@ def multi_level_roi_align(features, rois, output_size, featmap_strides, sampling
                 hw = (x2 - x1 + f(1)) * factor * f(0.5) - f(0.5)
                 hh = (y2 - y1 + f(1)) * factor * f(0.5) - f(0.5)
                 box[1:] = [cx - hw, cy - hh, cx + hw, cy + hh]
-        out[k] = _roi_align(maps[level], box[None], oh, ow, 1.0 / featmap_strides[level], sampling_ratio, aligned,
-                            pool_mode, f)[0]
+        out[k] = _roi_pool(maps[level], box[None], None, oh, ow, 1.0 / featmap_strides[level], sampling_ratio,
+                           aligned, pool_mode, 0.0, f)[0]
     return out
 
 
 def deform_roi_pool(x, rois, offset, output_size, spatial_scale=1.0, sampling_ratio=0, gamma=0.1):
     """DeformRoIPool (mmcv semantics), per docs/operators.md. offset (K, 2, oh, ow) or None."""
     f = G.acc_type(x)
-    x, rois = _f64(x), np.asarray(rois).astype(f)
-    offset = None if offset is None else np.asarray(offset).astype(f)
     oh, ow = _pair(output_size)
-    N, C, H, W = x.shape
-    out = np.zeros((rois.shape[0], C, oh, ow))
-    if out.size == 0:  # no work, and nothing checked (as in the kernels)
-        return out
-    s, half, gamma = f(spatial_scale), f(0.5), f(gamma)
-    for k in range(rois.shape[0]):
-        b = _batch_index(rois, k, N)
-        with np.errstate(all="ignore"):
-            x_start, y_start = rois[k, 1] * s - half, rois[k, 2] * s - half
-            roi_w = (rois[k, 3] * s - half) - x_start
-            roi_h = (rois[k, 4] * s - half) - y_start
-            bin_h, bin_w = roi_h / f(oh), roi_w / f(ow)
-            gh, gw = G.grid_size(roi_h, oh, sampling_ratio, f), G.grid_size(roi_w, ow, sampling_ratio, f)
-            for p in range(oh):
-                for q in range(ow):
-                    xs, ys = x_start, y_start
-                    if offset is not None:  # the box start moves by gamma * size * offset
-                        xs = xs + gamma * roi_w * offset[k, 0, p, q]
-                        ys = ys + gamma * roi_h * offset[k, 1, p, q]
-                    out[k, :, p, q] = _roi_bin(x[b], ys + f(p) * bin_h, xs + f(q) * bin_w, bin_h, bin_w, gh, gw,
-                                               "avg", f)
-    return out
+    offset = None if offset is None else np.asarray(offset).astype(f)
+    return _roi_pool(_f64(x), np.asarray(rois).astype(f), offset, oh, ow, spatial_scale, sampling_ratio, True, "avg",
+                     gamma, f)
 
 
 # --------------------------------------------------------------------------------------------------
