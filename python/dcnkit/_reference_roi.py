@@ -16,6 +16,8 @@ import numpy as np
 
 from dcnkit import _reference_grid as G
 
+__all__ = ["roi_align", "roi_align_rotated", "multi_level_roi_align", "deform_roi_pool", "deform_psroi_pool"]
+
 MAX_ROTATED_GRID = 2**31 - 1  # samples per bin and axis of roi_align_rotated at the most (mmcv's grid is an int)
 
 

@@ -15,12 +15,11 @@ import math
 
 import numpy as np
 
-from dcnkit._reference_roi import (_f64, _pair, deform_psroi_pool, deform_roi_pool, multi_level_roi_align,
-                                   roi_align, roi_align_rotated)
+from dcnkit import _reference_roi
+from dcnkit._reference_roi import *  # noqa: F401,F403 - the RoI operators' references, re-exported
+from dcnkit._reference_roi import _f64, _pair
 
-__all__ = ["deform_conv2d", "roi_align", "deform_roi_pool", "deform_psroi_pool", "multi_level_roi_align",
-           "sample_dcn", "sample_roi"]
-__all__ += ["multi_scale_deformable_attn", "roi_align_rotated"]
+__all__ = ["deform_conv2d", "sample_dcn", "sample_roi", "multi_scale_deformable_attn", *_reference_roi.__all__]
 
 
 def _quiet(fn):
