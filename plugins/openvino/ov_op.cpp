@@ -44,6 +44,7 @@ void KitOpBase::copy_config_from(const KitOpBase& other) {
   values_ = other.values_;
   slots_ = other.slots_;
   num_outputs_ = other.num_outputs_;
+  empty_is_absent_ = other.empty_is_absent_;
   constant_ = other.constant_;
 }
 
@@ -71,6 +72,7 @@ bool KitOpBase::visit_attributes(ov::AttributeVisitor& visitor) {
   }
   visitor.on_attribute("dcnkit_inputs", slots_);
   visitor.on_attribute("dcnkit_outputs", num_outputs_);
+  visitor.on_attribute("dcnkit_empty_is_absent", empty_is_absent_);
   return true;
 }
 

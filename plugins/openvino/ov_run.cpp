@@ -51,6 +51,12 @@ CpuContext cpu_context() {
 
 namespace {
 
+int64_t numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
 // A call of `op`: the shapes (and data) of its inputs by canonical index, a variadic input's tensors in order.
 struct Gathered {
   std::vector<Shape> storage;
@@ -68,6 +74,7 @@ Status gather(const KitOpBase& op, const std::vector<Shape>& shapes, const ov::T
   g->storage = shapes;
   for (size_t i = 0; i < slots.size(); ++i) {
     const int64_t slot = slots[i];
+    if (op.empty_input_is_absent() && def.inputs[slot].optional && numel(shapes[i]) == 0) continue;  // no input
     const void* data = tensors ? (*tensors)[i].data() : nullptr;
     if (def.inputs[slot].variadic) {
       g->shapes.variadic.push_back(shapes[i]);
@@ -89,11 +96,6 @@ std::vector<Shape> shapes_of(const ov::TensorVector& tensors) {
   return out;
 }
 
-int64_t numel(const Shape& s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
-}
 
 }  // namespace
 

@@ -52,11 +52,12 @@ def window(g: int, position, lo: float, hi: float, f: type = np.float64) -> tupl
     if g <= WHOLE_AXIS:
         idx = np.arange(g, dtype=np.int64)
     else:
-        p0, p1 = (float(position(np.array([v], f))[0]) for v in (0, g - 1))
-        slope = (p1 - p0) / (g - 1)
-        err = 4 * float(np.finfo(f).eps) * max(abs(p0), abs(p1), abs(lo), abs(hi)) + 1.0
+        p0, p1 = (np.float64(position(np.array([v], f))[0]) for v in (0, g - 1))
         with np.errstate(all="ignore"):
+            slope = (p1 - p0) / (g - 1)
+            err = 4 * float(np.finfo(f).eps) * max(abs(p0), abs(p1), abs(lo), abs(hi)) + 1.0
             ends = np.array([(lo - err - p0) / slope, (hi + err - p0) / slope])
+        # A NaN box, or positions that rounding holds equal over more than WHOLE_AXIS samples (so far off the map): none
         if not (np.all(np.isfinite(ends)) and slope != 0):
             return np.zeros(0, np.int64), np.zeros(0, f)
         first = max(0, math.floor(ends.min()) - 2)
