@@ -127,7 +127,11 @@ ov::OutputVector convert_variant(const OpVariant& v, const ov::frontend::NodeCon
     }
   }
   auto op = make_kit_op(*v.op, args, std::move(slots), attrs.values, static_cast<int64_t>(def.num_outputs));
-  std::static_pointer_cast<KitOpBase>(op)->set_empty_input_is_absent(v.empty_input_is_absent);
+  int64_t empty_absent = 0;
+  for (const InputSlot& slot : v.inputs) {
+    if (v.empty_input_is_absent && slot.optional) empty_absent |= int64_t(1) << slot.canonical;
+  }
+  std::static_pointer_cast<KitOpBase>(op)->set_empty_inputs_absent(empty_absent);
   op->set_friendly_name(ctx.get_name());
   ov::OutputVector out = op->outputs();
   if (v.per_head_output) out[0] = split_heads(out[0], args[0]);

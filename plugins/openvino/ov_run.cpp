@@ -74,7 +74,7 @@ Status gather(const KitOpBase& op, const std::vector<Shape>& shapes, const ov::T
   g->storage = shapes;
   for (size_t i = 0; i < slots.size(); ++i) {
     const int64_t slot = slots[i];
-    if (op.empty_input_is_absent() && def.inputs[slot].optional && numel(shapes[i]) == 0) continue;  // no input
+    if (op.empty_input_is_absent(slot) && numel(shapes[i]) == 0) continue;  // no input (mmcv's convention)
     const void* data = tensors ? (*tensors)[i].data() : nullptr;
     if (def.inputs[slot].variadic) {
       g->shapes.variadic.push_back(shapes[i]);
