@@ -311,7 +311,7 @@ def _attribute(name: str, kind: str, value):
 
 def _variant_attributes(d: _Draw, op: dict, variant: dict, attrs: dict) -> list:
     kinds = {a["name"]: a["kind"] for a in op["attrs"]}
-    if variant.get("onnx_standard") and len(attrs["padding"]) == 2:  # ONNX DeformConv: pads [t, l, b, r]
+    if variant.get("onnx_standard") and len(attrs.get("padding", ())) == 2:  # ONNX DeformConv: pads [t, l, b, r]
         attrs = dict(attrs, padding=attrs["padding"] * 2)
     if not variant["attrs"]:
         return [_attribute(n, kinds[n], v) for n, v in attrs.items()]
