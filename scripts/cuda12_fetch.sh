@@ -27,19 +27,14 @@ if ! command -v apt-get >/dev/null 2>&1; then
   say "error: no apt-get on this machine to fetch Debian's nvidia-cuda-toolkit (nvcc 12)"
   exit 1
 fi
-SL=/etc/apt/sources.list SP=/etc/apt/sources.list.d
-if command -v apt-config >/dev/null 2>&1; then
-  eval "$(apt-config shell SL Dir::Etc::SourceList/f SP Dir::Etc::SourceParts/d)"
-fi
-if ! line="$("$py" "$here/apt_debian_url.py" --sources-list "${DCNKIT_APT_SOURCES_LIST:-$SL}" \
-             --sources-parts "${DCNKIT_APT_SOURCES_PARTS:-$SP}" --suite trixie --component "main non-free")"; then
+# shellcheck source=scripts/apt_fetch.sh
+. "$here/apt_fetch.sh"
+if ! line="$(apt_debian_line "$py" trixie "main non-free")"; then
   say "error: this machine's apt has no Debian archive to fetch nvidia-cuda-toolkit (trixie non-free) from"
   exit 1
 fi
 say "fetching nvidia-cuda-toolkit 12.4 with: $line"
 work="$deps/apt-cuda12"
-# shellcheck source=scripts/apt_fetch.sh
-. "$here/apt_fetch.sh"
 apt_fetch_unpack "$work" "$line" nvidia-cuda-toolkit
 x="$work/x"
 if [ ! -x "$x/usr/lib/nvidia-cuda-toolkit/bin/nvcc" ]; then
