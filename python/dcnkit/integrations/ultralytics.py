@@ -20,9 +20,10 @@ undoes both. Ultralytics releases outside :data:`SUPPORTED` are refused with a R
 from __future__ import annotations
 
 import contextlib
-import re
 import types
 from typing import Any
+
+from dcnkit.integrations import _versions
 
 __all__ = ["patch", "unpatch", "patched_sites", "SUPPORTED"]
 
@@ -37,26 +38,9 @@ _saved_loaders: dict[type, Any] = {}
 _registered_options: dict[int, Any] = {}  # id -> SessionOptions already given the kit's library (kept alive)
 
 
-def _version_tuple(text: str) -> tuple[int, ...]:
-    match = re.match(r"\d+(\.\d+)*", text.strip())
-    return tuple(int(p) for p in match.group(0).split(".")) if match else ()
-
-
 def check_version(version: str | None = None) -> str:
-    """Raises ``RuntimeError`` unless Ultralytics' version (or ``version``) is in :data:`SUPPORTED`."""
-    if version is None:
-        try:
-            import ultralytics
-        except ImportError as e:
-            raise ImportError("dcnkit.integrations.ultralytics: needs ultralytics "
-                              f">={SUPPORTED[0]},<{SUPPORTED[1]} (pip install 'dcnkit[ultralytics]')") from e
-        version = ultralytics.__version__
-    v = _version_tuple(version)
-    if not _version_tuple(SUPPORTED[0]) <= v < _version_tuple(SUPPORTED[1]):
-        raise RuntimeError(f"dcnkit.integrations.ultralytics: ultralytics {version} is not supported: expected "
-                           f">={SUPPORTED[0]},<{SUPPORTED[1]} (its deformable-attention code may differ; the patch "
-                           "is refused rather than risk computing something else)")
-    return version
+    """Raises ``RuntimeError`` unless ultralytics' version (or ``version``) is in :data:`SUPPORTED`."""
+    return _versions.check_version("ultralytics", SUPPORTED, version)
 
 
 def _transformer_module():
