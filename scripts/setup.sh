@@ -43,6 +43,9 @@ log "installing python dependencies"
 # NVIDIA Triton (tritonserver 2.51 with its Python backend) for `dcnkit serve --engine triton` and its tests. Only
 # the wheel's files are used (not PyTriton's Python API, whose metadata pins numpy<2): no dependencies.
 "$py" -m pip install -q --no-deps nvidia-pytriton==0.7.0
+# Ultralytics (tests/test_ultralytics.py: dcnkit.integrations.ultralytics) without its dependencies: its metadata asks
+# for opencv-python (the GUI build; requirements-dev.txt has the headless one and the rest of what it imports).
+"$py" -m pip install -q --no-deps ultralytics==8.4.190 ultralytics-thop==2.2.3
 # The [openvino] extra (the openvino backend), before the build: its wheel's headers and CMake package build
 # libdcnkit_ov.so.
 log "installing the [openvino] extra"
