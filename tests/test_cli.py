@@ -151,6 +151,7 @@ def test_backends_lists_each_backend_then_the_native_libraries(capsys, tmp_path,
     for name in ("libdcnkit_ort.so", "libdcnkit_trt.so"):
         (lib_dir / name).write_bytes(b"")
     monkeypatch.setattr("dcnkit._lib._candidate_dirs", lambda: [lib_dir])
+    monkeypatch.setattr("dcnkit._tensorrt_version", lambda: None)  # the line without the installed release
     rc, out, _ = call(capsys, "backends")
     assert rc == 0
     backends_part, libs_part = out.strip().split("\n\n")
@@ -160,6 +161,8 @@ def test_backends_lists_each_backend_then_the_native_libraries(capsys, tmp_path,
         f"  {'libdcnkit_ort.so':<26} {lib_dir / 'libdcnkit_ort.so'}",
         f"  {'libdcnkit_ort_cuda.so':<26} not in this build",
         f"  {'libdcnkit_trt.so':<26} {lib_dir / 'libdcnkit_trt.so'}",
+        # no dcnkit_trt.json beside it (a library built before the manifest): the 11.x headers' alone
+        f"  {'':<26} serves TensorRT 11.x",
         f"  {'libdcnkit_trt_autoreg.so':<26} not in this build",
         f"  {'libdcnkit_ov.so':<26} not in this build"]
     monkeypatch.undo()
