@@ -52,14 +52,15 @@ CRASH_AT_LOAD = ("    def initialize(self, args):\n"
                  "        super().initialize(args)\n")
 
 
-def patched_repository(workdir: Path, body: str, model: Path | None = None) -> tuple[Path, Path]:
-    """The demo model's Python-backend repository (``dcnkit serve --engine triton``'s) whose TritonPythonModel is
-    subclassed with ``body``: methods that may test ``MARKER``, a file path returned beside the repository."""
+def patched_repository(workdir: Path, body: str, model: Path | None = None, **options) -> tuple[Path, Path]:
+    """The demo model's Python-backend repository (``dcnkit serve --engine triton``'s, ``options`` as
+    ``triton_repository`` takes them) whose TritonPythonModel is subclassed with ``body``: methods that may test
+    ``MARKER``, a file path returned beside the repository."""
     from dcnkit.server.triton_engine import triton_repository
 
     model = model or soak_triton.export_demo(workdir / f"{soak_triton.NAME}.onnx")
     repo = workdir / "repo"
-    model_dir = triton_repository(model, repo)
+    model_dir = triton_repository(model, repo, **options)
     marker = workdir / "marker"
     model_py = (model_dir / "1" / "model.py").read_text()
     (model_dir / "1" / "model.py").write_text(
