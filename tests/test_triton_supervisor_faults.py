@@ -345,7 +345,8 @@ def test_the_instance_count_from_config_pbtxt_in_either_syntax(tmp_path, monkeyp
     assert config_instance_count(KIT_CONFIG) == 3  # what the kit (and protobuf) write
     listed = 'name: "m"\ninstance_group [ { count: 2 kind: KIND_GPU gpus: [ 0, 1 ] }, { kind: KIND_CPU } ]\n'
     nested = ('instance_group [ { count: 2 rate_limiter { resources [ { name: "R" count: 4 } ] } } ]\n'
-              'instance_group { count: 5 }\nparameters { key: "k" value { string_value: "instance_group { count: 7 }" } }')
+              'instance_group { count: 5 }\n'
+              'parameters { key: "k" value { string_value: "instance_group { count: 7 }" } }')
     others = {'name: "m"\n': 0, "instance_group { kind: KIND_CPU }  # count: 9\n": 1, "instance_group [ { count: 2": 0}
     want = {KIT_CONFIG: 3, listed: 3, nested: 7, **others}
     assert {text: config_instance_count(text) for text in want} == want

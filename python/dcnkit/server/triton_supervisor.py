@@ -5,16 +5,16 @@ Triton 2.51 does not restart a Python-backend stub that died (an out-of-memory k
 answers every later request ``Stub process '<model>_0_0' is not healthy.`` while the model's ready endpoint and
 ``/v2/health/ready`` go on answering 200. So :class:`TritonSupervisor` watches the processes themselves:
 
-* **Detect.** Every ``poll_s`` (0.2 s) it reads ``/proc`` for the server's children and checks the server process.
-  A stub is known by its pid and start time (a pid the kernel hands out again is another process). These are
-  crashes: a child of the server that ended with a signal or an error code and is left unreaped (Triton does not
-  reap a dead stub: a zombie, whose command line is gone), a tracked stub that has ended or is gone while the model
-  still answers ready, and fewer running instance stubs than the model's instance count (Triton's
-  ``/v2/models/<m>/config``) for longer than ``grace_s``. A stub that died before the model turned ready is such a
+* **Detect.** Every ``poll_s`` (0.2 s) it reads ``/proc`` for the server's children and checks the server process. A
+  stub is known by its pid and start time (a pid the kernel hands out again is another process). These are crashes: a
+  child of the server that ended with a signal or an error code and is left unreaped (Triton does not reap a dead stub:
+  a zombie, whose command line is gone), a tracked stub that has ended or is gone while the model still answers ready,
+  and fewer running instance stubs than the model's instance count (Triton's ``/v2/models/<m>/config``, else the
+  repository's ``config.pbtxt``) for longer than ``grace_s``. A stub that died before the model turned ready is such a
   zombie, seen in the first scan. A stub that is alive but hangs is found by a health inference of bounded time
-  (:mod:`dcnkit.server.triton_health`, ``health_timeout_s``; 0 turns it off) and killed, then recovered as a dead
-  one. A readiness probe that gets no answer is no unload: the stub is kept, and the server counts as hung once it
-  has not answered for ``health_timeout_s`` (or 10 s with the health inference off).
+  (:mod:`dcnkit.server.triton_health`, ``health_timeout_s``; 0 turns it off) and killed, then recovered as a dead one. A
+  readiness probe that gets no answer, or a server error (5xx), is no unload: the stub is kept, and the server counts as
+  hung once it has not answered for ``health_timeout_s`` (or 10 s with the health inference off).
 * **Recover.** The server runs with explicit model control. The first crash after a stable period is answered by
   unloading and loading the model (a new stub; about the model's load time). A crash that follows a recovery within
   ``stable_s``, or a reload that fails, gets a fresh ``tritonserver`` after a back-off delay (``backoff_s``,
