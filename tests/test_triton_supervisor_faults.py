@@ -392,7 +392,8 @@ def test_a_server_error_on_the_ready_endpoint_does_not_forget_the_stub(tmp_path)
 
 
 class _JsonServer:
-    """A server answering GET ``self.routes[path]`` as JSON (404 otherwise), on 127.0.0.1."""
+    """A server answering GET ``self.routes[path]`` as JSON (404 otherwise), and every POST Triton's refusal of a
+    full queue, on 127.0.0.1."""
 
     def __init__(self):
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -404,13 +405,17 @@ class _JsonServer:
             def log_message(self, *a):
                 pass
 
-            def do_GET(self):
+            def do_GET(self, status=None, answer=None):
                 found = self.path in outer.routes
-                data = json.dumps(outer.routes[self.path] if found else {"error": "not found"}).encode()
-                self.send_response(200 if found else 404)
+                data = json.dumps(answer or outer.routes.get(self.path, {"error": "not found"})).encode()
+                self.send_response(status or (200 if found else 404))
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.do_GET(503, {"error": "Exceeds maximum queue size"})
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"127.0.0.1:{self.httpd.server_address[1]}"
@@ -418,6 +423,25 @@ class _JsonServer:
 
     def close(self):
         self.httpd.shutdown()
+
+
+def test_a_refused_health_inference_without_statistics_is_no_hang():
+    """Refused unrun (a full queue) on a server without statistics: nothing says whether the stub runs, so no hang
+    is claimed (and no busy model killed); the next probe goes once idle again."""
+    server = _JsonServer()
+    try:
+        probe = HealthProbe(MODEL, timeout_s=0.3, interval_s=1.0)
+        probe.reset(server.url, 0.0)
+        assert probe.check(1.0) is None and probe._probe is not None
+        deadline = time.monotonic() + 5
+        while probe._probe.refused is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert probe.check(1.5) is None and probe._probe is None
+        assert probe.check(2.0) is None and probe._probe is None  # idle for 0.5 s only
+        assert probe.check(2.5) is None and probe._probe is not None  # idle for 1 s: the next probe
+    finally:
+        server.close()
 
 
 def test_the_health_inference_is_zeros_shaped_by_metadata_or_configuration(tmp_path):

@@ -1,12 +1,12 @@
 """The health inference of ``dcnkit serve --engine triton``: a stub that is alive but hangs (a deadlock in native code,
-a model run that never returns) keeps its process and Triton's readiness, and every request waits on it. The
-supervisor finds it by what it does: when no inference has completed for ``interval_s`` (Triton's statistics
-extension, ``/v2/models/<m>/stats``), it sends one inference of zeros of the model's input shapes and waits at most
-``timeout_s``. Any answer, an error included, is a live stub, except two: ``503 ... Exceeds maximum queue size`` is
-Triton refusing the request without running it (its queue is full, as it soon is behind a hung stub under load), so
-the probe counts as unanswered; and ``Stub process ... is not healthy`` is a dead stub. No answer, while no other
-request completed either, is a hang. A model that is busy (inferences completing) is never probed; an idle one at
-most once per ``interval_s``.
+a model run that never returns) keeps its process and Triton's readiness, and every request waits on it. The supervisor
+finds it by what it does: when no inference has completed for ``interval_s`` (Triton's statistics extension,
+``/v2/models/<m>/stats``), it sends one inference of zeros of the model's input shapes and waits at most ``timeout_s``.
+Any answer, an error included, is a live stub, except two: ``503 ... Exceeds maximum queue size`` is Triton refusing the
+request without running it (its queue is full, as it soon is behind a hung stub under load), so the probe counts as
+unanswered and the statistics decide (none: no word, the next probe later); and ``Stub process ... is not healthy`` is a
+dead stub. No answer, while no other request completed either, is a hang. A model that is busy (inferences completing)
+is never probed; an idle one at most once per ``interval_s``.
 
 The inputs come from the model's metadata (``/v2/models/<m>``), else its configuration (``/v2/models/<m>/config``,
 else the repository's ``config.pbtxt``): each dynamic dim 1, a batch of 1 where the model batches. The zeros go as
@@ -142,7 +142,11 @@ class HealthProbe:
             if now - probe.sent_at < self.timeout_s:
                 return None
             count = completed_inferences(self.http_url, self.model)
-            if count is not None and self._count is not None and count != self._count:  # others complete: busy
+            known = count is not None and self._count is not None
+            if probe.refused and not known:  # refused, and no statistics to decide: no word; the next one later
+                self._probe, self._idle_since = None, now
+                return None
+            if known and count != self._count:  # others complete: busy
                 if probe.refused:  # that probe will not be answered: alive; the next one when idle again
                     self._probe, self._idle_since, self._count = None, now, count
                     return None
