@@ -68,13 +68,16 @@ class Stub:
         os.close(r_in)
         os.close(w_out)
         self.reply = os.fdopen(self.r_out, "rb")
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # one inference at a time; the pipes are closed under it
+        self.closed = False
 
     def alive(self) -> bool:
         return _state(self.pid) not in (None, "Z", "X")
 
     def infer(self) -> bool:
         with self.lock:
+            if self.closed:  # unloaded while this request waited (its fds may name a new stub's pipes by now)
+                return False
             try:
                 os.write(self.w_in, b"x\n")
             except OSError:
@@ -116,9 +119,10 @@ class Model:
                 os.waitpid(stub.pid, 0)
             except ChildProcessError:
                 pass
-            for fd in (stub.w_in,):
-                os.close(fd)
-            stub.reply.close()
+            with stub.lock:  # free: the stub is dead, so an inference on it has ended or not begun
+                stub.closed = True
+                os.close(stub.w_in)
+                stub.reply.close()
         self.stubs = []
 
     def infer(self) -> tuple[int, dict]:
