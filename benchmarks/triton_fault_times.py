@@ -8,7 +8,8 @@ Per fault, the fastest and slowest of ``--repeat`` runs: *detected* is from the 
 line, *recovered* from the fault to the model serving again and answering an inference (for the give-up row: to
 :meth:`run` returning exit code 3). Faults: the stub SIGKILLed while the model serves (idle); the stub killing itself
 0.3 s after the model turned ready, before any request (the last round's blind spot); the stub hanging in its first
-inference (a client's request held); tritonserver SIGKILLed; a stub that dies at every load (given up on).
+inference (a client's request held); the same behind a full queue (``max_queue_size`` 4, 16 requests held: Triton
+refuses the health inference unrun); tritonserver SIGKILLed; a stub that dies at every load (given up on).
 """
 from __future__ import annotations
 
@@ -52,14 +53,15 @@ CRASH_AT_LOAD = ("    def initialize(self, args):\n"
                  "        super().initialize(args)\n")
 
 
-def patched_repository(workdir: Path, body: str, model: Path | None = None) -> tuple[Path, Path]:
-    """The demo model's Python-backend repository (``dcnkit serve --engine triton``'s) whose TritonPythonModel is
-    subclassed with ``body``: methods that may test ``MARKER``, a file path returned beside the repository."""
+def patched_repository(workdir: Path, body: str, model: Path | None = None, **options) -> tuple[Path, Path]:
+    """The demo model's Python-backend repository (``dcnkit serve --engine triton``'s, ``options`` as
+    ``triton_repository`` takes them) whose TritonPythonModel is subclassed with ``body``: methods that may test
+    ``MARKER``, a file path returned beside the repository."""
     from dcnkit.server.triton_engine import triton_repository
 
     model = model or soak_triton.export_demo(workdir / f"{soak_triton.NAME}.onnx")
     repo = workdir / "repo"
-    model_dir = triton_repository(model, repo)
+    model_dir = triton_repository(model, repo, **options)
     marker = workdir / "marker"
     model_py = (model_dir / "1" / "model.py").read_text()
     (model_dir / "1" / "model.py").write_text(
@@ -92,9 +94,11 @@ def one_run(fault: str, workdir: Path, model: Path) -> tuple[float, float]:
     """(detected, recovered) seconds after the fault."""
     from dcnkit.server.triton_supervisor import TritonSupervisor
 
-    body = {"kill-at-ready": KILL_AT_READY, "hang": HANG, "crash-at-every-load": CRASH_AT_LOAD}.get(fault, "    pass\n")
-    repo, marker = patched_repository(workdir, body, model)
-    if fault in ("kill-at-ready", "hang"):
+    body = {"kill-at-ready": KILL_AT_READY, "hang": HANG, "hang-full-queue": HANG,
+            "crash-at-every-load": CRASH_AT_LOAD}.get(fault, "    pass\n")
+    options = {"max_queue_size": 4} if fault == "hang-full-queue" else {}
+    repo, marker = patched_repository(workdir, body, model, **options)
+    if fault in ("kill-at-ready", "hang", "hang-full-queue"):
         marker.touch()
     lines: list[tuple[float, str]] = []
     sup = TritonSupervisor(repo, soak_triton.NAME, exit_timeout_s=1, log=lambda s: lines.append((time.time(), s)),
@@ -108,9 +112,10 @@ def one_run(fault: str, workdir: Path, model: Path) -> tuple[float, float]:
             while not Path(f"{marker}.t").exists():
                 time.sleep(0.01)
             t0 = float(Path(f"{marker}.t").read_text())
-        elif fault == "hang":
+        elif fault in ("hang", "hang-full-queue"):
             t0 = time.time()
-            threading.Thread(target=lambda: _quiet(infer, sup.server.http_url, 120), daemon=True).start()
+            for _ in range(16 if fault == "hang-full-queue" else 1):
+                threading.Thread(target=lambda: _quiet(infer, sup.server.http_url, 120), daemon=True).start()
         elif fault == "stub-sigkill":
             time.sleep(1.0)
             (pid,) = sup.server.stubs().values()
@@ -145,6 +150,7 @@ def _quiet(fn, *args):
 FAULTS = {"stub-sigkill": "stub SIGKILLed while serving (idle)",
           "kill-at-ready": "stub dies 0.3 s after the model turned ready, before any request",
           "hang": "stub hangs in its first inference (health timeout 5 s)",
+          "hang-full-queue": "stub hangs behind a full queue (max_queue_size 4, 16 requests held; health timeout 5 s)",
           "server-sigkill": "tritonserver SIGKILLed",
           "crash-at-every-load": "stub dies at every load (given up: exit 3 after 5 restarts)"}
 

@@ -8,9 +8,13 @@ the model is unloaded, and answers ``Stub process '<instance>' is not healthy.``
 What each load does comes from ``<repository>/fake_triton.json``, read at every load:
 ``{"loads": [[mode, ...], ...], "reap": false, "bare": false}``; load k uses ``loads[k]`` (the last one again once they run out),
 one mode per instance (the instance count is the first load's): ``run``, ``die`` (the stub kills itself at start:
-the model still turns ready, once the stub is a zombie), ``hang`` (the stub never answers an inference). ``reap``:
-the server reaps stubs that die (as no Triton does); ``bare``: no metadata, configuration or statistics endpoints
-(404), only readiness, model control and inference.
+the model still turns ready, once the stub is a zombie), ``hang`` (the stub never answers an inference), ``slow``
+(each inference takes 0.5 s). ``reap``: the server reaps stubs that die (as no Triton does); ``bare``: no metadata,
+configuration or statistics endpoints (404), only readiness, model control and inference; ``max_queue``: at most
+this many inferences waiting or running, the others refused as Triton refuses them (``503 ... Exceeds maximum
+queue size``); ``script_stubs``: stubs run as a script by the interpreter (``argv[0]`` the interpreter, the stub
+program ``argv[1]``, everything after one place later). While a file ``<repository>/ready-error`` exists, the
+model's ready endpoint answers 503.
 
     python fake_tritonserver.py --model-repository=R --http-port=P --load-model=M [Triton's other flags, ignored]
 """
@@ -30,6 +34,9 @@ import os, signal, sys
 if sys.argv[-1] == "die":
     os.kill(os.getpid(), signal.SIGKILL)
 for line in sys.stdin:
+    if sys.argv[-1] == "slow":
+        import time
+        time.sleep(0.5)
     if sys.argv[-1] != "hang":
         sys.stdout.write("ok\\n")
         sys.stdout.flush()
@@ -45,25 +52,32 @@ def _state(pid: int) -> str | None:
 
 
 class Stub:
-    def __init__(self, repo: Path, model: str, index: int, mode: str):
+    def __init__(self, repo: Path, model: str, index: int, mode: str, script_stub: bool = False):
         self.name = f"{model}_0_{index}"
         script = repo / model / "1" / "model.py"
         r_in, self.w_in = os.pipe()
         self.r_out, w_out = os.pipe()
-        argv = [str(repo / "backend" / "triton_python_backend_stub"), str(script), *"abcdef", self.name, mode]
+        program = repo / "backend" / "triton_python_backend_stub"
+        argv = [str(program), str(script), *"abcdef", self.name, mode]
+        if script_stub:  # the stub program is a script of this Python's, run by its interpreter
+            program.write_text(STUB_SCRIPT)
+            argv = [sys.executable, *argv]
         env = dict(os.environ, PYTHONHOME=sys.base_prefix)  # argv[0] is no Python: say where its library is
         self.pid = os.posix_spawn(sys._base_executable, argv, env, file_actions=[
             (os.POSIX_SPAWN_DUP2, r_in, 0), (os.POSIX_SPAWN_DUP2, w_out, 1)])
         os.close(r_in)
         os.close(w_out)
         self.reply = os.fdopen(self.r_out, "rb")
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # one inference at a time; the pipes are closed under it
+        self.closed = False
 
     def alive(self) -> bool:
         return _state(self.pid) not in (None, "Z", "X")
 
     def infer(self) -> bool:
         with self.lock:
+            if self.closed:  # unloaded while this request waited (its fds may name a new stub's pipes by now)
+                return False
             try:
                 os.write(self.w_in, b"x\n")
             except OSError:
@@ -75,7 +89,7 @@ class Model:
     def __init__(self, repo: Path, name: str):
         self.repo, self.name = repo, name
         self.loads, self.ready, self.stubs, self.next = 0, False, [], 0
-        self.success = self.fail = 0
+        self.success = self.fail = self.in_flight = 0
         self.lock = threading.Lock()
         self.config = {}
 
@@ -85,7 +99,8 @@ class Model:
         plans = self.config["loads"]
         modes = plans[min(self.loads, len(plans) - 1)]
         self.loads += 1
-        self.stubs = [Stub(self.repo, self.name, i, m) for i, m in enumerate(modes)]
+        self.stubs = [Stub(self.repo, self.name, i, m, self.config.get("script_stubs", False))
+                      for i, m in enumerate(modes)]
         deadline = time.monotonic() + 10
         for stub, mode in zip(self.stubs, modes):
             while mode == "die" and _state(stub.pid) not in (None, "Z", "X") and time.monotonic() < deadline:
@@ -104,17 +119,28 @@ class Model:
                 os.waitpid(stub.pid, 0)
             except ChildProcessError:
                 pass
-            for fd in (stub.w_in,):
-                os.close(fd)
-            stub.reply.close()
+            with stub.lock:  # free: the stub is dead, so an inference on it has ended or not begun
+                stub.closed = True
+                os.close(stub.w_in)
+                stub.reply.close()
         self.stubs = []
 
     def infer(self) -> tuple[int, dict]:
         with self.lock:
             if not self.ready or not self.stubs:
                 return 400, {"error": f"Request for unknown model: '{self.name}' is not found"}
+            if self.in_flight >= self.config.get("max_queue", 1 << 30):
+                return 503, {"error": "[request id: <id_unknown>] Exceeds maximum queue size"}
             stub = self.stubs[self.next % len(self.stubs)]
             self.next += 1
+            self.in_flight += 1
+        try:
+            return self._infer_on(stub)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def _infer_on(self, stub: Stub) -> tuple[int, dict]:
         if not stub.alive():
             self.fail += 1
             return 500, {"error": f"Stub process '{stub.name}' is not healthy."}
@@ -162,6 +188,8 @@ def main(argv) -> None:
 
         def do_GET(self):
             m = f"/v2/models/{name}"
+            if self.path == f"{m}/ready" and (repo / "ready-error").exists():
+                return self._send(503, {"error": "upstream unavailable"})
             if self.path in ("/v2/health/ready", f"{m}/ready"):
                 return self._send(200 if model.ready else 400)
             if self.path == "/v2/health/live":

@@ -266,32 +266,65 @@ def test_a_stub_killed_as_the_model_turns_ready_is_recovered(tmp_path):
     assert result == [0] and len(lines) == 1 and "killed by SIGKILL; reloading the model" in lines[0], lines
 
 
-@needs_triton
-def test_a_hung_stub_is_killed_and_recovered_on_the_real_server(tmp_path):
-    repo, marker = patched_repository(tmp_path, HANG)
+def _hold_a_hung_stub(tmp_path, health_timeout_s: float, requests: int, **options):
+    """Serves the demo model (``options`` as ``triton_repository`` takes them) whose stub hangs in its first
+    inference, sends ``requests`` requests that it holds, and waits until the supervisor has the model serving again:
+    (the restart lines, what each held request ended with, :meth:`run`'s result, an inference's answer afterwards)."""
+    repo, marker = patched_repository(tmp_path, HANG, **options)
     marker.touch()
     lines: list[str] = []
-    sup, stop, runner, result = _supervise(repo, lines, health_timeout_s=2.0)
+    sup, stop, runner, result = _supervise(repo, lines, health_timeout_s=health_timeout_s)
     try:
         assert sup.start(stop)
         url = sup.server.http_url
         runner.start()
         held: list = []
-        client = threading.Thread(target=lambda: held.append(_try(lambda: infer(url, 120))))
-        client.start()  # a request that the hung stub holds
+        clients = [threading.Thread(target=lambda: held.append(_try(lambda: infer(url, 120))))
+                   for _ in range(requests)]
+        for c in clients:
+            c.start()
         t0 = time.monotonic()
         while not (sup.restarts == 1 and sup.state == "serving"):
             assert time.monotonic() - t0 < 120 and runner.is_alive(), lines
             time.sleep(0.05)
-        assert infer(url).shape[0] == 1
-        client.join(60)
+        after = infer(url)
+        for c in clients:
+            c.join(60)
     finally:
         stop.set()
         runner.join(30)
         sup.stop()
+    return lines, held, result, after
+
+
+@needs_triton
+def test_a_hung_stub_is_killed_and_recovered_on_the_real_server(tmp_path):
+    lines, held, result, after = _hold_a_hung_stub(tmp_path, 2.0, 1)
+    assert after.shape[0] == 1
     assert result == [0] and len(lines) == 1, lines
     assert "no answer to a health inference within 2 s" in lines[0] and "reloading the model" in lines[0]
     assert held  # the held request ended (failed when its stub was killed), it does not hang forever
+
+
+@needs_triton
+def test_a_hung_stub_behind_a_full_queue_is_found_on_the_real_server(tmp_path):
+    """16 requests wait on the hung stub: Triton's queue (4 here) is full and it refuses the health inference unrun
+    (503 'Exceeds maximum queue size'). That is no answer from the stub: found, killed and recovered (before: taken
+    for an answer, and the hang never found)."""
+    lines, held, result, after = _hold_a_hung_stub(tmp_path, 1.0, 16, max_queue_size=4)
+    assert np.array_equal(after, soak_triton_reference(tmp_path))
+    assert result == [0] and len(lines) == 1, lines
+    assert "no answer to a health inference within 1 s (Triton refused it: 503 " in lines[0], lines
+    assert "Exceeds maximum queue size" in lines[0] and "reloading the model" in lines[0]
+    assert len(held) == 16 and sum("Exceeds maximum queue size" in str(h) for h in held) >= 8  # the queue was full
+
+
+def soak_triton_reference(tmp_path) -> np.ndarray:
+    """The kit's ORT runner on the demo model for the zeros ``infer`` sends."""
+    from dcnkit.runtime.registry import make_runner
+
+    with make_runner(tmp_path / f"{soak_triton.NAME}.onnx", "ort-cpu") as runner:
+        return runner.run({"input": np.zeros((1, 1, 8, 8), np.float32)})["output"]
 
 
 def _try(fn):

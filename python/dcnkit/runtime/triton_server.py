@@ -312,11 +312,15 @@ class TritonServer:
             found.append(Child(int(entry.name), int(fields[19]), state, code, name))
         return found
 
-    def _instance_name(self, argv: list[bytes]) -> str | None:
-        if (len(argv) < 9 or not argv[0].endswith(STUB_PROGRAM.encode())
-                or not argv[1].decode(errors="replace").startswith(str(self.repository))):
+    @staticmethod
+    def _instance_name(argv: list[bytes]) -> str | None:
+        """The model instance a stub's command line names: ``argv[8]`` counted from the stub program, which is
+        ``argv[0]``, or ``argv[1]`` for a stub that is a script run by its interpreter."""
+        program = next((i for i, a in enumerate(argv[:2])
+                        if os.path.basename(a.decode(errors="replace")) == STUB_PROGRAM), None)
+        if program is None or len(argv) <= program + 8:
             return None
-        name = argv[8].decode(errors="replace")
+        name = argv[program + 8].decode(errors="replace")
         # Model instances only ("<model>_<group>_<index>"): while a model loads, the Python backend also runs a
         # short-lived stub named after the model alone (its config auto-completion), whose exit is no crash.
         return name if re.search(r"_\d+_\d+$", name) else None

@@ -5,16 +5,16 @@ Triton 2.51 does not restart a Python-backend stub that died (an out-of-memory k
 answers every later request ``Stub process '<model>_0_0' is not healthy.`` while the model's ready endpoint and
 ``/v2/health/ready`` go on answering 200. So :class:`TritonSupervisor` watches the processes themselves:
 
-* **Detect.** Every ``poll_s`` (0.2 s) it reads ``/proc`` for the server's children and checks the server process.
-  A stub is known by its pid and start time (a pid the kernel hands out again is another process). These are
-  crashes: a child of the server that ended with a signal or an error code and is left unreaped (Triton does not
-  reap a dead stub: a zombie, whose command line is gone), a tracked stub that has ended or is gone while the model
-  still answers ready, and fewer running instance stubs than the model's instance count (Triton's
-  ``/v2/models/<m>/config``) for longer than ``grace_s``. A stub that died before the model turned ready is such a
+* **Detect.** Every ``poll_s`` (0.2 s) it reads ``/proc`` for the server's children and checks the server process. A
+  stub is known by its pid and start time (a pid the kernel hands out again is another process). These are crashes: a
+  child of the server that ended with a signal or an error code and is left unreaped (Triton does not reap a dead stub:
+  a zombie, whose command line is gone), a tracked stub that has ended or is gone while the model still answers ready,
+  and fewer running instance stubs than the model's instance count (Triton's ``/v2/models/<m>/config``, else the
+  repository's ``config.pbtxt``) for longer than ``grace_s``. A stub that died before the model turned ready is such a
   zombie, seen in the first scan. A stub that is alive but hangs is found by a health inference of bounded time
-  (:mod:`dcnkit.server.triton_health`, ``health_timeout_s``; 0 turns it off) and killed, then recovered as a dead
-  one. A readiness probe that gets no answer is no unload: the stub is kept, and the server counts as hung once it
-  has not answered for ``health_timeout_s`` (or 10 s with the health inference off).
+  (:mod:`dcnkit.server.triton_health`, ``health_timeout_s``; 0 turns it off) and killed, then recovered as a dead one. A
+  readiness probe that gets no answer, or a server error (5xx), is no unload: the stub is kept, and the server counts as
+  hung once it has not answered for ``health_timeout_s`` (or 10 s with the health inference off).
 * **Recover.** The server runs with explicit model control. The first crash after a stable period is answered by
   unloading and loading the model (a new stub; about the model's load time). A crash that follows a recovery within
   ``stable_s``, or a reload that fails, gets a fresh ``tritonserver`` after a back-off delay (``backoff_s``,
@@ -74,6 +74,59 @@ class RestartPolicy:
         return 0.0 if attempt <= 1 else min(self.backoff_s * 2 ** (attempt - 2), self.max_backoff_s)
 
 
+# Tokens of protobuf's text format: strings, comments, punctuation, names and numbers.
+_PBTXT_TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|#[^\n]*|[{}\[\]<>:,;]|[^\s{}\[\]<>:,;"\'#]+')
+_PBTXT_CLOSE = {"{": "}", "<": ">"}
+
+
+def _pbtxt_fields(tokens: list[str], i: int, close: str | None) -> tuple[list[tuple[str, object]], int]:
+    """The ``(field, value)`` pairs of the message from ``tokens[i]`` to its ``close`` (None: the end), a message
+    value as its own pairs, a list as one pair per element; and the index after the message."""
+    fields = []
+    while i < len(tokens) and tokens[i] != close:
+        name, i = tokens[i], i + 1 + (tokens[i + 1] == ":")
+        values, i = _pbtxt_value(tokens, i)
+        fields += [(name, v) for v in values]
+        i += tokens[i] in (",", ";") if i < len(tokens) else 0
+    if close is not None and i >= len(tokens):
+        raise ValueError(f"config.pbtxt: expected {close!r} before the end")
+    return fields, i + 1
+
+
+def _pbtxt_value(tokens: list[str], i: int) -> tuple[list, int]:
+    if tokens[i] in _PBTXT_CLOSE:
+        message, i = _pbtxt_fields(tokens, i + 1, _PBTXT_CLOSE[tokens[i]])
+        return [message], i
+    if tokens[i] == "[":
+        values, i = [], i + 1
+        while tokens[i] != "]":
+            value, i = _pbtxt_value(tokens, i)
+            values += value
+            i += tokens[i] == ","
+        return values, i + 1
+    return [tokens[i]], i + 1
+
+
+def config_instance_count(text: str) -> int:
+    """The instances a ``config.pbtxt`` declares: the sum of its ``instance_group`` counts (1 where a group gives
+    none); 0 when it declares no group, or cannot be read. Read with Triton's schema, or, without it (no
+    ``tritonclient[grpc]``), by protobuf's text format itself, in either of its syntaxes: ``instance_group { ... }``
+    (what the kit and protobuf write) and ``instance_group [ {...}, ... ]``."""
+    try:
+        from dcnkit.runtime.triton import parse_config
+
+        return sum(g.count or 1 for g in parse_config(text).instance_group)
+    except Exception:  # noqa: BLE001 - no schema here, or a file it refuses: the text itself
+        pass
+    try:
+        tokens = [t for t in _PBTXT_TOKEN.findall(text) if not t.startswith("#")]
+        fields, _ = _pbtxt_fields(tokens, 0, None)
+        groups = [dict(g) for name, g in fields if name == "instance_group" and isinstance(g, list)]
+        return sum(int(g.get("count", 1)) or 1 for g in groups)
+    except (IndexError, ValueError):
+        return 0
+
+
 class TritonSupervisor:
     """Runs ``tritonserver`` on ``repository`` serving ``model`` and keeps it serving (the module docstring)."""
 
@@ -86,7 +139,7 @@ class TritonSupervisor:
         ``server_factory`` makes the server (:class:`TritonServer`'s arguments)."""
         self.repository, self.model, self.policy = repository, model, policy
         self.ready_timeout_s, self.poll_s, self.log = ready_timeout_s, poll_s, log
-        self.health = HealthProbe(model, health_timeout_s)
+        self.health = HealthProbe(model, health_timeout_s, repository=repository)
         self.grace_s, self._server_factory = grace_s, server_factory
         self._unanswered_limit_s = health_timeout_s if health_timeout_s > 0 else 10.0
         self._output = output or log
@@ -210,12 +263,13 @@ class TritonSupervisor:
         return f"{running} of {self._expected} instance stubs of {self.model} running"
 
     def _model_ready(self) -> bool | None:
-        """Whether the model answers ready: True (200), False (another status), None (no answer)."""
+        """Whether the model answers ready: True (200), False (another status: Triton's 400 for a model that is not
+        ready), None (no answer, or a server error: no word on the model)."""
         try:
             with urllib.request.urlopen(f"http://{self.server.http_url}/v2/models/{self.model}/ready", timeout=5) as r:
                 return r.status == 200
-        except urllib.error.HTTPError:
-            return False
+        except urllib.error.HTTPError as e:
+            return None if e.code >= 500 else False
         except OSError:
             return None
 
@@ -229,11 +283,9 @@ class TritonSupervisor:
         except (OSError, ValueError, TypeError, AttributeError):
             pass
         try:
-            text = (Path(self.repository) / self.model / "config.pbtxt").read_text()
+            return config_instance_count((Path(self.repository) / self.model / "config.pbtxt").read_text())
         except OSError:
             return 0
-        groups = re.findall(r"instance_group\s*\[(.*?)\]", text, re.S)
-        return sum(int(n) for g in groups for n in re.findall(r"\bcount\s*:\s*(\d+)", g))
 
     def _kill_live_stubs(self) -> None:
         for c in self.server.children():
@@ -355,4 +407,4 @@ class TritonSupervisor:
                     return f"the model was not ready within {self.ready_timeout_s:g} s"
 
 
-__all__ = ["EXIT_MODEL_FAILED", "HEALTH_TIMEOUT_S", "RestartPolicy", "TritonSupervisor"]
+__all__ = ["EXIT_MODEL_FAILED", "HEALTH_TIMEOUT_S", "RestartPolicy", "TritonSupervisor", "config_instance_count"]
