@@ -33,6 +33,9 @@ function(dcnkit_cpu_gemm)
   target_compile_features(dcnkit_cpu_gemm PUBLIC cxx_std_17)
   target_compile_options(dcnkit_cpu_gemm PRIVATE -Wall -Wextra -O3)
   target_link_libraries(dcnkit_cpu_gemm PUBLIC "${_libdir}/lib${_name}.so" ${CMAKE_DL_LIBS})
+  # A library using it stays loaded once loaded (ONNX Runtime closes a custom-op library with its session options):
+  # what it keeps per process (oneDNN's engine, the one-line notice without oneDNN) is made once per process.
+  target_link_options(dcnkit_cpu_gemm INTERFACE "LINKER:-z,nodelete")
   # oneDNN 3.x headers (pip onednn-devel-cpu-gomp: <prefix>/include/oneapi/dnnl); without them nothing is packed.
   execute_process(COMMAND "${Python_EXECUTABLE}" -c "import sysconfig; print(sysconfig.get_paths()['data'])"
                   OUTPUT_VARIABLE _prefix OUTPUT_STRIP_TRAILING_WHITESPACE)

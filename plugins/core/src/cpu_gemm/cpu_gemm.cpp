@@ -11,9 +11,9 @@ namespace dcnkit {
 
 namespace {
 
-// Measured (docs/performance.md): oneDNN's matmul on packed weights keeps its speed down to ~48 columns, so the
-// launchers' tiles follow their cache-sized default.
-constexpr int64_t kPackedMinN = 0;
+// Measured (docs/performance.md, single thread, K 2304-9216): oneDNN's matmul on packed weights runs at 100-117
+// GFLOP/s from ~48 columns up (80-93 at 32), while each tile reads the whole weight once more: tiles of at least 64.
+constexpr int64_t kPackedMinN = 64;
 
 void say_unpacked_once(const std::string& why) {
   static std::once_flag once;
