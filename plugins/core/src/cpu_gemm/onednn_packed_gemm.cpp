@@ -75,43 +75,23 @@ const Api& api() {
   return a;
 }
 
-// Owners of oneDNN objects.
-struct Desc {
-  dnnl_memory_desc_t md = nullptr;
-  ~Desc() {
-    if (md) api().dnnl_memory_desc_destroy(md);
+// Owners of oneDNN objects: each releases its object with the matching destroy function.
+template <typename H, dnnl_status_t (*Api::*Destroy)(H)>
+struct Owned {
+  H h = nullptr;
+  Owned() = default;
+  Owned(const Owned&) = delete;
+  Owned& operator=(const Owned&) = delete;
+  ~Owned() {
+    if (h) (api().*Destroy)(h);
   }
 };
-struct Mem {
-  dnnl_memory_t m = nullptr;
-  ~Mem() {
-    if (m) api().dnnl_memory_destroy(m);
-  }
-};
-struct PrimDesc {
-  dnnl_primitive_desc_t pd = nullptr;
-  ~PrimDesc() {
-    if (pd) api().dnnl_primitive_desc_destroy(pd);
-  }
-};
-struct Prim {
-  dnnl_primitive_t p = nullptr;
-  ~Prim() {
-    if (p) api().dnnl_primitive_destroy(p);
-  }
-};
-struct Stream {
-  dnnl_stream_t s = nullptr;
-  ~Stream() {
-    if (s) api().dnnl_stream_destroy(s);
-  }
-};
-struct Attr {
-  dnnl_primitive_attr_t a = nullptr;
-  ~Attr() {
-    if (a) api().dnnl_primitive_attr_destroy(a);
-  }
-};
+using Desc = Owned<dnnl_memory_desc_t, &Api::dnnl_memory_desc_destroy>;
+using Mem = Owned<dnnl_memory_t, &Api::dnnl_memory_destroy>;
+using PrimDesc = Owned<dnnl_primitive_desc_t, &Api::dnnl_primitive_desc_destroy>;
+using Prim = Owned<dnnl_primitive_t, &Api::dnnl_primitive_destroy>;
+using Stream = Owned<dnnl_stream_t, &Api::dnnl_stream_destroy>;
+using Attr = Owned<dnnl_primitive_attr_t, &Api::dnnl_primitive_attr_destroy>;
 
 bool ok(dnnl_status_t s) { return s == dnnl_success; }
 
@@ -121,7 +101,7 @@ Status dnnl_error(const char* what) { return Status::Internal(std::string("oneDN
 bool strided(dnnl_dim_t rows, dnnl_dim_t cols, dnnl_dim_t row_stride, dnnl_dim_t col_stride, Desc* d) {
   const dnnl_dims_t dims = {rows, cols};
   const dnnl_dims_t strides = {row_stride, col_stride};
-  return ok(api().dnnl_memory_desc_create_with_strides(&d->md, 2, dims, dnnl_f32, strides));
+  return ok(api().dnnl_memory_desc_create_with_strides(&d->h, 2, dims, dnnl_f32, strides));
 }
 
 struct Matmul {
@@ -157,7 +137,7 @@ struct OneDnnPackedA {
 const Matmul* OneDnnPackedA::matmul(int64_t n, int64_t ldb, bool trans_b) {
   std::lock_guard<std::mutex> lock(mutex);
   auto& slot = matmuls[{n, ldb, trans_b}];
-  if (slot) return slot->prim.p ? slot.get() : nullptr;
+  if (slot) return slot->prim.h ? slot.get() : nullptr;
   slot = std::make_unique<Matmul>();
   Matmul& m = *slot;
   const Api& a = api();
@@ -166,16 +146,16 @@ const Matmul* OneDnnPackedA::matmul(int64_t n, int64_t ldb, bool trans_b) {
   const dnnl_dims_t dst_dims = {n, kPackedRowBlock};
   Attr attr;
   PrimDesc pd;
-  if (!made || !ok(a.dnnl_memory_desc_create_with_tag(&m.dst.md, 2, dst_dims, dnnl_f32, dnnl_ab)) ||
-      !ok(a.dnnl_primitive_attr_create(&attr.a)) ||
-      !ok(a.dnnl_primitive_attr_set_scratchpad_mode(attr.a, dnnl_scratchpad_mode_user)) ||
-      !ok(a.dnnl_matmul_primitive_desc_create(&pd.pd, a.engine, m.src.md, weights.md, nullptr, m.dst.md, attr.a)) ||
-      !ok(a.dnnl_primitive_create(&m.prim.p, pd.pd))) {
-    if (m.prim.p) a.dnnl_primitive_destroy(m.prim.p);
-    m.prim.p = nullptr;
+  if (!made || !ok(a.dnnl_memory_desc_create_with_tag(&m.dst.h, 2, dst_dims, dnnl_f32, dnnl_ab)) ||
+      !ok(a.dnnl_primitive_attr_create(&attr.h)) ||
+      !ok(a.dnnl_primitive_attr_set_scratchpad_mode(attr.h, dnnl_scratchpad_mode_user)) ||
+      !ok(a.dnnl_matmul_primitive_desc_create(&pd.h, a.engine, m.src.h, weights.h, nullptr, m.dst.h, attr.h)) ||
+      !ok(a.dnnl_primitive_create(&m.prim.h, pd.h))) {
+    if (m.prim.h) a.dnnl_primitive_destroy(m.prim.h);
+    m.prim.h = nullptr;
     return nullptr;
   }
-  m.scratch = a.dnnl_memory_desc_get_size(a.dnnl_primitive_desc_query_md(pd.pd, dnnl_query_scratchpad_md, 0));
+  m.scratch = a.dnnl_memory_desc_get_size(a.dnnl_primitive_desc_query_md(pd.h, dnnl_query_scratchpad_md, 0));
   return &m;
 }
 
@@ -206,14 +186,14 @@ std::shared_ptr<OneDnnPackedA> onednn_pack(const GemmOperand& op) {
   Desc src_any, w_any, dst_any;
   const dnnl_dims_t src_dims = {1, op.cols}, w_dims = {op.cols, kPackedRowBlock}, dst_dims = {1, kPackedRowBlock};
   PrimDesc pd;
-  if (!ok(a.dnnl_memory_desc_create_with_tag(&src_any.md, 2, src_dims, dnnl_f32, dnnl_ab)) ||
-      !ok(a.dnnl_memory_desc_create_with_tag(&w_any.md, 2, w_dims, dnnl_f32, dnnl_format_tag_any)) ||
-      !ok(a.dnnl_memory_desc_create_with_tag(&dst_any.md, 2, dst_dims, dnnl_f32, dnnl_ab)) ||
-      !ok(a.dnnl_matmul_primitive_desc_create(&pd.pd, a.engine, src_any.md, w_any.md, nullptr, dst_any.md, nullptr)) ||
-      !ok(a.dnnl_memory_desc_clone(&p->weights.md, a.dnnl_primitive_desc_query_md(pd.pd, dnnl_query_weights_md, 0)))) {
+  if (!ok(a.dnnl_memory_desc_create_with_tag(&src_any.h, 2, src_dims, dnnl_f32, dnnl_ab)) ||
+      !ok(a.dnnl_memory_desc_create_with_tag(&w_any.h, 2, w_dims, dnnl_f32, dnnl_format_tag_any)) ||
+      !ok(a.dnnl_memory_desc_create_with_tag(&dst_any.h, 2, dst_dims, dnnl_f32, dnnl_ab)) ||
+      !ok(a.dnnl_matmul_primitive_desc_create(&pd.h, a.engine, src_any.h, w_any.h, nullptr, dst_any.h, nullptr)) ||
+      !ok(a.dnnl_memory_desc_clone(&p->weights.h, a.dnnl_primitive_desc_query_md(pd.h, dnnl_query_weights_md, 0)))) {
     return nullptr;
   }
-  p->block_bytes = (a.dnnl_memory_desc_get_size(p->weights.md) + 63) / 64 * 64;
+  p->block_bytes = (a.dnnl_memory_desc_get_size(p->weights.h) + 63) / 64 * 64;
   p->data = std::make_unique<Aligned>(p->block_bytes * static_cast<size_t>(p->batch * p->blocks));
   // Each block as a (cols x 64) matrix: the block's rows of A, zero-padded to 64, read transposed.
   Desc user;
@@ -221,15 +201,15 @@ std::shared_ptr<OneDnnPackedA> onednn_pack(const GemmOperand& op) {
   Prim reorder;
   Stream stream;
   if (p->data->p == nullptr || !strided(op.cols, kPackedRowBlock, 1, op.cols, &user) ||
-      !ok(a.dnnl_reorder_primitive_desc_create(&rpd.pd, user.md, a.engine, p->weights.md, a.engine, nullptr)) ||
-      !ok(a.dnnl_primitive_create(&reorder.p, rpd.pd)) ||
-      !ok(a.dnnl_stream_create(&stream.s, a.engine, dnnl_stream_default_flags))) {
+      !ok(a.dnnl_reorder_primitive_desc_create(&rpd.h, user.h, a.engine, p->weights.h, a.engine, nullptr)) ||
+      !ok(a.dnnl_primitive_create(&reorder.h, rpd.h)) ||
+      !ok(a.dnnl_stream_create(&stream.h, a.engine, dnnl_stream_default_flags))) {
     return nullptr;
   }
   std::vector<float> rows(static_cast<size_t>(kPackedRowBlock * op.cols));
   Mem from, to;
-  if (!ok(a.dnnl_memory_create(&from.m, user.md, a.engine, rows.data())) ||
-      !ok(a.dnnl_memory_create(&to.m, p->weights.md, a.engine, p->data->p))) {
+  if (!ok(a.dnnl_memory_create(&from.h, user.h, a.engine, rows.data())) ||
+      !ok(a.dnnl_memory_create(&to.h, p->weights.h, a.engine, p->data->p))) {
     return nullptr;
   }
   const float* src = static_cast<const float*>(op.data);
@@ -241,9 +221,9 @@ std::shared_ptr<OneDnnPackedA> onednn_pack(const GemmOperand& op) {
         const float* row = src + b * op.stride + r * op.ld;
         std::copy(row, row + op.cols, rows.data() + (r - r0) * op.cols);
       }
-      const dnnl_exec_arg_t args[] = {{DNNL_ARG_FROM, from.m}, {DNNL_ARG_TO, to.m}};
-      if (!ok(a.dnnl_memory_set_data_handle(to.m, const_cast<char*>(p->block(b, blk)))) ||
-          !ok(a.dnnl_primitive_execute(reorder.p, stream.s, 2, args))) {
+      const dnnl_exec_arg_t args[] = {{DNNL_ARG_FROM, from.h}, {DNNL_ARG_TO, to.h}};
+      if (!ok(a.dnnl_memory_set_data_handle(to.h, const_cast<char*>(p->block(b, blk)))) ||
+          !ok(a.dnnl_primitive_execute(reorder.h, stream.h, 2, args))) {
         return nullptr;
       }
     }
@@ -270,30 +250,30 @@ Status onednn_packed_gemm(OneDnnPackedA& p, const GemmArgs& g, bool* done) {
   void* scratch_p = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t(63));
   Stream stream;
   Mem src, w, out, pad;
-  if (!ok(a.dnnl_stream_create(&stream.s, a.engine, dnnl_stream_default_flags)) ||
-      !ok(a.dnnl_memory_create(&src.m, mm->src.md, a.engine, DNNL_MEMORY_NONE)) ||
-      !ok(a.dnnl_memory_create(&w.m, p.weights.md, a.engine, DNNL_MEMORY_NONE)) ||
-      !ok(a.dnnl_memory_create(&out.m, mm->dst.md, a.engine, dst.data()))) {
+  if (!ok(a.dnnl_stream_create(&stream.h, a.engine, dnnl_stream_default_flags)) ||
+      !ok(a.dnnl_memory_create(&src.h, mm->src.h, a.engine, DNNL_MEMORY_NONE)) ||
+      !ok(a.dnnl_memory_create(&w.h, p.weights.h, a.engine, DNNL_MEMORY_NONE)) ||
+      !ok(a.dnnl_memory_create(&out.h, mm->dst.h, a.engine, dst.data()))) {
     return dnnl_error("memory creation");
   }
-  std::vector<dnnl_exec_arg_t> args = {{DNNL_ARG_SRC, src.m}, {DNNL_ARG_WEIGHTS, w.m}, {DNNL_ARG_DST, out.m}};
+  std::vector<dnnl_exec_arg_t> args = {{DNNL_ARG_SRC, src.h}, {DNNL_ARG_WEIGHTS, w.h}, {DNNL_ARG_DST, out.h}};
   if (mm->scratch > 0) {
     Desc sd;
     const dnnl_dims_t dims = {static_cast<dnnl_dim_t>(mm->scratch)};
-    if (!ok(a.dnnl_memory_desc_create_with_tag(&sd.md, 1, dims, dnnl_u8, dnnl_a)) ||
-        !ok(a.dnnl_memory_create(&pad.m, sd.md, a.engine, scratch_p))) {
+    if (!ok(a.dnnl_memory_desc_create_with_tag(&sd.h, 1, dims, dnnl_u8, dnnl_a)) ||
+        !ok(a.dnnl_memory_create(&pad.h, sd.h, a.engine, scratch_p))) {
       return dnnl_error("scratchpad creation");
     }
-    args.push_back({DNNL_ARG_SCRATCHPAD, pad.m});
+    args.push_back({DNNL_ARG_SCRATCHPAD, pad.h});
   }
   const int64_t blk0 = g.a_row0 / kPackedRowBlock;
   for (int64_t b = 0; b < g.batch; ++b) {
     const float* bb = static_cast<const float*>(g.b) + b * g.stride_b;
     float* c = static_cast<float*>(g.c) + b * g.stride_c;
-    if (!ok(a.dnnl_memory_set_data_handle(src.m, const_cast<float*>(bb)))) return dnnl_error("set_data_handle");
+    if (!ok(a.dnnl_memory_set_data_handle(src.h, const_cast<float*>(bb)))) return dnnl_error("set_data_handle");
     for (int64_t r = 0; r < g.m; r += kPackedRowBlock) {
-      if (!ok(a.dnnl_memory_set_data_handle(w.m, const_cast<char*>(p.block(b, blk0 + r / kPackedRowBlock)))) ||
-          !ok(a.dnnl_primitive_execute(mm->prim.p, stream.s, static_cast<int>(args.size()), args.data()))) {
+      if (!ok(a.dnnl_memory_set_data_handle(w.h, const_cast<char*>(p.block(b, blk0 + r / kPackedRowBlock)))) ||
+          !ok(a.dnnl_primitive_execute(mm->prim.h, stream.h, static_cast<int>(args.size()), args.data()))) {
         return dnnl_error("matmul execution");
       }
       // dst (n x 64) -> rows [r, r + 64) of C (ldc), transposed.
