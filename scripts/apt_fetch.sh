@@ -1,4 +1,8 @@
-# Sourced by scripts/ort_headers.sh and scripts/onednn_fetch.sh (not run alone).
+# Sourced by scripts/ort_headers.sh, scripts/onednn_fetch.sh and scripts/cuda12_fetch.sh (not run alone).
+#
+# apt_debian_line PYTHON SUITE COMPONENTS: one sources.list line for SUITE / COMPONENTS of the Debian archive this
+# machine's apt uses (its sources, DCNKIT_APT_SOURCES_LIST / _PARTS override them; scripts/apt_debian_url.py);
+# non-zero when apt has no Debian archive.
 #
 # apt_fetch_unpack WORK LINE PKG...: downloads the packages with apt-get as the current user, from the one
 # sources.list LINE, into WORK/deb (apt's lists and cache in WORK too; nothing installed) and unpacks every
@@ -18,4 +22,14 @@ apt_fetch_unpack() {
   for d in "$work"/deb/*.deb; do
     if [ -f "$d" ]; then dpkg-deb -x "$d" "$work/x"; fi
   done
+}
+
+apt_debian_line() {
+  local py="$1" suite="$2" components="$3"
+  local SL=/etc/apt/sources.list SP=/etc/apt/sources.list.d
+  if command -v apt-config >/dev/null 2>&1; then
+    eval "$(apt-config shell SL Dir::Etc::SourceList/f SP Dir::Etc::SourceParts/d)"
+  fi
+  "$py" "$(dirname "${BASH_SOURCE[0]}")/apt_debian_url.py" --sources-list "${DCNKIT_APT_SOURCES_LIST:-$SL}" \
+    --sources-parts "${DCNKIT_APT_SOURCES_PARTS:-$SP}" --suite "$suite" --component "$components"
 }

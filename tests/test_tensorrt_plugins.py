@@ -274,7 +274,7 @@ ctypes.CDLL({str(lib.with_name("libdcnkit_trt_autoreg.so"))!r}, mode=os.RTLD_NOW
 print("loaded")
 """)
     assert r.returncode == 0 and r.stdout.strip() == "loaded", r.stdout + r.stderr
-    assert f"libnvinfer.so.{_major()} is not loaded in this process" in r.stderr, r.stderr
+    assert "neither libnvinfer.so.10 nor libnvinfer.so.11 is loaded in this process" in r.stderr, r.stderr
 
 
 class _Registry:
@@ -292,7 +292,7 @@ class _Registry:
         return object() if self.registered and (name, version, namespace) == ("DeformConv2d", "1", "dcnkit") else None
 
 
-def _load_plugins_with(monkeypatch, registry, dlopened):
+def _load_plugins_with(monkeypatch, registry, dlopened, version=None):
     """dcnkit.runtime.tensorrt.load_plugins against a stand-in ``tensorrt`` module and Polygraphy's LoadPlugins
     recording what it would dlopen."""
     import sys
@@ -304,6 +304,8 @@ def _load_plugins_with(monkeypatch, registry, dlopened):
     from dcnkit.runtime import tensorrt as dk_trt
 
     fake = types.ModuleType("tensorrt")
+    if version is not None:
+        fake.__version__ = version
     fake.init_libnvinfer_plugins = lambda logger, ns: True
     fake.get_plugin_registry = lambda: registry
     monkeypatch.setitem(sys.modules, "tensorrt", fake)
@@ -348,3 +350,37 @@ def test_the_kits_tools_fall_back_to_the_autoreg_library(monkeypatch):
     assert registry.loaded == [str(lib.resolve())]
     assert dlopened == [str(lib.with_name("libdcnkit_trt_autoreg.so"))]
     assert "libdcnkit_trt_autoreg.so (IPluginRegistry.load_library failed)" in lines[0]
+
+
+@needs_headers
+@needs_nvcc
+def test_tensorrt_library_names_the_library_of_a_release_or_refuses_it(monkeypatch):
+    import types
+
+    lib = _library()
+    if lib is None:
+        pytest.skip("no library")
+    served = dcnkit.tensorrt_releases_served()
+    assert _major() in served  # the headers of the build serve their own major
+    for v in [f"{m}.{minor}" for m in served for minor in (0, 3, 16)] + [f"{served[-1]}.1.0"]:
+        assert Path(dcnkit.tensorrt_library(v)) == lib
+    for v, why in (("8.6", "TensorRT 8.x and 9.x have no IPluginV3"), ("9.0", "no IPluginV3"), ("12.0", "serves")):
+        with pytest.raises(ValueError, match=rf"TensorRT {v} is not served.*serves TensorRT {served[0]}\.x"):
+            dcnkit.tensorrt_library(v)
+    with pytest.raises(ValueError, match="version: expected a TensorRT release such as '10.3'"):
+        dcnkit.tensorrt_library("latest")
+    # None: the installed tensorrt module's release (a stand-in module here)
+    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="8.6.1"))
+    with pytest.raises(ValueError, match="TensorRT 8.6.1 is not served"):
+        dcnkit.tensorrt_library()
+
+
+@needs_headers
+@needs_nvcc
+def test_the_kits_tools_refuse_a_tensorrt_the_library_does_not_serve(monkeypatch):
+    if _library() is None:
+        pytest.skip("no library")
+    registry, dlopened = _Registry(handle=object()), []
+    with pytest.raises(ValueError, match="TensorRT 8.6.1 is not served"):
+        _load_plugins_with(monkeypatch, registry, dlopened, version="8.6.1")
+    assert registry.loaded == [] and dlopened == []  # nothing was loaded

@@ -150,8 +150,9 @@ def _requires(wheel: Path) -> dict[str, list[str]]:
 
 def test_extras_match_the_jobs(wheels):
     req = _requires(wheels["plain"][0])
-    assert set(req) == {"", "serve", "torch", "tools", "test", "openvino", "transformers"}
+    assert set(req) == {"", "serve", "torch", "tools", "test", "openvino", "transformers", "ultralytics"}
     assert req["openvino"] == ["openvino"]
+    assert {"ultralytics", "onnxslim"} <= set(req["ultralytics"])  # dcnkit.integrations.ultralytics
     assert req["transformers"] == ["transformers"]  # dcnkit.integrations.transformers
     assert {"onnxruntime", "onnx", "numpy", "scipy-openblas32"} <= set(req[""])
     assert {"fastapi", "uvicorn", "prometheus-client", "nvidia-pytriton"} <= set(req["serve"])
