@@ -4,7 +4,7 @@
 //   - A packed once (GemmArgs::a_packed, made by cpu_gemm_pack from a constant GemmOperand: a model's weight):
 //     oneDNN's matmul on the weight reordered once into its own blocked layout (brgemm kernels on AVX-512 / AMX), where
 //     oneDNN 3.x loads (onednn_lib.h). Chosen by measurement (docs/performance.md): on the deformable convolutions'
-//     GEMMs it ran 1.2-2x OpenBLAS's and MKL's speed, whose sgemm packs the weight on every call.
+//     GEMMs it ran 1.1-2.1x OpenBLAS's and MKL's speed, whose sgemm packs the weight on every call.
 //   - Everything else, and everything where oneDNN 3.x is absent: OpenBLAS (openblas_gemm.h).
 // Built into those libraries only (plugins/core/src/cpu_gemm/), never into the core: the torch path uses ATen's GEMM.
 #pragma once

@@ -11,7 +11,7 @@ namespace dcnkit {
 
 namespace {
 
-// Measured (docs/performance.md, single thread, K 2304-9216): oneDNN's matmul on packed weights runs at 100-117
+// Measured (docs/performance.md, single thread, K 2304-9216): oneDNN's matmul on packed weights runs at 103-115
 // GFLOP/s from ~48 columns up (80-93 at 32), while each tile reads the whole weight once more: tiles of at least 64.
 constexpr int64_t kPackedMinN = 64;
 
