@@ -77,6 +77,32 @@ def test_the_cpu_gemm_matches_the_float64_reference(case, constant_weight):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+def _openvino_unavailable():
+    from dcnkit.runtime.registry import available_backends
+
+    return available_backends().get("openvino")
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("constant_weight", [True, False], ids=["constant-weight", "weight-input"])
+def test_the_openvino_kernel_matches_the_float64_reference(case, constant_weight):
+    """The same GEMM inside OpenVINO (libdcnkit_ov.so): a constant weight packed at the node's first run and reused
+    by the second, a weight input packed on every run."""
+    reason = _openvino_unavailable()
+    if reason:
+        pytest.skip(reason)
+    from dcnkit.runtime.registry import make_runner
+
+    d, want = _case(case)
+    model = _model(case, d, constant_weight)
+    runner = make_runner(model.SerializeToString(), "openvino", num_threads=2)
+    feeds = {i.name: d[i.name] for i in model.graph.input}
+    for _ in range(2):  # the first run packs a constant weight, the second reads it packed
+        got = runner.run(feeds)["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    runner.close()
+
+
 _CHILD = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[1])
