@@ -4,9 +4,20 @@
 # machine's apt uses (its sources, DCNKIT_APT_SOURCES_LIST / _PARTS override them; scripts/apt_debian_url.py);
 # non-zero when apt has no Debian archive.
 #
+# fetch_args NAME DEPS_DIR [PYTHON]: the arguments of scripts/NAME_fetch.sh: sets deps (DEPS_DIR, created, absolute)
+# and py (PYTHON, default python3), and defines say MESSAGE (one "[NAME] MESSAGE" line on stderr).
+#
 # apt_fetch_unpack WORK LINE PKG...: downloads the packages with apt-get as the current user, from the one
 # sources.list LINE, into WORK/deb (apt's lists and cache in WORK too; nothing installed) and unpacks every
 # .deb into WORK/x. apt-get's messages go to stderr.
+fetch_args() {
+  local name="$1"
+  deps="${2:?usage: ${name}_fetch.sh DEPS_DIR [PYTHON]}"
+  mkdir -p "$deps" && deps="$(cd "$deps" && pwd)"
+  py="${3:-python3}"
+  eval "say() { printf '[$name] %s\\n' \"\$*\" >&2; }"
+}
+
 apt_fetch_unpack() {
   local work="$1" line="$2"
   shift 2

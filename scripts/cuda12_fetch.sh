@@ -14,10 +14,9 @@
 # apt-get, a Debian archive or PyPI it says so in one line and exits 1 (the check then skips).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-deps="${1:?usage: cuda12_fetch.sh DEPS_DIR [PYTHON]}"
-mkdir -p "$deps" && deps="$(cd "$deps" && pwd)"
-py="${2:-python3}"
-say() { printf '[cuda12] %s\n' "$*" >&2; }
+# shellcheck source=scripts/apt_fetch.sh
+. "$here/apt_fetch.sh"
+fetch_args cuda12 "$@"
 out="$deps/cuda12"
 if [ -x "$out/bin/nvcc" ] && [ -f "$out/include/cuda_runtime.h" ] && [ -f "$out/include/nv/target" ]; then
   echo "$out"
@@ -27,8 +26,6 @@ if ! command -v apt-get >/dev/null 2>&1; then
   say "error: no apt-get on this machine to fetch Debian's nvidia-cuda-toolkit (nvcc 12)"
   exit 1
 fi
-# shellcheck source=scripts/apt_fetch.sh
-. "$here/apt_fetch.sh"
 if ! line="$(apt_debian_line "$py" trixie "main non-free")"; then
   say "error: this machine's apt has no Debian archive to fetch nvidia-cuda-toolkit (trixie non-free) from"
   exit 1

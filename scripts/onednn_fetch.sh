@@ -12,10 +12,9 @@
 # it says so in one line and exits 1 (the library still builds and loads; QDeformConv2d then asks for oneDNN).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-deps="${1:?usage: onednn_fetch.sh DEPS_DIR [PYTHON]}"
-mkdir -p "$deps" && deps="$(cd "$deps" && pwd)"
-py="${2:-python3}"
-say() { printf '[onednn] %s\n' "$*" >&2; }
+# shellcheck source=scripts/apt_fetch.sh
+. "$here/apt_fetch.sh"
+fetch_args onednn "$@"
 out="$deps/onednn"
 if [ -f "$out/lib/libdnnl.so.2" ] && [ -f "$out/include/oneapi/dnnl/dnnl.h" ]; then
   (cd "$out/lib" && pwd)
@@ -26,8 +25,6 @@ if ! command -v apt-get >/dev/null 2>&1; then
   say "error: no apt-get on this machine to fetch Debian's libdnnl2: $need"
   exit 1
 fi
-# shellcheck source=scripts/apt_fetch.sh
-. "$here/apt_fetch.sh"
 if ! line="$(apt_debian_line "$py" bookworm "main")"; then
   say "error: this machine's apt has no Debian archive to fetch libdnnl2 (bookworm) from: $need"
   exit 1

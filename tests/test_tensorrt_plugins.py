@@ -46,6 +46,15 @@ def _library():
         return None
 
 
+@pytest.fixture
+def lib():
+    """The built plugin library (the test skips without one)."""
+    path = _library()
+    if path is None:
+        pytest.skip("no library")
+    return path
+
+
 @needs_headers
 @needs_nvcc
 def test_library_is_built_when_headers_are_given():
@@ -77,13 +86,10 @@ def test_library_exports_only_the_plugin_entry_points_and_needs_no_tensorrt():
 
 @needs_headers
 @needs_nvcc
-def test_op_table_is_the_one_of_the_other_libraries():
+def test_op_table_is_the_one_of_the_other_libraries(lib):
     import ctypes
     import json
 
-    lib = _library()
-    if lib is None:
-        pytest.skip("no library")
     handle = ctypes.CDLL(str(lib))
     handle.dcnkit_op_defs_json.restype = ctypes.c_char_p
     assert json.loads(handle.dcnkit_op_defs_json()) == dcnkit.op_defs()
@@ -329,10 +335,7 @@ def _load_plugins_with(monkeypatch, registry, dlopened, version=None):
 
 @needs_headers
 @needs_nvcc
-def test_the_kits_tools_load_the_library_with_load_library_first(monkeypatch):
-    lib = _library()
-    if lib is None:
-        pytest.skip("no library")
+def test_the_kits_tools_load_the_library_with_load_library_first(monkeypatch, lib):
     registry, dlopened = _Registry(handle=object()), []
     lines = _load_plugins_with(monkeypatch, registry, dlopened)
     assert registry.loaded == [str(lib.resolve())] and dlopened == []
@@ -341,10 +344,7 @@ def test_the_kits_tools_load_the_library_with_load_library_first(monkeypatch):
 
 @needs_headers
 @needs_nvcc
-def test_the_kits_tools_fall_back_to_the_autoreg_library(monkeypatch):
-    lib = _library()
-    if lib is None:
-        pytest.skip("no library")
+def test_the_kits_tools_fall_back_to_the_autoreg_library(monkeypatch, lib):
     registry, dlopened = _Registry(handle=None), []
     lines = _load_plugins_with(monkeypatch, registry, dlopened)
     assert registry.loaded == [str(lib.resolve())]
@@ -354,12 +354,9 @@ def test_the_kits_tools_fall_back_to_the_autoreg_library(monkeypatch):
 
 @needs_headers
 @needs_nvcc
-def test_tensorrt_library_names_the_library_of_a_release_or_refuses_it(monkeypatch):
+def test_tensorrt_library_names_the_library_of_a_release_or_refuses_it(monkeypatch, lib):
     import types
 
-    lib = _library()
-    if lib is None:
-        pytest.skip("no library")
     served = dcnkit.tensorrt_releases_served()
     assert _major() in served  # the headers of the build serve their own major
     for v in [f"{m}.{minor}" for m in served for minor in (0, 3, 16)] + [f"{served[-1]}.1.0"]:
@@ -377,9 +374,7 @@ def test_tensorrt_library_names_the_library_of_a_release_or_refuses_it(monkeypat
 
 @needs_headers
 @needs_nvcc
-def test_the_kits_tools_refuse_a_tensorrt_the_library_does_not_serve(monkeypatch):
-    if _library() is None:
-        pytest.skip("no library")
+def test_the_kits_tools_refuse_a_tensorrt_the_library_does_not_serve(monkeypatch, lib):
     registry, dlopened = _Registry(handle=object()), []
     with pytest.raises(ValueError, match="TensorRT 8.6.1 is not served"):
         _load_plugins_with(monkeypatch, registry, dlopened, version="8.6.1")
