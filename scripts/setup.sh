@@ -7,6 +7,8 @@
 #     (scripts/ort_headers.sh; without apt-get it says in one line what to provide and fails),
 #   - oneDNN for the quantized DeformConv2d (Debian bookworm's libdnnl2 unpacked into .deps/onednn by
 #     scripts/onednn_fetch.sh; optional: without it QDeformConv2d asks for oneDNN and its tests skip),
+#   - oneDNN 3.x from PyPI (onednn-cpu-gomp, in requirements-dev.txt and the wheel's dependencies): the packed-weight
+#     CPU GEMM of the ONNX Runtime and OpenVINO libraries, loaded at run time (without it: OpenBLAS, one line saying so),
 #   - a CUDA 12 compiler in .deps/cuda12 when nvcc is here (scripts/cuda12_fetch.sh: the kernels' CUDA 12 compile
 #     check; optional),
 #   - the [openvino] extra (OpenVINO's wheel: the openvino backend, and the headers libdcnkit_ov.so is built with),

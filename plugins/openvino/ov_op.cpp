@@ -6,6 +6,7 @@
 #include <sstream>
 #include <utility>
 
+#include "dcnkit/cpu_gemm.h"
 #include "openvino/core/attribute_visitor.hpp"
 #include "openvino/core/op_extension.hpp"
 #include "openvino/op/constant.hpp"
@@ -203,7 +204,8 @@ void KitOpBase::note_constant_inputs() {
   }
 }
 
-std::shared_ptr<const std::vector<char>> KitOpBase::packed(int i, const void* data, const Shape& shape) const {
+std::shared_ptr<const std::vector<char>> KitOpBase::packed(int i, const void* data, const Shape& shape,
+                                                           std::shared_ptr<const void>* gemm) const {
   const OpEntry& e = op_->entry;
   if (e.pack == nullptr || data == nullptr || i < 0 || static_cast<size_t>(i) >= constant_.size() || !constant_[i]) {
     return nullptr;
@@ -220,8 +222,11 @@ std::shared_ptr<const std::vector<char>> KitOpBase::packed(int i, const void* da
     p->data.resize(e.pack(call, i, data, DType::kFloat32, nullptr));
     if (p->data.empty()) return nullptr;
     e.pack(call, i, data, DType::kFloat32, p->data.data());
+    GemmOperand a;
+    if (e.gemm_operand && e.gemm_operand(call, i, p->data.data(), &a)) p->gemm = cpu_gemm_pack(a);
     slot = std::move(p);
   }
+  if (gemm != nullptr) *gemm = slot->gemm;
   return std::shared_ptr<const std::vector<char>>(slot, &slot->data);
 }
 

@@ -53,7 +53,9 @@ class KitOpBase : public ov::op::Op {
   // A constant input of the model (canonical input i) in the launcher's layout (OpEntry::pack), made on the first run
   // from `data` (the constant's memory, which the plugin keeps) and kept; null where the op has no such layout or the
   // input is not a constant.
-  std::shared_ptr<const std::vector<char>> packed(int i, const void* data, const Shape& shape) const;
+  // With it, `gemm` is set to the same packed once more by the CPU GEMM (cpu_gemm_pack; null where it does not pack).
+  std::shared_ptr<const std::vector<char>> packed(int i, const void* data, const Shape& shape,
+                                                  std::shared_ptr<const void>* gemm = nullptr) const;
 
  protected:
   explicit KitOpBase(int index);
@@ -75,6 +77,7 @@ class KitOpBase : public ov::op::Op {
     const void* source = nullptr;
     Shape shape;
     std::vector<char> data;
+    std::shared_ptr<const void> gemm;  // data packed by the CPU GEMM, or null
   };
   mutable std::mutex packed_mutex_;
   mutable std::shared_ptr<const Packed> packed_[kMaxInputs];

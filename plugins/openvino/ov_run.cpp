@@ -7,7 +7,7 @@
 #include <limits>
 #include <memory>
 
-#include "dcnkit/openblas_gemm.h"
+#include "dcnkit/cpu_gemm.h"
 #include "openvino/core/type/bfloat16.hpp"
 #include "openvino/core/type/float16.hpp"
 #include "ov_op.h"
@@ -41,8 +41,8 @@ CpuContext cpu_context() {
   CpuContext ctx;
   ctx.num_threads = std::max(1, tbb::this_task_arena::max_concurrency());
   ctx.parallel_for = &tbb_parallel_for;
-  ctx.gemm = &openblas_gemm;
-  ctx.gemm_min_n = openblas_min_n();
+  ctx.gemm = &cpu_gemm;
+  ctx.gemm_min_n = cpu_gemm_min_n(false);  // run_f32 narrows it for a node with a packed weight
   return ctx;
 }
 
@@ -138,12 +138,15 @@ Status run_f32(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorV
   }
   if (empty) return Status::Ok();
   std::shared_ptr<const std::vector<char>> packed[kMaxInputs];
+  std::shared_ptr<const void> gemm_packed[kMaxInputs];
+  CpuContext cpu = cpu_context();
   for (size_t i = 0; i < kMaxInputs; ++i) {
     if (g.shapes.in[i] == nullptr) continue;
-    packed[i] = op.packed(static_cast<int>(i), g.buffers.in[i], *g.shapes.in[i]);
+    packed[i] = op.packed(static_cast<int>(i), g.buffers.in[i], *g.shapes.in[i], &gemm_packed[i]);
     if (packed[i]) g.buffers.packed[i] = packed[i]->data();
+    g.buffers.gemm_packed[i] = gemm_packed[i].get();
+    if (gemm_packed[i]) cpu.gemm_min_n = cpu_gemm_min_n(true);
   }
-  const CpuContext cpu = cpu_context();
   OpDevice dev;
   dev.cpu = &cpu;
   OpTypes types;  // float32 (run_cpu converts 16-bit tensors around the kernels)

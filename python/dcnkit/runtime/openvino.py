@@ -18,9 +18,9 @@ Options (``make_runner(path, backend="openvino", ...)``):
                          ``"bf16"`` or ``"f16"``: OpenVINO's ``INFERENCE_PRECISION_HINT`` for its own layers (the
                          kit's operations compute in float32 whatever the hint).
 ``num_threads``          ``INFERENCE_NUM_THREADS`` (default: OpenVINO's choice, every core).
-``deform_conv``          ``"auto"`` (default: the measured per-node rule), ``"openvino"`` (every standard DeformConv
-                         on OpenVINO's op) or ``"kit"`` (every one on the kit's kernel). ``kit_kernels=False`` is
-                         ``"openvino"``.
+``deform_conv``          ``"auto"`` (default) and ``"kit"``: every standard DeformConv the kit can represent on the
+                         kit's kernel (measured the faster one); ``"openvino"``: every one on OpenVINO's op.
+                         ``kit_kernels=False`` is ``"openvino"``.
 ``config``               more OpenVINO properties for ``compile_model`` (a dict).
 
 ``model`` is an ONNX file (path, bytes or ``onnx.ModelProto``), or OpenVINO IR: a ``.xml`` file or a folder written

@@ -1,7 +1,9 @@
 """Which standard nodes run on the kit's kernels under OpenVINO, applied as an in-memory rewrite before OpenVINO reads
 the model (the file is not touched).
 
-``DeformConv``: a per-node rule, measured (:func:`kit_is_faster`), rewrites it to ``dcnkit::DeformConv2d``.
+``DeformConv``: every node the kit can represent is rewritten to ``dcnkit::DeformConv2d`` (measured: OpenVINO's
+DeformableConvolution-8 took 1.24-1.82x the kit kernel's time inside OpenVINO on ten of eleven DCNv2 layers, docs/
+openvino.md "Which kernel runs a DeformConv"; the kit's kernel reads its weight packed once for its GEMM).
 
 The kit's extension library converts standard ``DeformConv`` to OpenVINO's own DeformableConvolution-8 (with
 ``bilinear_interpolation_pad``, the same function) and ``dcnkit::DeformConv2d`` to the kit's kernel; the rewrite
@@ -25,25 +27,7 @@ from typing import Any
 
 from dcnkit.runtime.ort_rewrite import rewrite_deform_conv
 
-__all__ = ["KIT_MIN_OUTPUT_POSITIONS", "kit_is_faster", "prepare_onnx", "rewrite_empty_constants", "rewrite_roi_align"]
-
-# The measured rule (benchmarks/bench_openvino.py --layers, docs/openvino.md "Which kernel runs a DeformConv"; Intel
-# Xeon, AVX-512/AMX, 1 thread, CPU time, 2026-11-27): on ten of the eleven DCNv2 layers of bench_ort_deform_conv.py
-# (49 to 4096 output positions, 256 and 512 channels, stride 1 and 2) OpenVINO's DeformableConvolution-8 took
-# 1.24-1.82x the kit kernel's time inside OpenVINO; on the 64-channel 64x64 one the two were level (0.92 and 1.08
-# against the two columns that run the kit's kernel). So every node the kit can represent runs on the kit's kernel;
-# the threshold stays, as ONNX Runtime's does, for a machine where small maps measure otherwise.
-KIT_MIN_OUTPUT_POSITIONS = 0
-
-
-def kit_is_faster(out_hw: tuple | None) -> bool:
-    """Whether the kit's kernel is the faster one under OpenVINO (CPU) for a DeformConv node whose output map is
-    ``out_hw`` = (Ho, Wo), or None (or a None size) where it is not known."""
-    if out_hw is None or any(d is None for d in out_hw):
-        return True
-    ho, wo = out_hw
-    return ho * wo >= KIT_MIN_OUTPUT_POSITIONS
-
+__all__ = ["prepare_onnx", "rewrite_empty_constants", "rewrite_roi_align"]
 
 def _default_opset(model: Any) -> int:
     return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=1)
@@ -244,12 +228,12 @@ def rewrite_empty_constants(model: Any) -> tuple[Any, int]:
 def prepare_onnx(model: Any, deform_conv: str = "auto") -> tuple[Any, int]:
     """(the model OpenVINO reads, standard DeformConv nodes moved to the kit's kernel): empty constants in subgraphs
     become ``ConstantOfShape`` (:func:`rewrite_empty_constants`), RoiAlign (avg) nodes always move to the kit's
-    (:func:`rewrite_roi_align`); ``deform_conv``: ``"auto"`` (the rule above), ``"kit"`` (every
-    DeformConv node the kit can represent) or ``"openvino"`` (none)."""
+    (:func:`rewrite_roi_align`); ``deform_conv``: ``"auto"`` and ``"kit"`` (every DeformConv node the kit can
+    represent) or ``"openvino"`` (none)."""
     if deform_conv not in ("auto", "kit", "openvino"):
         raise ValueError(f"deform_conv: expected 'auto', 'kit' or 'openvino', got {deform_conv!r}")
     model, _ = rewrite_empty_constants(model)
     model, _ = rewrite_roi_align(model)
     if deform_conv == "openvino":
         return model, 0
-    return rewrite_deform_conv(model, rule=None if deform_conv == "kit" else kit_is_faster)
+    return rewrite_deform_conv(model)
