@@ -106,7 +106,31 @@ GATED = {
 }
 
 # Kernels known to break a gate, with the reason.
-PENDING: dict[str, str] = {}
+PENDING: dict[str, str] = {
+    "DeviceRadixSortOnesweepKernel": "CUB's radix sort (the deterministic DCN backward's plan): CUB's code, not ours",
+    "DeviceRadixSortSingleTileKernel": "CUB's radix sort (the deterministic DCN backward's plan): CUB's code, not ours",
+    "assert_levels_kernel": "MSDA's level-table check (one thread per level, no sampling): its loop's 64-bit division",
+    "dcnv3_forward_kernel": "DCNv3 (62-91 registers, loops with 64-bit conversions): its own rewrite, not issue 48's",
+    "dcnv3_backward_kernel": "DCNv3 (83-108 registers, loops with 64-bit conversions): its own rewrite, not issue 48's",
+    "msda_forward_kernel": "multi-scale deformable attention (64-80 registers, loops with CALLs): its own rewrite",
+    "msda_backward_kernel": "multi-scale deformable attention (96-128 registers, loops with CALLs): its own rewrite",
+    "deform_conv2d_gather_kernel": "double only (the float64 gradcheck instantiation): 70-72 registers",
+    "deform_conv2d_gather_kernel_wide": "double only (the float64 gradcheck instantiation): 64 registers",
+    "deform_conv2d_point_grad_kernel": "double only (the float64 gradcheck instantiation): 56-68 registers",
+    "deform_conv2d_sampling_backward_kernel": "double only (the float64 gradcheck instantiation): 80-92 registers",
+    "deform_psroi_pool_backward_kernel": "the atomic backward of DeformPSRoIPool (grad_input scatter and grad_trans in "
+                                         "one thread): 60 registers, 86 in double; capped at 48 it spills",
+    "deform_psroi_pool_trans_grad_kernel": "deterministic grad_trans, a (RoI, class, part) per thread: 100 registers, "
+                                           "128 in double; capped at 48 it spills 280 B",
+    "deform_psroi_pool_forward_kernel": "double only: stack and spill at 48 registers",
+    "deform_psroi_pool_plan_forward_kernel": "double only: stack and spill at 48 registers",
+    "deform_psroi_pool_plan_grad_input_kernel": "double only: stack and spill at 48 registers",
+    "roi_gather_footprint_kernel": "double only (DeformPSRoIPool's footprint): stack and spill at 48 registers",
+    "roi_align_visit_backward_kernel": "double only: stack and spill at 48 registers (the bounded visit)",
+    "multi_level_roi_align_visit_backward_kernel": "double only: stack and spill at 48 registers (the bounded visit)",
+    "roi_align_rotated_visit_forward_kernel": "double only: stack and spill at 48 registers (the bounded visit)",
+    "roi_align_rotated_visit_backward_kernel": "double only: stack and spill at 48 registers (the bounded visit)",
+}
 
 # Kernels excused from a gate other than the SASS rules (every kernel of every instantiation keeps those: no loop with
 # a CALL or a 64-bit int<->float conversion, registers <= MAX_REGISTERS, no stack, no spill), by name, with the reason.
@@ -354,7 +378,9 @@ def settle_pending(kernels: list[Kernel]) -> None:
     """A PENDING kernel's failing instantiations are reported as pending; when none of them fails any more, they
     all fail the run ("passes": take it off the list)."""
     for name, why in PENDING.items():
-        same = [k for k in kernels if k.name == name]
+        # "double only": the other instantiations keep every gate (a double G of a footprint kernel: Idd in the name)
+        same = [k for k in kernels if k.name == name and
+                (not why.startswith("double only") or k.dtype == "double" or (not k.dtype and "Idd" in k.mangled))]
         if not same:
             continue
         if any(k.failures for k in same):

@@ -51,3 +51,13 @@ def test_roi_align_plan_counts(tmp_path):
     run = _build_and_run("roi_plan_counts.cpp", tmp_path)
     assert all(f"| {m} |" in run.stdout for m in ("avg", "max", "deform avg", "psroi avg")), run.stdout + run.stderr
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+@needs_cxx
+def test_device_math_matches_the_host_arithmetic(tmp_path):
+    # tests/cpp/device_math_checks.cpp: the device's CALL-free division bit-equal to IEEE division, the 32-bit split
+    # conversions equal to the 64-bit ones, and the rotated gather's 64-bit grad_output offsets past 2^31 bins.
+    run = _build_and_run("device_math_checks.cpp", tmp_path)
+    assert run.returncode == 0 and "FAIL" not in run.stdout, run.stdout + run.stderr
+    assert "rotated gather's grad_output offset past 2^31 bins" in run.stdout
+    assert run.stdout.count(" ok\n") >= 5, run.stdout

@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
 // One thread per output gradient element, scattering into the accumulation buffers (type Acc) of
 // grad_input and grad_trans (atomicAdd).
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
+__global__ void __launch_bounds__(kCudaThreads)
     deform_psroi_pool_backward_kernel(DeformPSRoIPoolParams p, const T* grad_output, const T* input, const T* rois,
                                       const T* trans, const T* count, Acc* grad_input, Acc* grad_trans) {
   const int64_t C = p.channels, H = p.height, W = p.width, D = p.attrs.output_dim;
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
 
 // Deterministic grad_trans: one thread per (RoI, class, part) writing its two entries (psroi_trans_grad_entry).
 template <typename T, typename Acc>
-__global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
+__global__ void __launch_bounds__(kCudaThreads)
     deform_psroi_pool_trans_grad_kernel(DeformPSRoIPoolParams p, const T* grad_output, const T* input, const T* rois,
                                         const T* trans, const T* count, int64_t n, T* grad_trans) {
   DCNKIT_CUDA_ELEMENT(i, n);

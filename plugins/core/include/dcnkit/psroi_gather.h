@@ -27,8 +27,9 @@ DCNKIT_HD void psroi_group_bins(uint32_t g, uint32_t G, uint32_t P, int64_t* fir
 // The 32-bit index arithmetic of the gather: channels, group_size * output_size below 2^31.
 inline bool psroi_gather_supported(const DeformPSRoIPoolParams& p) {
   const int64_t lim = int64_t(1) << 31;
-  return p.channels < lim && p.attrs.group_size * (p.attrs.output_size + 1) < lim &&
-         p.attrs.part_size * (p.attrs.output_size + 1) < lim;
+  const int64_t classes = p.num_classes > 0 ? p.num_classes : 1, P = p.attrs.output_size;
+  return p.channels < lim && p.attrs.group_size * (P + 1) < lim && p.attrs.part_size * (P + 1) < lim &&
+         P < lim / (P > 0 ? P : 1) / classes;  // add(): a class's bin (cell + ph * P + pw) in 32 bits
 }
 
 // grad_input (N, output_dim * G^2, H, W): input channel c is read by outputs (k, c / G^2, ph, pw) whose bin is in
@@ -108,17 +109,20 @@ struct PSRoIGather {
       if (c >= nc) break;
       const uint32_t cin = static_cast<uint32_t>(c0 + c), ctop = div_gg.div(cin), rest = cin - ctop * G * G;
       const uint32_t gi = div_g.div(rest), gj = rest - gi * G;
-      const int64_t cell = (trans != nullptr ? div_class.div(ctop) : 0) * PP;
+      // 32-bit bins (classes x P^2 < 2^31: psroi_gather_supported); offsets of rows and columns in 64 bits.
+      const uint32_t cell = (trans != nullptr ? div_class.div(ctop) : 0u) * P * P;
+      const Acc* sc = scale + (k * D + ctop) * PP;
       int64_t h0, h1, w0, w1;
       psroi_group_bins(gi, div_g, P, &h0, &h1);
       psroi_group_bins(gj, div_g, P, &w0, &w1);
-      for (int64_t ph = h0; ph <= h1; ++ph) {
-        for (int64_t pw = w0; pw <= w1; ++pw) {
-          const Acc s = scale[((k * D + ctop) * P + ph) * P + pw];
+      for (int32_t ph = static_cast<int32_t>(h0); ph <= static_cast<int32_t>(h1); ++ph) {  // h1 may be h0 - 1
+        for (int32_t pw = static_cast<int32_t>(w0); pw <= static_cast<int32_t>(w1); ++pw) {
+          const uint32_t bin = static_cast<uint32_t>(ph) * P + static_cast<uint32_t>(pw);
+          const Acc s = sc[bin];
           if (s == Acc(0)) continue;
-          const Acc ay = rows[(cell + ph * P + pw) * H + y];
+          const Acc ay = rows[static_cast<int64_t>(cell + bin) * H + y];
           if (ay == Acc(0)) continue;
-          acc[c] += s * (ay * cols[(cell + ph * P + pw) * W + x]);
+          acc[c] += s * (ay * cols[static_cast<int64_t>(cell + bin) * W + x]);
         }
       }
     }

@@ -79,7 +79,7 @@ DCNKIT_HD PSRoIBin<Acc> psroi_bin_of_box(const DeformPSRoIPoolParams& p, const P
   r.trans_x = r.trans_y = -1;
   if (trans != nullptr) {
     const int64_t nc = p.num_classes;
-    const int64_t class_id = psroi_scaled_index(ctop, 1, p.attrs.output_dim / nc);
+    const int64_t class_id = psroi_scaled_index(ctop, 1, psroi_scaled_index(p.attrs.output_dim, 1, nc));
     r.trans_x = ((k * 2 * nc + 2 * class_id) * ps + part_h) * ps + part_w;
     r.trans_y = r.trans_x + ps * ps;
     const Acc std_ = static_cast<Acc>(p.attrs.trans_std);
