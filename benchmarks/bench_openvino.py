@@ -1,19 +1,21 @@
 """The openvino backend against the kit on ONNX Runtime: single DCNv2 layers and whole models, three sides each.
 
-    python benchmarks/bench_openvino.py [--threads 2] [--repeat 15] [--models resnet50,frcnn] [--layers]
+    python benchmarks/bench_openvino.py [--threads 2] [--repeat 15] [--models resnet50,frcnn] [--layers] [--bf16]
 
-Sides (the same ONNX file, interleaved rounds, fastest of ``--repeat``; a pause after each ONNX Runtime call so that
-its spinning threads do not slow the next side):
+docs/performance.md's and docs/openvino.md's tables: ``python benchmarks/bench_openvino.py --repeat 20 --bf16``.
+
+Sides (the same ONNX file, interleaved rounds, fastest of ``--repeat``; ONNX Runtime's intra-op spinning off, and a
+pause after each ONNX Runtime call, so that its idle threads do not slow the next side):
 
 * ``ov native``  OpenVINO, every standard ``DeformConv`` on OpenVINO's DeformableConvolution-8
                  (``deform_conv="openvino"``);
-* ``ov kit``     OpenVINO, every ``DeformConv`` on the kit's kernel through ``libdcnkit_ov.so`` (``deform_conv="kit"``);
-* ``ov auto``    OpenVINO with the per-node rule (``dcnkit.runtime.openvino_rewrite``, the backend's default);
+* ``ov kit``     OpenVINO's default (``make_runner(path, "openvino")``): every ``DeformConv`` on the kit's kernel through
+                 ``libdcnkit_ov.so``, its weight packed once for its GEMM;
 * ``ort kit``    ONNX Runtime with the kit's library, its default path (``make_runner(path, "ort-cpu")``).
 
 Models: ResNet-50-DCN (DCNv2 in layer3-4, 1x3x224x224, benchmarks/bench_resnet50_dcn.py) and the Faster R-CNN-DCN
 example with the fused pooler (examples/faster_rcnn_dcn.py, 320x320). ``--layers``: the DCNv2 layers of
-benchmarks/bench_ort_deform_conv.py, which the per-node rule is measured on. Ratios are against ``ort kit``.
+benchmarks/bench_ort_deform_conv.py. Ratios are against ``ort kit``.
 """
 from __future__ import annotations
 
@@ -74,15 +76,15 @@ def _sides(path, threads, names):
     ov = dict(num_threads=threads)
     runners = {
         "ov native": lambda: make_runner(path, "openvino", deform_conv="openvino", **ov),
-        "ov kit": lambda: make_runner(path, "openvino", deform_conv="kit", **ov),
-        "ov auto": lambda: make_runner(path, "openvino", **ov),
-        "ort kit": lambda: make_runner(path, "ort-cpu", intra_op_num_threads=threads, inter_op_num_threads=1),
-        "ov auto bf16": lambda: make_runner(path, "openvino", inference_precision="bf16", **ov),
+        "ov kit": lambda: make_runner(path, "openvino", **ov),
+        "ort kit": lambda: make_runner(path, "ort-cpu", intra_op_num_threads=threads, inter_op_num_threads=1,
+                                       session_config={"session.intra_op.allow_spinning": "0"}),
+        "ov kit bf16": lambda: make_runner(path, "openvino", inference_precision="bf16", **ov),
     }
     return {k: runners[k]() for k in names}
 
 
-def measure(name, path, feeds, args, sides=("ov native", "ov kit", "ov auto", "ort kit")) -> dict:
+def measure(name, path, feeds, args, sides=("ov native", "ov kit", "ort kit")) -> dict:
     import numpy as np
 
     runners = _sides(path, args.threads, sides)
@@ -123,8 +125,8 @@ def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     C.add_common_args(ap, repeat=15)
     ap.add_argument("--models", default="resnet50,frcnn", help="comma-separated: resnet50, frcnn (default both)")
-    ap.add_argument("--layers", action="store_true", help="also the single DCNv2 layers (the per-node rule)")
-    ap.add_argument("--bf16", action="store_true", help="also ov auto with inference_precision=bf16 (reported apart)")
+    ap.add_argument("--layers", action="store_true", help="also the single DCNv2 layers")
+    ap.add_argument("--bf16", action="store_true", help="also ov kit with inference_precision=bf16 (reported apart)")
     args = ap.parse_args(argv)
     if args.quick:
         args.repeat, args.warmup = 1, 0
@@ -133,7 +135,7 @@ def main(argv=None) -> list[dict]:
     torch.set_num_threads(args.threads)
     out = Path(tempfile.mkdtemp())
     rows = []
-    sides = ("ov native", "ov kit", "ov auto", "ort kit") + (("ov auto bf16",) if args.bf16 else ())
+    sides = ("ov native", "ov kit", "ort kit") + (("ov kit bf16",) if args.bf16 else ())
     if args.layers:
         import bench_ort_deform_conv as b
 

@@ -2,20 +2,25 @@
 ``DeformConv`` (opset 19) vs the PyTorch path (``dcnkit.ops.deform_conv2d``), in one run.
 
     python benchmarks/bench_ort_deform_conv.py [--device cpu|cuda] [--threads 2] [--repeat 15] [--json out.json]
-                                               [--shape N,C,H,W[,STRIDE] ...] [--no-spin]
+                                               [--shape N,C,H,W[,STRIDE] ...] [--set default|acceptance|detectors]
+                                               [--no-spin]
+
+docs/performance.md's tables: ``python benchmarks/bench_ort_deform_conv.py --device cpu --no-spin --repeat 20 --set
+acceptance`` (issue 46's acceptance layers) and ``... --set detectors`` (the stage 3-5 layers of ResNet-50/101-DCN and
+a Faster R-CNN-DCN at 224-1333 px).
 
 Shapes (``SHAPES``): issue 31's four detector layers, the earlier C64 one and the DCN layers of ResNet-50-DCN at
 224x224 and of the Faster R-CNN-DCN at 320x320 (C_out = C_in, 3x3, pad 1, stride 1 or 2), with mask and bias,
 float32; the models have static shapes and the weight and bias as initializers, as an exported network. Sessions:
 ``kit`` a model with the ``dcnkit::DeformConv2d`` node; ``kit (rewrite)`` the standard ``DeformConv`` model through
 ``dcnkit.runtime.ort_session`` (its default: rewritten in memory onto the kit's kernel where
-``ort_rewrite.kit_is_faster`` says so for the node's output map); ``built-in`` the same standard model with
+every node); ``built-in`` the same standard model with
 ``kit_kernels=False``. ONNX Runtime uses ``--threads`` intra-op threads, PyTorch
 ``torch.set_num_threads(--threads)``; on CUDA the CUDA execution provider (when onnxruntime has it) and the
 PyTorch CUDA op, and TensorRT engines (the kit's plugin; float32 and float16) when TensorRT is importable.
 Outputs are checked against the kit's (accuracy per dtype, reported; only a gross mismatch stops it) before
 timing; on the CUDA EP with TF32 off and IO binding (inputs and outputs on the GPU); times are the fastest of interleaved rounds; the ratios
-are built-in / kit and torch / kit (> 1: the kit is faster).
+are kit / built-in and default / built-in (< 1: the kit is faster) and torch / kit.
 """
 from __future__ import annotations
 
@@ -35,6 +40,16 @@ RESNET50_224 = [(1, 256, 28, 28, 2), (1, 256, 14, 14, 1), (1, 512, 14, 14, 2), (
 FASTER_RCNN_320 = [(1, 256, 40, 40, 2), (1, 512, 20, 20, 2)]  # + (1, 256, 20, 20) and (1, 512, 10, 10) above
 SHAPES = ISSUE_SHAPES + EARLIER_SHAPES + RESNET50_224 + FASTER_RCNN_320
 QUICK_SHAPES = [(1, 8, 12, 12, 1), (1, 8, 12, 12, 2)]
+# Issue 46's acceptance layers, and the C1024 8x8 map at batch 1.
+ACCEPTANCE_SHAPES = [(1, 256, 20, 20, 1), (1, 512, 10, 10, 1), (1, 256, 40, 40, 1), (4, 256, 32, 32, 1),
+                     (2, 1024, 8, 8, 1), (1, 1024, 8, 8, 1)]
+# Stage 3-5 DCN layers of ResNet-50/101-DCN and Faster R-CNN-DCN at 224-1333 px (C256 14-84, C512 7-42, C1024/2048
+# 7-21), batch 1, and batch 4 on the small maps.
+DETECTOR_SHAPES = [(1, 256, 14, 14, 1), (1, 256, 28, 28, 1), (1, 256, 56, 56, 1), (1, 256, 84, 84, 1),
+                   (1, 512, 7, 7, 1), (1, 512, 14, 14, 1), (1, 512, 28, 28, 1), (1, 512, 42, 42, 1),
+                   (1, 1024, 7, 7, 1), (1, 1024, 14, 14, 1), (1, 1024, 21, 21, 1), (1, 2048, 7, 7, 1),
+                   (1, 2048, 14, 14, 1), (4, 256, 14, 14, 1), (4, 512, 7, 7, 1), (4, 1024, 7, 7, 1)]
+SETS = {"default": SHAPES, "acceptance": ACCEPTANCE_SHAPES, "detectors": DETECTOR_SHAPES}
 
 
 def _out_size(size: int, stride: int) -> int:
@@ -97,6 +112,7 @@ def main(argv=None) -> list[dict]:
     C.add_common_args(ap)
     ap.add_argument("--shape", action="append", type=_shape_arg, metavar="N,C,H,W[,STRIDE]",
                     help="only this shape (repeatable); default: all of SHAPES")
+    ap.add_argument("--set", choices=sorted(SETS), default="default", help="the shapes when no --shape is given")
     C.add_no_spin_arg(ap)
     args = ap.parse_args(argv)
     no_spin = C.no_spin_options(args)
@@ -118,7 +134,7 @@ def main(argv=None) -> list[dict]:
         print(f"TensorRT skipped: {trt_reason}")
     opts = dict(intra_op_num_threads=args.threads, inter_op_num_threads=1, **no_spin)
     table, results = [], []
-    for n, c, h, w, stride in args.shape or (QUICK_SHAPES if args.quick else SHAPES):
+    for n, c, h, w, stride in args.shape or (QUICK_SHAPES if args.quick else SETS[args.set]):
         data = _inputs(n, c, h, w, stride)
         feeds = {k: v for k, v in data.items() if k not in WEIGHTS}
         kit = ort_session(_model(True, data, stride), providers=providers, **opts)
@@ -147,13 +163,13 @@ def main(argv=None) -> list[dict]:
                                                                      args.warmup)["t"]
         shape = f"N{n} C{c} {h}x{w}" + (f" s{stride}" if stride != 1 else "")
         table.append([shape, f"{ms['kit']:.2f}", f"{ms['kit (rewrite)']:.2f}", f"{ms['built-in']:.2f}",
-                      f"{ms['torch']:.2f}", f"{ms['kit'] / ms['built-in']:.2f}x", f"{ms['built-in'] / ms['kit']:.2f}",
-                      f"{ms['torch'] / ms['kit']:.2f}"]
+                      f"{ms['torch']:.2f}", f"{ms['kit'] / ms['built-in']:.2f}x",
+                      f"{ms['kit (rewrite)'] / ms['built-in']:.2f}x", f"{ms['torch'] / ms['kit']:.2f}"]
                      + [f"{ms[k]:.2f}" for k in ("TensorRT fp32", "TensorRT fp16") if k in ms])
         results.append({"shape": [n, c, h, w], "stride": stride, "threads": args.threads, "device": device, "providers": providers,
                         "ms": ms, "kit_over_builtin": ms["kit"] / ms["built-in"], "accuracy": accuracy})
-    header = ["shape", "kit ORT ms", "kit (rewrite) ms", "ORT DeformConv ms", "torch ms", "kit/built-in",
-              "built-in/kit", "torch/kit"]
+    header = ["shape", "kit ORT ms", "default ms", "ORT DeformConv ms", "torch ms", "kit/built-in",
+              "default/built-in", "torch/kit"]
     if trt_reason is None:
         header += ["TensorRT fp32 ms", "TensorRT fp16 ms"]
     C.print_table(header, table)

@@ -12,10 +12,9 @@
 # it says so in one line and exits 1 (the library still builds and loads; QDeformConv2d then asks for oneDNN).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-deps="${1:?usage: onednn_fetch.sh DEPS_DIR [PYTHON]}"
-mkdir -p "$deps" && deps="$(cd "$deps" && pwd)"
-py="${2:-python3}"
-say() { printf '[onednn] %s\n' "$*" >&2; }
+# shellcheck source=scripts/apt_fetch.sh
+. "$here/apt_fetch.sh"
+fetch_args onednn "$@"
 out="$deps/onednn"
 if [ -f "$out/lib/libdnnl.so.2" ] && [ -f "$out/include/oneapi/dnnl/dnnl.h" ]; then
   (cd "$out/lib" && pwd)
@@ -26,19 +25,12 @@ if ! command -v apt-get >/dev/null 2>&1; then
   say "error: no apt-get on this machine to fetch Debian's libdnnl2: $need"
   exit 1
 fi
-SL=/etc/apt/sources.list SP=/etc/apt/sources.list.d
-if command -v apt-config >/dev/null 2>&1; then
-  eval "$(apt-config shell SL Dir::Etc::SourceList/f SP Dir::Etc::SourceParts/d)"
-fi
-if ! line="$("$py" "$here/apt_debian_url.py" --sources-list "${DCNKIT_APT_SOURCES_LIST:-$SL}" \
-             --sources-parts "${DCNKIT_APT_SOURCES_PARTS:-$SP}" --suite bookworm --component main)"; then
+if ! line="$(apt_debian_line "$py" bookworm "main")"; then
   say "error: this machine's apt has no Debian archive to fetch libdnnl2 (bookworm) from: $need"
   exit 1
 fi
 say "fetching libdnnl2, libdnnl-dev and ocl-icd-libopencl1 with: $line"
 work="$deps/apt-onednn"
-# shellcheck source=scripts/apt_fetch.sh
-. "$here/apt_fetch.sh"
 apt_fetch_unpack "$work" "$line" libdnnl2 libdnnl-dev ocl-icd-libopencl1
 lib="$work/x/usr/lib/x86_64-linux-gnu"
 if [ ! -f "$lib/libdnnl.so.2" ] || [ ! -f "$work/x/usr/include/oneapi/dnnl/dnnl.h" ]; then

@@ -7,6 +7,10 @@
 #     (scripts/ort_headers.sh; without apt-get it says in one line what to provide and fails),
 #   - oneDNN for the quantized DeformConv2d (Debian bookworm's libdnnl2 unpacked into .deps/onednn by
 #     scripts/onednn_fetch.sh; optional: without it QDeformConv2d asks for oneDNN and its tests skip),
+#   - oneDNN 3.x from PyPI (onednn-cpu-gomp, in requirements-dev.txt and the wheel's dependencies): the packed-weight
+#     CPU GEMM of the ONNX Runtime and OpenVINO libraries, loaded at run time (without it: OpenBLAS, one line saying so),
+#   - a CUDA 12 compiler in .deps/cuda12 when nvcc is here (scripts/cuda12_fetch.sh: the kernels' CUDA 12 compile
+#     check; optional),
 #   - the [openvino] extra (OpenVINO's wheel: the openvino backend, and the headers libdcnkit_ov.so is built with),
 #   - dcnkit itself, built by scikit-build-core (CPU + CUDA when nvcc is present).
 # Idempotent: a second run reuses what is there and only rebuilds dcnkit.
@@ -21,6 +25,11 @@ log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 ort_inc="$(bash "$root/scripts/ort_headers.sh" "$root/.deps" python3)"
 bash "$root/scripts/onednn_fetch.sh" "$root/.deps" python3 >/dev/null ||
   log "oneDNN not fetched: dcnkit::QDeformConv2d will need apt install libdnnl2 or DCNKIT_ONEDNN_LIB"
+# A CUDA 12 compiler for tests/test_cuda12_compile.py (the kernels under CUDA 12 too; optional, where nvcc builds).
+if [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then
+  bash "$root/scripts/cuda12_fetch.sh" "$root/.deps" python3 >/dev/null ||
+    log "CUDA 12 toolkit not fetched: tests/test_cuda12_compile.py will skip"
+fi
 
 if [ ! -x "$py" ]; then
   log "creating $venv"
@@ -36,6 +45,9 @@ log "installing python dependencies"
 # NVIDIA Triton (tritonserver 2.51 with its Python backend) for `dcnkit serve --engine triton` and its tests. Only
 # the wheel's files are used (not PyTriton's Python API, whose metadata pins numpy<2): no dependencies.
 "$py" -m pip install -q --no-deps nvidia-pytriton==0.7.0
+# Ultralytics (tests/test_ultralytics.py: dcnkit.integrations.ultralytics) without its dependencies: its metadata asks
+# for opencv-python (the GUI build; requirements-dev.txt has the headless one and the rest of what it imports).
+"$py" -m pip install -q --no-deps ultralytics==8.4.190 ultralytics-thop==2.2.3
 # The [openvino] extra (the openvino backend), before the build: its wheel's headers and CMake package build
 # libdcnkit_ov.so.
 log "installing the [openvino] extra"

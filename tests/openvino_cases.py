@@ -121,7 +121,7 @@ def case(name: str, n: int = 2, seed: int = 0):
         return DeformRoIPool(), ["x", "rois", "roi_offset"], [poison_corners(r(n, 3, 12, 14), 2, 3),
                                                               rois(rng, 13, n, 12, 14, 0.5), r(13, 2, 3, 3)]
     if name in ("deform_psroi_pool", "deform_psroi_pool_parts"):
-        # output_size == group_size: OpenVINO's DeformablePSROIPooling; 4 != 2: the kit's kernel
+        # output_size == group_size (the shape OpenVINO's own op, no longer used, could take) and 4 != 2
         mod = DeformPSRoIPool() if name == "deform_psroi_pool" else DeformPSRoIPool(4, 2, 4, 2)
         gs = 3 if name == "deform_psroi_pool" else 2  # part_size = group_size; trans: 2 classes
         return mod, ["x", "rois", "roi_trans"], [poison_corners(r(n, 4 * gs * gs, 11, 13), 2, 3),

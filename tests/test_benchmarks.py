@@ -44,6 +44,20 @@ def test_bench_cpu_gemm_quick(tmp_path):
     assert (row["m"], row["n"], row["k"]) == (32, 40, 72) and row["ms"]["OpenBLAS"] > 0
 
 
+def test_bench_openvino_quick(tmp_path):
+    from dcnkit.runtime.registry import available_backends
+
+    reason = available_backends().get("openvino")
+    if reason:
+        pytest.skip(reason)
+    stdout, res = _run("bench_openvino", tmp_path, "--models", "resnet50", "--bf16")
+    (row,) = res
+    assert row["case"] == "ResNet-50-DCN 224" and set(row["ms"]) == {"ov native", "ov kit", "ort kit", "ov kit bf16"}
+    assert row["ratio_vs_ort_kit"]["ort kit"] == 1.0 and all(v > 0 for v in row["ms"].values())
+    assert "differs from ort kit" not in stdout  # the float32 sides compute the same logits (1e-3)
+    assert "ov kit bf16 output output: max |diff|" in stdout  # bf16's agreement is reported, not asserted
+
+
 def test_bench_ort_deform_conv_quick(tmp_path):
     stdout, res = _run("bench_ort_deform_conv", tmp_path)
     assert "ORT DeformConv ms" in stdout

@@ -235,11 +235,20 @@ def test_sync_scan_sees_code_and_ignores_comments():
         (5, "cudaStreamSynchronize"), (6, "blocking cudaMemcpy("), (6, "a device-to-host copy")]
 
 
+# The one synchronisation a launcher may reach, and why: ONNX Runtime 1.16/1.17 (no KernelContext_GetScratchBuffer) on
+# a device without stream-ordered memory pools (no cudaMallocAsync) leaves only ONNX Runtime's stream-less allocator
+# for scratch memory, which must not go back to the arena before our kernels are done (ort_scratch.h). Nothing else.
+SYNC_EXCEPTIONS = {("plugins/onnxruntime/ort_scratch.h", "cudaStreamSynchronize(stream_);")}
+
+
 def test_no_synchronising_cuda_call_under_plugins():
     files = [p for p in PLUGINS.rglob("*") if p.suffix in {".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp"}]
     assert any(p.suffix == ".cu" for p in files)
-    problems = [f"{p.relative_to(ROOT)}:{ln}: {what}: {line}"
-                for p in sorted(files) for ln, what, line in sync_calls(p.read_text())]
+    found = [(str(p.relative_to(ROOT)), ln, what, line)
+             for p in sorted(files) for ln, what, line in sync_calls(p.read_text())]
+    excepted = [f for f in found if (f[0], f[3]) in SYNC_EXCEPTIONS]
+    assert len(excepted) == len(SYNC_EXCEPTIONS), "an exception no longer in the code: drop it from SYNC_EXCEPTIONS"
+    problems = [f"{path}:{ln}: {what}: {line}" for path, ln, what, line in found if (path, line) not in SYNC_EXCEPTIONS]
     assert not problems, "synchronising CUDA calls (launchers must stay asynchronous and capturable):\n" + \
         "\n".join(problems)
 

@@ -54,8 +54,14 @@ def _session():
     return sess
 
 
-def test_concurrent_runs_on_one_cuda_session_equal_serial_runs():
+# The scratch memory's source (plugins/onnxruntime/ort_scratch_source.h): ONNX Runtime's choice here (C API >= 18: its
+# scratch buffer), and the two paths of C API < 18 forced on this ONNX Runtime: CUDA's memory pool (cudaMallocAsync)
+# and, for a device without memory pools, ONNX Runtime's allocator freed after a stream synchronisation.
+@pytest.mark.parametrize("scratch", [None, "pool", "allocator"])
+def test_concurrent_runs_on_one_cuda_session_equal_serial_runs(scratch, monkeypatch):
     ort_cuda_or_skip()
+    if scratch:
+        monkeypatch.setenv("DCNKIT_ORT_CUDA_SCRATCH", scratch)
     sess = _session()
     feeds = [_feeds(seed) for seed in range(8)]
     serial = [sess.run(None, f) for f in feeds]

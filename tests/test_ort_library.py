@@ -255,7 +255,9 @@ def test_deform_conv2d_constant_weight_and_small_maps_match_reference(case, n, h
         (y,) = run(model, feeds, threads=threads)
         (y_const,) = run(const_model, const_feeds, threads=threads)
         assert_close(y, expected, rtol=1e-4, atol=1e-4)  # fp32 sums of up to 144 products in another order
-        np.testing.assert_array_equal(y_const, y)  # the weight reordered once = reordered per run
+        # The constant weight is packed once for oneDNN's GEMM (where it is installed), the per-run one multiplied by
+        # OpenBLAS: the same products summed in another order.
+        assert_close(y_const, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_deform_conv2d_empty_batch():

@@ -46,6 +46,15 @@ def _library():
         return None
 
 
+@pytest.fixture
+def lib():
+    """The built plugin library (the test skips without one)."""
+    path = _library()
+    if path is None:
+        pytest.skip("no library")
+    return path
+
+
 @needs_headers
 @needs_nvcc
 def test_library_is_built_when_headers_are_given():
@@ -77,13 +86,10 @@ def test_library_exports_only_the_plugin_entry_points_and_needs_no_tensorrt():
 
 @needs_headers
 @needs_nvcc
-def test_op_table_is_the_one_of_the_other_libraries():
+def test_op_table_is_the_one_of_the_other_libraries(lib):
     import ctypes
     import json
 
-    lib = _library()
-    if lib is None:
-        pytest.skip("no library")
     handle = ctypes.CDLL(str(lib))
     handle.dcnkit_op_defs_json.restype = ctypes.c_char_p
     assert json.loads(handle.dcnkit_op_defs_json()) == dcnkit.op_defs()
@@ -274,7 +280,7 @@ ctypes.CDLL({str(lib.with_name("libdcnkit_trt_autoreg.so"))!r}, mode=os.RTLD_NOW
 print("loaded")
 """)
     assert r.returncode == 0 and r.stdout.strip() == "loaded", r.stdout + r.stderr
-    assert f"libnvinfer.so.{_major()} is not loaded in this process" in r.stderr, r.stderr
+    assert "neither libnvinfer.so.10 nor libnvinfer.so.11 is loaded in this process" in r.stderr, r.stderr
 
 
 class _Registry:
@@ -292,7 +298,7 @@ class _Registry:
         return object() if self.registered and (name, version, namespace) == ("DeformConv2d", "1", "dcnkit") else None
 
 
-def _load_plugins_with(monkeypatch, registry, dlopened):
+def _load_plugins_with(monkeypatch, registry, dlopened, version=None):
     """dcnkit.runtime.tensorrt.load_plugins against a stand-in ``tensorrt`` module and Polygraphy's LoadPlugins
     recording what it would dlopen."""
     import sys
@@ -304,6 +310,8 @@ def _load_plugins_with(monkeypatch, registry, dlopened):
     from dcnkit.runtime import tensorrt as dk_trt
 
     fake = types.ModuleType("tensorrt")
+    if version is not None:
+        fake.__version__ = version
     fake.init_libnvinfer_plugins = lambda logger, ns: True
     fake.get_plugin_registry = lambda: registry
     monkeypatch.setitem(sys.modules, "tensorrt", fake)
@@ -327,10 +335,7 @@ def _load_plugins_with(monkeypatch, registry, dlopened):
 
 @needs_headers
 @needs_nvcc
-def test_the_kits_tools_load_the_library_with_load_library_first(monkeypatch):
-    lib = _library()
-    if lib is None:
-        pytest.skip("no library")
+def test_the_kits_tools_load_the_library_with_load_library_first(monkeypatch, lib):
     registry, dlopened = _Registry(handle=object()), []
     lines = _load_plugins_with(monkeypatch, registry, dlopened)
     assert registry.loaded == [str(lib.resolve())] and dlopened == []
@@ -339,12 +344,38 @@ def test_the_kits_tools_load_the_library_with_load_library_first(monkeypatch):
 
 @needs_headers
 @needs_nvcc
-def test_the_kits_tools_fall_back_to_the_autoreg_library(monkeypatch):
-    lib = _library()
-    if lib is None:
-        pytest.skip("no library")
+def test_the_kits_tools_fall_back_to_the_autoreg_library(monkeypatch, lib):
     registry, dlopened = _Registry(handle=None), []
     lines = _load_plugins_with(monkeypatch, registry, dlopened)
     assert registry.loaded == [str(lib.resolve())]
     assert dlopened == [str(lib.with_name("libdcnkit_trt_autoreg.so"))]
     assert "libdcnkit_trt_autoreg.so (IPluginRegistry.load_library failed)" in lines[0]
+
+
+@needs_headers
+@needs_nvcc
+def test_tensorrt_library_names_the_library_of_a_release_or_refuses_it(monkeypatch, lib):
+    import types
+
+    served = dcnkit.tensorrt_releases_served()
+    assert _major() in served  # the headers of the build serve their own major
+    for v in [f"{m}.{minor}" for m in served for minor in (0, 3, 16)] + [f"{served[-1]}.1.0"]:
+        assert Path(dcnkit.tensorrt_library(v)) == lib
+    for v, why in (("8.6", "TensorRT 8.x and 9.x have no IPluginV3"), ("9.0", "no IPluginV3"), ("12.0", "serves")):
+        with pytest.raises(ValueError, match=rf"TensorRT {v} is not served.*serves TensorRT {served[0]}\.x"):
+            dcnkit.tensorrt_library(v)
+    with pytest.raises(ValueError, match="version: expected a TensorRT release such as '10.3'"):
+        dcnkit.tensorrt_library("latest")
+    # None: the installed tensorrt module's release (a stand-in module here)
+    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(__version__="8.6.1"))
+    with pytest.raises(ValueError, match="TensorRT 8.6.1 is not served"):
+        dcnkit.tensorrt_library()
+
+
+@needs_headers
+@needs_nvcc
+def test_the_kits_tools_refuse_a_tensorrt_the_library_does_not_serve(monkeypatch, lib):
+    registry, dlopened = _Registry(handle=object()), []
+    with pytest.raises(ValueError, match="TensorRT 8.6.1 is not served"):
+        _load_plugins_with(monkeypatch, registry, dlopened, version="8.6.1")
+    assert registry.loaded == [] and dlopened == []  # nothing was loaded

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(Path(__file__).parent))
 import soak_triton  # noqa: E402
+from triton_fault_times import CRASH_AT_LOAD, HANG, KILL_AT_READY, infer, patched_repository  # noqa: E402
 from soak_triton import http_status  # noqa: E402
 from test_triton_server import export_demo_model, server_processes  # noqa: E402
 
@@ -160,19 +161,7 @@ def test_fault_soak_stub_killed_twice_under_load(tmp_path):
 
 def _crash_on_load_repository(tmp_path) -> tuple[Path, Path]:
     """The demo model's Python-backend repository whose stub SIGKILLs itself at load once ``marker`` exists."""
-    from dcnkit.server.triton_engine import triton_repository
-
-    model = export_demo_model(tmp_path / "digits.onnx")
-    repo = tmp_path / "repo"
-    model_dir = triton_repository(model, repo)
-    marker = tmp_path / "crash-on-load"
-    model_py = (model_dir / "1" / "model.py").read_text()
-    (model_dir / "1" / "model.py").write_text(
-        model_py.replace("TritonPythonModel  # noqa: E402,F401", "TritonPythonModel as _Base  # noqa")
-        + f"\n\nclass TritonPythonModel(_Base):\n    def initialize(self, args):\n"
-          f"        if os.path.exists({str(marker)!r}):\n            import signal\n"
-          f"            os.kill(os.getpid(), signal.SIGKILL)\n        super().initialize(args)\n")
-    return repo, marker
+    return patched_repository(tmp_path, CRASH_AT_LOAD)
 
 
 @needs_triton
@@ -243,3 +232,103 @@ def test_plain_tritonserver_keeps_a_dead_stub_ready_until_the_model_is_loaded_ag
             assert urllib.request.urlopen(req, timeout=180).status == 200
             assert np.array_equal(c.infer("digits", [i]).as_numpy("output"), want)
     assert server_processes(str(repo)) == []
+
+
+def _supervise(repo, lines, **kw):
+    sup = TritonSupervisor(repo, "digits", policy=RestartPolicy(max_restarts=3, backoff_s=0.5), exit_timeout_s=1,
+                           log=lines.append, output=lambda line: None, **kw)
+    stop = threading.Event()
+    result: list = []
+    runner = threading.Thread(target=lambda: result.append(sup.run(stop)))
+    return sup, stop, runner, result
+
+
+@needs_triton
+def test_a_stub_killed_as_the_model_turns_ready_is_recovered(tmp_path):
+    """The blind spot of the last round, on the real server: the stub dies right after the model turns ready (before
+    or after the supervisor's first look), before any request. It is a crash; the reload brings the model back."""
+    repo, marker = patched_repository(tmp_path, KILL_AT_READY)
+    marker.touch()
+    lines: list[str] = []
+    sup, stop, runner, result = _supervise(repo, lines)
+    try:
+        assert sup.start(stop)
+        t0 = time.monotonic()
+        runner.start()
+        while not (sup.restarts == 1 and sup.state == "serving"):
+            assert time.monotonic() - t0 < 120 and runner.is_alive(), lines
+            time.sleep(0.05)
+        assert infer(sup.server.http_url).shape[0] == 1
+    finally:
+        stop.set()
+        runner.join(30)
+        sup.stop()
+    assert result == [0] and len(lines) == 1 and "killed by SIGKILL; reloading the model" in lines[0], lines
+
+
+def _hold_a_hung_stub(tmp_path, health_timeout_s: float, requests: int, **options):
+    """Serves the demo model (``options`` as ``triton_repository`` takes them) whose stub hangs in its first
+    inference, sends ``requests`` requests that it holds, and waits until the supervisor has the model serving again:
+    (the restart lines, what each held request ended with, :meth:`run`'s result, an inference's answer afterwards)."""
+    repo, marker = patched_repository(tmp_path, HANG, **options)
+    marker.touch()
+    lines: list[str] = []
+    sup, stop, runner, result = _supervise(repo, lines, health_timeout_s=health_timeout_s)
+    try:
+        assert sup.start(stop)
+        url = sup.server.http_url
+        runner.start()
+        held: list = []
+        clients = [threading.Thread(target=lambda: held.append(_try(lambda: infer(url, 120))))
+                   for _ in range(requests)]
+        for c in clients:
+            c.start()
+        t0 = time.monotonic()
+        while not (sup.restarts == 1 and sup.state == "serving"):
+            assert time.monotonic() - t0 < 120 and runner.is_alive(), lines
+            time.sleep(0.05)
+        after = infer(url)
+        for c in clients:
+            c.join(60)
+    finally:
+        stop.set()
+        runner.join(30)
+        sup.stop()
+    return lines, held, result, after
+
+
+@needs_triton
+def test_a_hung_stub_is_killed_and_recovered_on_the_real_server(tmp_path):
+    lines, held, result, after = _hold_a_hung_stub(tmp_path, 2.0, 1)
+    assert after.shape[0] == 1
+    assert result == [0] and len(lines) == 1, lines
+    assert "no answer to a health inference within 2 s" in lines[0] and "reloading the model" in lines[0]
+    assert held  # the held request ended (failed when its stub was killed), it does not hang forever
+
+
+@needs_triton
+def test_a_hung_stub_behind_a_full_queue_is_found_on_the_real_server(tmp_path):
+    """16 requests wait on the hung stub: Triton's queue (4 here) is full and it refuses the health inference unrun
+    (503 'Exceeds maximum queue size'). That is no answer from the stub: found, killed and recovered (before: taken
+    for an answer, and the hang never found)."""
+    lines, held, result, after = _hold_a_hung_stub(tmp_path, 1.0, 16, max_queue_size=4)
+    assert np.array_equal(after, soak_triton_reference(tmp_path))
+    assert result == [0] and len(lines) == 1, lines
+    assert "no answer to a health inference within 1 s (Triton refused it: 503 " in lines[0], lines
+    assert "Exceeds maximum queue size" in lines[0] and "reloading the model" in lines[0]
+    assert len(held) == 16 and sum("Exceeds maximum queue size" in str(h) for h in held) >= 8  # the queue was full
+
+
+def soak_triton_reference(tmp_path) -> np.ndarray:
+    """The kit's ORT runner on the demo model for the zeros ``infer`` sends."""
+    from dcnkit.runtime.registry import make_runner
+
+    with make_runner(tmp_path / f"{soak_triton.NAME}.onnx", "ort-cpu") as runner:
+        return runner.run({"input": np.zeros((1, 1, 8, 8), np.float32)})["output"]
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - the outcome is the value under test
+        return e

@@ -150,10 +150,13 @@ def _requires(wheel: Path) -> dict[str, list[str]]:
 
 def test_extras_match_the_jobs(wheels):
     req = _requires(wheels["plain"][0])
-    assert set(req) == {"", "serve", "torch", "tools", "test", "openvino", "transformers"}
+    assert set(req) == {"", "serve", "torch", "tools", "test", "openvino", "transformers", "ultralytics"}
     assert req["openvino"] == ["openvino"]
+    assert {"ultralytics", "onnxslim"} <= set(req["ultralytics"])  # dcnkit.integrations.ultralytics
     assert req["transformers"] == ["transformers"]  # dcnkit.integrations.transformers
     assert {"onnxruntime", "onnx", "numpy", "scipy-openblas32"} <= set(req[""])
+    # oneDNN 3.x from PyPI: the packed-weight CPU GEMM of the ONNX Runtime / OpenVINO libraries (Linux x86-64 wheels)
+    assert "onednn-cpu-gomp" in req[""], req[""]
     assert {"fastapi", "uvicorn", "prometheus-client", "nvidia-pytriton"} <= set(req["serve"])
     assert {"torch", "torchvision"} <= set(req["torch"]) and "polygraphy" in req["tools"]
     for extra in ("", "serve", "tools"):  # a deployment install pulls no torch
@@ -251,6 +254,8 @@ def test_installed_wheel_runs_an_exported_model(deploy_venv, dcn_model, tmp_path
     p = _run([venv / "bin" / "dcnkit", "run", path, "--inputs", tmp_path / "in.npz", "-o", tmp_path / "out.npz"],
              env, tmp_path)
     print(p.stdout)
+    # the wheel's declared oneDNN is found in the fresh venv: the constant weight is packed (no OpenBLAS line)
+    assert "weights not packed" not in p.stderr, p.stderr
     with np.load(tmp_path / "out.npz") as z:
         np.testing.assert_allclose(z["output"], want, rtol=1e-4, atol=1e-4)
 

@@ -255,12 +255,12 @@ CpuContext cpu_context(CpuRun* run) {
   ctx.num_threads = api_version() >= 17 ? cpu_task_count() : 1;  // no thread pool before C API 17 (ort_parallel_for)
   ctx.parallel_for = &ort_parallel_for;
   ctx.parallel_self = run;
-  ctx.gemm = &openblas_gemm;
+  ctx.gemm = &cpu_gemm;
   ctx.gemm_self = nullptr;
-  // OpenBLAS sgemm reaches full speed only on wide right-hand sides (measured on the DCNv2 benchmark,
-  // N4 C256 32x32: tiles of 48 columns ran 10-20% slower than ONNX Runtime's own DeformConv, tiles of
-  // 512-2048 columns 6-20% faster).
-  ctx.gemm_min_n = openblas_min_n();
+  // Without a packed operand, OpenBLAS sgemm, which reaches full speed only on wide right-hand sides (measured on
+  // the DCNv2 benchmark, N4 C256 32x32: tiles of 48 columns ran 10-20% slower than ONNX Runtime's own DeformConv,
+  // tiles of 512-2048 columns 6-20% faster); compute_cpu narrows it for a node with a packed weight.
+  ctx.gemm_min_n = cpu_gemm_min_n(false);
   return ctx;
 }
 

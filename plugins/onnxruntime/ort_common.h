@@ -17,7 +17,7 @@
 #include "dcnkit/context.h"
 #include "dcnkit/op_attrs.h"
 #include "dcnkit/op_defs.h"
-#include "dcnkit/openblas_gemm.h"
+#include "dcnkit/cpu_gemm.h"
 
 namespace dcnkit::ort {
 

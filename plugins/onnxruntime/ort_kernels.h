@@ -23,6 +23,8 @@ struct Kernel {
   // and the shape each had; empty otherwise.
   std::vector<char> packed[kMaxInputs];
   Shape packed_shape[kMaxInputs];
+  // Those packed once more by the CPU GEMM (OpEntry::gemm_operand, cpu_gemm_pack); null where it does not pack.
+  std::shared_ptr<const void> gemm_packed[kMaxInputs];
   Shape kernel_shape;  // the variant's kernel_shape attribute (OpVariant::kernel_shape_of; empty when absent)
   std::mutex mutex;  // serialises CUDA runs on this node's cuBLAS handle
 };

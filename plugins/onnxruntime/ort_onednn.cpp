@@ -1,12 +1,10 @@
-// oneDNN loader and its u8 x s8 -> s32 GEMM (ort_onednn.h).
+// oneDNN's u8 x s8 -> s32 GEMM (ort_onednn.h), from the process's oneDNN (dcnkit/onednn_lib.h).
 #include "ort_onednn.h"
 
-#include <dlfcn.h>
-
-#include <cstdlib>
-#include <mutex>
 #include <string>
 #include <type_traits>
+
+#include "dcnkit/onednn_lib.h"
 
 #if defined(DCNKIT_WITH_ONEDNN_HEADERS)
 #include <oneapi/dnnl/dnnl.h>
@@ -27,51 +25,22 @@ using GemmU8S8S32 = int (*)(char, char, char, int64_t, int64_t, int64_t, float, 
 static_assert(std::is_same<dnnl_dim_t, int64_t>::value && sizeof(dnnl_status_t) == sizeof(int),
               "dnnl.h's types differ from the prototype above");
 #endif
-using OmpSetNumThreads = void (*)(int);
 
 struct Loaded {
   GemmU8S8S32 gemm = nullptr;
-  OmpSetNumThreads omp_set_num_threads = nullptr;  // oneDNN's OpenMP runtime (null: another runtime)
   std::string error;
 };
 
-void* open_lib(const std::string& path, std::string* tried) {
-  // The Debian build needs libOpenCL.so.1; a copy beside it (.deps) is loaded first.
-  const size_t slash = path.rfind('/');
-  if (slash != std::string::npos) {
-    const std::string ocl = path.substr(0, slash + 1) + "libOpenCL.so.1";
-    dlopen(ocl.c_str(), RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD) || dlopen(ocl.c_str(), RTLD_NOW | RTLD_GLOBAL);
-  }
-  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (h == nullptr) {
-    const char* e = dlerror();
-    *tried += "\n  " + path + ": " + (e ? e : "not loadable");
-  }
-  return h;
-}
-
 Loaded load() {
   Loaded l;
-  std::string tried;
-  void* h = nullptr;
-  const char* env = std::getenv("DCNKIT_ONEDNN_LIB");
-  if (env != nullptr && *env != '\0') {
-    h = open_lib(env, &tried);
-  } else {
-#ifdef DCNKIT_ONEDNN_DEPS_DIR
-    h = open_lib(std::string(DCNKIT_ONEDNN_DEPS_DIR) + "/libdnnl.so.2", &tried);
-#endif
-    for (const char* name : {"libdnnl.so.3", "libdnnl.so.2"}) {
-      if (h == nullptr) h = open_lib(name, &tried);
-    }
-  }
-  if (h == nullptr) {
-    l.error = "oneDNN (libdnnl) is needed for the quantized operators and was not found; tried:" + tried +
-              "\n  install it (Debian/Ubuntu: apt install libdnnl2) or set DCNKIT_ONEDNN_LIB to a libdnnl.so path";
+  const OneDnnLib& lib = onednn_lib();
+  if (lib.handle == nullptr) {
+    l.error = "oneDNN (libdnnl) is needed for the quantized operators and was not found; tried:" + lib.tried +
+              "\n  install it (pip install onednn-cpu-gomp; Debian/Ubuntu: apt install libdnnl2) or set "
+              "DCNKIT_ONEDNN_LIB to a libdnnl.so path";
     return l;
   }
-  l.gemm = reinterpret_cast<GemmU8S8S32>(dlsym(h, "dnnl_gemm_u8s8s32"));
-  l.omp_set_num_threads = reinterpret_cast<OmpSetNumThreads>(dlsym(h, "omp_set_num_threads"));
+  l.gemm = reinterpret_cast<GemmU8S8S32>(lib.symbol("dnnl_gemm_u8s8s32"));
   if (l.gemm == nullptr) l.error = "the oneDNN library found has no dnnl_gemm_u8s8s32 (oneDNN >= 2.0 needed)";
   return l;
 }
@@ -84,12 +53,8 @@ const Loaded& loaded() {
 Status gemm(void*, const QGemmArgs& g) {
   if (g.m <= 0 || g.n <= 0) return Status::Ok();
   const Loaded& l = loaded();
-  // Called from ONNX Runtime's pool threads: each call runs on its calling thread (no nested OpenMP team).
-  thread_local bool single = false;
-  if (!single && l.omp_set_num_threads != nullptr) {
-    l.omp_set_num_threads(1);
-    single = true;
-  }
+  // Called from ONNX Runtime's pool threads: each call runs on its calling thread (no OpenMP team).
+  OneDnnOnThisThread single;
   const int32_t co = 0;
   const int rc = l.gemm('N', 'T', 'F', g.m, g.n, g.k, 1.f, g.a, g.lda, g.a_zero, g.b, g.ldb, 0, 0.f, g.c, g.ldc, &co);
   if (rc != 0) return Status::Internal("dnnl_gemm_u8s8s32 failed with status " + std::to_string(rc));

@@ -145,12 +145,14 @@ Status compute_cpu(Kernel& k, OrtKernelContext* ctx) {
   if (r.empty) return Status::Ok();
   CpuRun run;
   run.context = ctx;
-  const CpuContext cpu = cpu_context(&run);
+  CpuContext cpu = cpu_context(&run);
   OpDevice dev;
   dev.cpu = &cpu;
   for (size_t i = 0; i < kMaxInputs; ++i) {
     if (!k.packed[i].empty() && r.inputs.in[i].present() && r.inputs.in[i].shape == k.packed_shape[i]) {
       r.buffers.packed[i] = k.packed[i].data();
+      r.buffers.gemm_packed[i] = k.gemm_packed[i].get();
+      if (k.gemm_packed[i]) cpu.gemm_min_n = cpu_gemm_min_n(true);
     }
   }
   const OpEntry& e = op_of(k).entry;
@@ -185,8 +187,10 @@ struct CustomOp : OrtCustomOp {
 const CustomOp& self(const OrtCustomOp* op) { return *static_cast<const CustomOp*>(op); }
 
 // A CPU node's constant inputs (initializers) in the launcher's layout, once, where the op has one (OpEntry::pack:
-// DeformConv2d's weight). Nothing when an input is a graph input or of another type or shape (the checks of each run
-// report that).
+// DeformConv2d's weight), and packed for the CPU GEMM where that is its GEMM operand (OpEntry::gemm_operand).
+// KernelInfoGetConstantInput_tensor is C API 15, below the floor: every supported release has it. Nothing when an
+// input is a graph input or of another type or shape (the checks of each run report that; the launcher then
+// reorders it, and the GEMM packs it, on every run).
 void pack_constant_inputs(const OrtKernelInfo* info, Kernel* k) {
   const OpEntry& e = op_of(*k).entry;
   if (e.pack == nullptr) return;
@@ -214,6 +218,8 @@ void pack_constant_inputs(const OrtKernelInfo* info, Kernel* k) {
     k->packed[c].resize(bytes);
     e.pack(call, c, t.data, DType::kFloat32, k->packed[c].data());
     k->packed_shape[c] = t.shape;
+    GemmOperand a;
+    if (e.gemm_operand && e.gemm_operand(call, c, k->packed[c].data(), &a)) k->gemm_packed[c] = cpu_gemm_pack(a);
   }
 }
 

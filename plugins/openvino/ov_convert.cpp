@@ -3,13 +3,12 @@
 //   ONNX node                                           OpenVINO operation
 //   standard DeformConv (opset 19+)                     DeformableConvolution-8, bilinear_interpolation_pad = true
 //                                                       (+ Add for the bias): OpenVINO's own op, same semantics
-//   DeformPSRoIPool (any variant) with                  DeformablePSROIPooling-1 (bilinear_deformable): OpenVINO's
-//   output_size == group_size and static shapes         own op, same semantics (its output side is group_size; the
-//                                                       CPU plugin runs it with static shapes only);
-//                                                       a `count` output still comes from the kit's operation
-//                                                       (kNative below: OpenVINO's ops that are identical)
-//   every other op_variants() entry: dcnkit::* and the  the kit's operation of that op (KitOp<I>, ov_op.h), computed
+//   every op_variants() entry: dcnkit::* and the        the kit's operation of that op (KitOp<I>, ov_op.h), computed
 //   mmdeploy / mmcv names of every op of the table      by its declaration's CPU entry point
+//
+// DeformPSRoIPool runs on the kit's kernel too: OpenVINO 2026.4's DeformablePSROIPooling-1 computes the same function
+// on good input, but reads outside the input for a batch index of -2 or N (garbage out), zeroes every RoI after one of
+// index -1, and crashes the process on a NaN or infinite box coordinate, batch index or offset (docs/openvino.md).
 //
 // Standard RoiAlign is converted by OpenVINO itself (ROIAlign-9). The Python backend decides before conversion which
 // standard DeformConv nodes run on the kit's kernel instead (measured per node), and moves every avg RoiAlign to the
@@ -25,7 +24,6 @@
 #include "openvino/op/concat.hpp"
 #include "openvino/op/constant.hpp"
 #include "openvino/op/deformable_convolution.hpp"
-#include "openvino/op/deformable_psroi_pooling.hpp"
 #include "openvino/op/reshape.hpp"
 #include "openvino/op/shape_of.hpp"
 #include "openvino/op/slice.hpp"
@@ -97,57 +95,6 @@ ov::Output<ov::Node> split_heads(const ov::Output<ov::Node>& y, const ov::Output
   return std::make_shared<v1::Reshape>(y, shape, false);
 }
 
-// OpenVINO's own operations that compute one of the table's ops exactly (see the table at the top): the op's name
-// and a builder over the node's canonical inputs (null where absent) and canonical attributes, which may decline
-// (null). Every other op runs as the kit's operation.
-struct Native {
-  const char* op;
-  std::shared_ptr<ov::Node> (*make)(const OpAttrs& a, const ov::Output<ov::Node>* in, const bool* has);
-};
-
-// The canonical value of attribute `name` of the node's op.
-const AttrValue& attr(const OpAttrs& a, const char* name) {
-  const OpDef& def = a.op().def;
-  for (size_t i = 0; i < def.num_attrs; ++i)
-    if (std::strcmp(def.attrs[i].name, name) == 0) return a.values[i];
-  OPENVINO_THROW("dcnkit: ", def.onnx_type, " has no attribute ", name);
-}
-
-// DeformablePSROIPooling-1 (bilinear_deformable) where its output side is the group size (OpenVINO's op ties them).
-std::shared_ptr<ov::Node> psroi_pooling(const OpAttrs& a, const ov::Output<ov::Node>* in, const bool* has) {
-  const int64_t output_size = attr(a, "output_size").i(), group_size = attr(a, "group_size").i();
-  if (output_size != group_size) return nullptr;
-  const int64_t part = attr(a, "part_size").i() > 0 ? attr(a, "part_size").i() : output_size;
-  const float scale = static_cast<float>(attr(a, "spatial_scale").f), std = static_cast<float>(attr(a, "trans_std").f);
-  const int64_t dim = attr(a, "output_dim").i(), bins = attr(a, "sample_per_part").i();
-  using ov::op::v1::DeformablePSROIPooling;
-  const char* mode = "bilinear_deformable";
-  if (has[2] && attr(a, "no_trans").i() == 0) {
-    return std::make_shared<DeformablePSROIPooling>(in[0], in[1], in[2], dim, scale, group_size, mode, bins, bins, std,
-                                                    part);
-  }
-  return std::make_shared<DeformablePSROIPooling>(in[0], in[1], dim, scale, group_size, mode, bins, bins, 0.f, part);
-}
-
-constexpr Native kNative[] = {{"deform_psroi_pool", &psroi_pooling}};
-
-// OpenVINO's own operation for the node where kNative has one that accepts it, else null. OpenVINO 2026.4's CPU
-// plugin runs DeformablePSROIPooling with static shapes only.
-std::shared_ptr<ov::Node> native_op(const OpAttrs& a, const ov::OutputVector& args, const std::vector<int64_t>& slots) {
-  bool static_shapes = true;
-  for (const auto& in : args) static_shapes = static_shapes && in.get_partial_shape().is_static();
-  ov::Output<ov::Node> by_slot[kMaxInputs];
-  bool has[kMaxInputs] = {};
-  for (size_t i = 0; i < args.size(); ++i) {
-    by_slot[slots[i]] = args[i];
-    has[slots[i]] = true;
-  }
-  for (const Native& n : kNative) {
-    if (static_shapes && std::strcmp(n.op, a.op().def.name) == 0) return n.make(a, by_slot, has);
-  }
-  return nullptr;
-}
-
 // A node of any variant -> the kit's operation of its kind, canonical attributes and inputs.
 ov::OutputVector convert_variant(const OpVariant& v, const ov::frontend::NodeContext& ctx) {
   std::vector<AttrValue> values;
@@ -179,14 +126,14 @@ ov::OutputVector convert_variant(const OpVariant& v, const ov::frontend::NodeCon
       fail(ctx, v, std::string(def.inputs[slot.canonical].name) + ": expected a tensor, got no input");
     }
   }
-  std::shared_ptr<ov::Node> native = native_op(attrs, args, slots);
   auto op = make_kit_op(*v.op, args, std::move(slots), attrs.values, static_cast<int64_t>(def.num_outputs));
+  int64_t empty_absent = 0;
+  for (const InputSlot& slot : v.inputs) {
+    if (v.empty_input_is_absent && slot.optional) empty_absent |= int64_t(1) << slot.canonical;
+  }
+  std::static_pointer_cast<KitOpBase>(op)->set_empty_inputs_absent(empty_absent);
   op->set_friendly_name(ctx.get_name());
   ov::OutputVector out = op->outputs();
-  if (native) {  // the kit's operation stays for outputs OpenVINO's op lacks; unused, it is dropped from the model
-    native->set_friendly_name(ctx.get_name());
-    out[0] = native->output(0);
-  }
   if (v.per_head_output) out[0] = split_heads(out[0], args[0]);
   return out;
 }

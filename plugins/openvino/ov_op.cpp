@@ -6,6 +6,7 @@
 #include <sstream>
 #include <utility>
 
+#include "dcnkit/cpu_gemm.h"
 #include "openvino/core/attribute_visitor.hpp"
 #include "openvino/core/op_extension.hpp"
 #include "openvino/op/constant.hpp"
@@ -44,6 +45,7 @@ void KitOpBase::copy_config_from(const KitOpBase& other) {
   values_ = other.values_;
   slots_ = other.slots_;
   num_outputs_ = other.num_outputs_;
+  empty_is_absent_ = other.empty_is_absent_;
   constant_ = other.constant_;
 }
 
@@ -71,6 +73,7 @@ bool KitOpBase::visit_attributes(ov::AttributeVisitor& visitor) {
   }
   visitor.on_attribute("dcnkit_inputs", slots_);
   visitor.on_attribute("dcnkit_outputs", num_outputs_);
+  visitor.on_attribute("dcnkit_empty_is_absent", empty_is_absent_);
   return true;
 }
 
@@ -121,6 +124,19 @@ ov::PartialShape partial_output_shape(const OpAttrs& a, const std::vector<const 
   return ov::PartialShape(dims);
 }
 
+// The rt_info key of OpenVINO's KeepConstPrecision attribute (its type name and version, "keep_const_precision" "0":
+// transformations/rt_info/keep_const_precision.hpp, not among the wheel's headers): the CPU plugin's precision pass
+// leaves a Constant that has it in its own type.
+constexpr const char* kKeepConstPrecision = "keep_const_precision_0";
+
+// An int64 table that is a Constant of the model stays int64 for the kit's kernel: the CPU plugin otherwise converts
+// every int64 Constant to int32, saturating (a spatial shape of 2^32 + 2 would reach the kernel as 2^31 - 1). (A graph
+// input it wraps to int32 before any operation sees it: python/dcnkit/runtime/openvino.py works around that.)
+void keep_int64_constant(const std::shared_ptr<ov::Node>& node) {
+  const auto constant = std::dynamic_pointer_cast<ov::op::v0::Constant>(node);
+  if (constant && constant->get_element_type() == ov::element::i64) constant->get_rt_info()[kKeepConstPrecision] = true;
+}
+
 }  // namespace
 
 void KitOpBase::validate_and_infer_types() {
@@ -150,10 +166,11 @@ void KitOpBase::validate_and_infer_types() {
     if (def.inputs[slot].int64) {  // the CPU plugin may hand int64 tables over as int32 (ov_run.cpp widens them)
       NODE_VALIDATION_CHECK(this, got == ov::element::i64 || got == ov::element::i32, where(), def.inputs[slot].name,
                             ": expected element type i64 (or i32), got ", got.get_type_name());
+      keep_int64_constant(get_input_node_shared_ptr(i));
       continue;
     }
     NODE_VALIDATION_CHECK(this, is_kernel_float_type(got), where(), def.inputs[slot].name,
-                          ": expected element type f32 (or f16 / bf16), got ", got.get_type_name());
+                          ": expected element type f32 (or f16 / bf16 / f64), got ", got.get_type_name());
     NODE_VALIDATION_CHECK(this, float_type.is_dynamic() || got == float_type, where(), def.inputs[slot].name,
                           ": expected element type ", float_type.get_type_name(),
                           " (the type of the other inputs), got ", got.get_type_name());
@@ -187,7 +204,8 @@ void KitOpBase::note_constant_inputs() {
   }
 }
 
-std::shared_ptr<const std::vector<char>> KitOpBase::packed(int i, const void* data, const Shape& shape) const {
+std::shared_ptr<const std::vector<char>> KitOpBase::packed(int i, const void* data, const Shape& shape,
+                                                           std::shared_ptr<const void>* gemm) const {
   const OpEntry& e = op_->entry;
   if (e.pack == nullptr || data == nullptr || i < 0 || static_cast<size_t>(i) >= constant_.size() || !constant_[i]) {
     return nullptr;
@@ -204,14 +222,20 @@ std::shared_ptr<const std::vector<char>> KitOpBase::packed(int i, const void* da
     p->data.resize(e.pack(call, i, data, DType::kFloat32, nullptr));
     if (p->data.empty()) return nullptr;
     e.pack(call, i, data, DType::kFloat32, p->data.data());
+    GemmOperand a;
+    if (e.gemm_operand && e.gemm_operand(call, i, p->data.data(), &a)) p->gemm = cpu_gemm_pack(a);
     slot = std::move(p);
   }
+  if (gemm != nullptr) *gemm = slot->gemm;
   return std::shared_ptr<const std::vector<char>>(slot, &slot->data);
 }
 
 bool KitOpBase::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
   const Status s = run_cpu(*this, outputs, inputs);
-  if (!s.ok()) OPENVINO_THROW(where(), s.message());
+  if (!s.ok()) {
+    poison_outputs(outputs);
+    OPENVINO_THROW(where(), s.message());
+  }
   return true;
 }
 

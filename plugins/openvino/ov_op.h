@@ -7,7 +7,8 @@
 //   - the canonical attribute values (read from any variant by read_attrs, checked by make_op_attrs),
 //   - `dcnkit_inputs`: the canonical input (TensorDef index) each of its inputs carries (absent optional inputs
 //     are left out; a variadic input's tensors repeat its index),
-//   - `dcnkit_outputs`: how many outputs (DeformPSRoIPool: output and count).
+//   - `dcnkit_outputs`: how many outputs (DeformPSRoIPool: output and count),
+//   - `dcnkit_empty_is_absent`: a bit per canonical input that is "none" when empty (mmcv's optional inputs).
 // Shapes are checked by the op's declaration wherever the input shapes are static (validate_and_infer_types and
 // every evaluate), so a mistake reads the same as on every other backend.
 #pragma once
@@ -43,10 +44,18 @@ class KitOpBase : public ov::op::Op {
   const OpAttrs& attrs() const { return attrs_; }
   const std::vector<int64_t>& slots() const { return slots_; }
   int64_t num_outputs() const { return num_outputs_; }
+  // Whether canonical input `slot`, when it has zero elements, is no input (the mmcv / mmdeploy names' convention
+  // for their optional inputs, OpVariant::empty_input_is_absent): the conversion drops such an input where its shape
+  // is known; where it turns out empty only when the node runs (dynamic shapes), the run leaves it out, as ONNX
+  // Runtime does. `mask`: bit i for canonical input i.
+  bool empty_input_is_absent(int64_t slot) const { return slot >= 0 && slot < 63 && ((empty_is_absent_ >> slot) & 1); }
+  void set_empty_inputs_absent(int64_t mask) { empty_is_absent_ = mask; }
   // A constant input of the model (canonical input i) in the launcher's layout (OpEntry::pack), made on the first run
   // from `data` (the constant's memory, which the plugin keeps) and kept; null where the op has no such layout or the
   // input is not a constant.
-  std::shared_ptr<const std::vector<char>> packed(int i, const void* data, const Shape& shape) const;
+  // With it, `gemm` is set to the same packed once more by the CPU GEMM (cpu_gemm_pack; null where it does not pack).
+  std::shared_ptr<const std::vector<char>> packed(int i, const void* data, const Shape& shape,
+                                                  std::shared_ptr<const void>* gemm = nullptr) const;
 
  protected:
   explicit KitOpBase(int index);
@@ -59,6 +68,7 @@ class KitOpBase : public ov::op::Op {
   std::vector<AttrValue> values_;  // canonical attribute values, in the table's order
   std::vector<int64_t> slots_;     // canonical input index of each input
   int64_t num_outputs_ = 1;
+  int64_t empty_is_absent_ = 0;    // IR attribute dcnkit_empty_is_absent, a bit per canonical input (older IR: 0)
   OpAttrs attrs_;                  // from values_, checked
   // The canonical inputs that are Constants of the model (seen when the node was made: the plugin's copies may see
   // other nodes there), and their packed layouts, made once.
@@ -67,6 +77,7 @@ class KitOpBase : public ov::op::Op {
     const void* source = nullptr;
     Shape shape;
     std::vector<char> data;
+    std::shared_ptr<const void> gemm;  // data packed by the CPU GEMM, or null
   };
   mutable std::mutex packed_mutex_;
   mutable std::shared_ptr<const Packed> packed_[kMaxInputs];

@@ -4,9 +4,10 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 
-#include "dcnkit/openblas_gemm.h"
+#include "dcnkit/cpu_gemm.h"
 #include "openvino/core/type/bfloat16.hpp"
 #include "openvino/core/type/float16.hpp"
 #include "ov_op.h"
@@ -40,8 +41,8 @@ CpuContext cpu_context() {
   CpuContext ctx;
   ctx.num_threads = std::max(1, tbb::this_task_arena::max_concurrency());
   ctx.parallel_for = &tbb_parallel_for;
-  ctx.gemm = &openblas_gemm;
-  ctx.gemm_min_n = openblas_min_n();
+  ctx.gemm = &cpu_gemm;
+  ctx.gemm_min_n = cpu_gemm_min_n(false);  // run_f32 narrows it for a node with a packed weight
   return ctx;
 }
 
@@ -49,6 +50,12 @@ CpuContext cpu_context() {
 // Inputs by canonical index
 
 namespace {
+
+int64_t numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
 
 // A call of `op`: the shapes (and data) of its inputs by canonical index, a variadic input's tensors in order.
 struct Gathered {
@@ -67,6 +74,7 @@ Status gather(const KitOpBase& op, const std::vector<Shape>& shapes, const ov::T
   g->storage = shapes;
   for (size_t i = 0; i < slots.size(); ++i) {
     const int64_t slot = slots[i];
+    if (op.empty_input_is_absent(slot) && numel(shapes[i]) == 0) continue;  // no input (mmcv's convention)
     const void* data = tensors ? (*tensors)[i].data() : nullptr;
     if (def.inputs[slot].variadic) {
       g->shapes.variadic.push_back(shapes[i]);
@@ -88,11 +96,6 @@ std::vector<Shape> shapes_of(const ov::TensorVector& tensors) {
   return out;
 }
 
-int64_t numel(const Shape& s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
-}
 
 }  // namespace
 
@@ -106,7 +109,7 @@ Status output_shapes(const KitOpBase& op, const std::vector<Shape>& inputs, std:
 }
 
 bool is_kernel_float_type(const ov::element::Type& t) {
-  return t == ov::element::f32 || t == ov::element::f16 || t == ov::element::bf16;
+  return t == ov::element::f32 || t == ov::element::f16 || t == ov::element::bf16 || t == ov::element::f64;
 }
 
 namespace {
@@ -135,12 +138,15 @@ Status run_f32(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorV
   }
   if (empty) return Status::Ok();
   std::shared_ptr<const std::vector<char>> packed[kMaxInputs];
+  std::shared_ptr<const void> gemm_packed[kMaxInputs];
+  CpuContext cpu = cpu_context();
   for (size_t i = 0; i < kMaxInputs; ++i) {
     if (g.shapes.in[i] == nullptr) continue;
-    packed[i] = op.packed(static_cast<int>(i), g.buffers.in[i], *g.shapes.in[i]);
+    packed[i] = op.packed(static_cast<int>(i), g.buffers.in[i], *g.shapes.in[i], &gemm_packed[i]);
     if (packed[i]) g.buffers.packed[i] = packed[i]->data();
+    g.buffers.gemm_packed[i] = gemm_packed[i].get();
+    if (gemm_packed[i]) cpu.gemm_min_n = cpu_gemm_min_n(true);
   }
-  const CpuContext cpu = cpu_context();
   OpDevice dev;
   dev.cpu = &cpu;
   OpTypes types;  // float32 (run_cpu converts 16-bit tensors around the kernels)
@@ -158,7 +164,7 @@ Status run_f32(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorV
   return s;
 }
 
-// A float16 / bfloat16 tensor as float32, and back.
+// A float16 / bfloat16 / float64 tensor as float32, and back.
 template <typename T>
 void convert(const ov::Tensor& from, ov::Tensor& to) {
   const T* s = from.data<const T>();
@@ -171,6 +177,25 @@ void convert_back(const ov::Tensor& from, ov::Tensor& to) {
   T* d = to.data<T>();
   for (size_t i = 0, n = from.get_size(); i < n; ++i) d[i] = T(s[i]);
 }
+void to_f32(const ov::Tensor& from, ov::Tensor& to) {
+  const ov::element::Type t = from.get_element_type();
+  if (t == ov::element::f16) return convert<ov::float16>(from, to);
+  if (t == ov::element::bf16) return convert<ov::bfloat16>(from, to);
+  convert<double>(from, to);
+}
+void from_f32(const ov::Tensor& from, ov::Tensor& to) {
+  const ov::element::Type t = to.get_element_type();
+  if (t == ov::element::f16) return convert_back<ov::float16>(from, to);
+  if (t == ov::element::bf16) return convert_back<ov::bfloat16>(from, to);
+  convert_back<double>(from, to);
+}
+
+// A quiet NaN in every element of a floating tensor.
+template <typename T>
+void fill_nan(ov::Tensor& t) {
+  T* d = t.data<T>();
+  for (size_t i = 0, n = t.get_size(); i < n; ++i) d[i] = T(std::numeric_limits<float>::quiet_NaN());
+}
 
 }  // namespace
 
@@ -182,7 +207,7 @@ Status run_cpu(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorV
     const ov::element::Type got = inputs[i].get_element_type();
     const bool ok = td.int64 ? (got == ov::element::i64 || got == ov::element::i32) : is_kernel_float_type(got);
     if (!ok) {
-      const char* want = td.int64 ? "element type i64 (or i32)" : "element type f32 (or f16 / bf16)";
+      const char* want = td.int64 ? "element type i64 (or i32)" : "element type f32 (or f16 / bf16 / f64)";
       return arg_error(def.onnx_type, td.name, want, got.get_type_name());
     }
     if (!td.int64) float_type = got;
@@ -204,8 +229,7 @@ Status run_cpu(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorV
   }
   if (any_i32) return run_cpu(op, outputs, widened);
   if (float_type == ov::element::f32) return run_f32(op, outputs, inputs);
-  // Reduced precision around the node: the kernels compute in float32.
-  const bool half = float_type == ov::element::f16;
+  // Another precision around the node: the kernels compute in float32.
   ov::TensorVector in32;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (inputs[i].get_element_type() != float_type) {
@@ -213,7 +237,7 @@ Status run_cpu(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorV
       continue;
     }
     ov::Tensor t(ov::element::f32, inputs[i].get_shape());
-    half ? convert<ov::float16>(inputs[i], t) : convert<ov::bfloat16>(inputs[i], t);
+    to_f32(inputs[i], t);
     in32.push_back(t);
   }
   ov::TensorVector out32;
@@ -221,9 +245,20 @@ Status run_cpu(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorV
   DCNKIT_RETURN_IF_ERROR(run_f32(op, out32, in32));
   for (size_t i = 0; i < outputs.size(); ++i) {
     outputs[i].set_shape(out32[i].get_shape());
-    half ? convert_back<ov::float16>(out32[i], outputs[i]) : convert_back<ov::bfloat16>(out32[i], outputs[i]);
+    from_f32(out32[i], outputs[i]);
   }
   return Status::Ok();
+}
+
+void poison_outputs(ov::TensorVector& outputs) {
+  for (ov::Tensor& t : outputs) {
+    if (!t || t.get_size() == 0 || t.data() == nullptr) continue;
+    const ov::element::Type e = t.get_element_type();
+    if (e == ov::element::f32) fill_nan<float>(t);
+    if (e == ov::element::f16) fill_nan<ov::float16>(t);
+    if (e == ov::element::bf16) fill_nan<ov::bfloat16>(t);
+    if (e == ov::element::f64) fill_nan<double>(t);
+  }
 }
 
 }  // namespace dcnkit::ov_ext

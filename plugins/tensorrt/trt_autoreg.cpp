@@ -1,34 +1,52 @@
 // libdcnkit_trt_autoreg.so: the creators of libdcnkit_trt.so for loaders that only dlopen a plugin library
 // and never call getCreators -- Triton's `--backend-config=tensorrt,plugins=`, Polygraphy's --plugins
 // (LoadPlugins), LD_PRELOAD into a program linked against libnvinfer (trtexec). When it is loaded into a process
-// that already has TensorRT's libnvinfer of the major version of the headers it was built with, it opens
-// libdcnkit_trt.so from its own folder and calls that library's explicit dcnkit_trt_register_creators with
-// libnvinfer's plugin registry, handing it libnvinfer's global logger first. Everything is looked up with
-// dlsym: like libdcnkit_trt.so it links nothing from TensorRT. It exports nothing; loading it is the whole
+// that already has TensorRT's libnvinfer (10.x or 11.x), it opens libdcnkit_trt.so from its own folder and calls
+// that library's explicit dcnkit_trt_register_creators with libnvinfer's plugin registry, handing it libnvinfer's
+// global logger first, behind an ILoggerFinder of that release's ABI (trt_abi_shim.cpp). Everything is looked up
+// with dlsym: like libdcnkit_trt.so it links nothing from TensorRT. It exports nothing; loading it is the whole
 // interface. IPluginRegistry::loadLibrary (trtexec --dynamicPlugins, load_library) takes libdcnkit_trt.so
 // itself, never this file: loading both registers every creator twice, and TensorRT refuses the second.
 #include <dlfcn.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
-#include "trt_entry_points.h"
+#define DCNKIT_DECLARE_FINDER(ns) \
+  namespace dcnkit::trt::ns {     \
+  void* nvinfer_logger_finder(void* (*get_logger)()); \
+  }
+#ifdef DCNKIT_TRT_ABI10
+DCNKIT_DECLARE_FINDER(abi10)
+#endif
+#ifdef DCNKIT_TRT_ABI11
+DCNKIT_DECLARE_FINDER(abi11)
+#endif
 
 namespace {
+
+constexpr const char* kRegisterCreatorsSymbol = "dcnkit_trt_register_creators";
+constexpr const char* kSetLoggerFinderSymbol = "setLoggerFinder";
 
 void warn(const std::string& message) {
   std::fprintf(stderr, "dcnkit: libdcnkit_trt_autoreg.so: %s\n", message.c_str());
 }
 
-// libnvinfer's global logger (getLogger), for plugin messages outside a builder's or runtime's call.
-class NvinferLoggerFinder final : public nvinfer1::ILoggerFinder {
- public:
-  using GetLogger = nvinfer1::ILogger* (*)();
-  GetLogger get_logger = nullptr;
-  nvinfer1::ILogger* findLogger() override { return get_logger != nullptr ? get_logger() : nullptr; }
-};
+using GetLogger = void* (*)();
 
-NvinferLoggerFinder g_finder;
+// An ILoggerFinder of `major`'s ABI over libnvinfer's getLogger, or null when this library has no shim for it.
+void* logger_finder(int major, GetLogger get_logger) {
+#ifdef DCNKIT_TRT_ABI10
+  if (major == 10) return dcnkit::trt::abi10::nvinfer_logger_finder(get_logger);
+#endif
+#ifdef DCNKIT_TRT_ABI11
+  if (major == 11) return dcnkit::trt::abi11::nvinfer_logger_finder(get_logger);
+#endif
+  (void)major;
+  (void)get_logger;
+  return nullptr;
+}
 
 // libdcnkit_trt.so in the folder of this library.
 std::string plugin_library_path() {
@@ -40,18 +58,22 @@ std::string plugin_library_path() {
 }
 
 __attribute__((constructor)) void register_on_load() {
-  const std::string nvinfer = "libnvinfer.so." + std::to_string(NV_TENSORRT_MAJOR);
-  void* trt = dlopen(nvinfer.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  void* trt = nullptr;
+  std::string nvinfer;
+  for (int major : {11, 10}) {  // the releases whose registry ABI the plugin library may serve
+    nvinfer = "libnvinfer.so." + std::to_string(major);
+    if ((trt = dlopen(nvinfer.c_str(), RTLD_NOW | RTLD_NOLOAD)) != nullptr) break;
+  }
   if (trt == nullptr) {
-    warn(nvinfer + " is not loaded in this process, so no creator was registered: load this library after "
-                   "TensorRT (or load libdcnkit_trt.so with IPluginRegistry::loadLibrary instead)");
+    warn("neither libnvinfer.so.10 nor libnvinfer.so.11 is loaded in this process, so no creator was registered: "
+         "load this library after TensorRT (or load libdcnkit_trt.so with IPluginRegistry::loadLibrary instead)");
     return;
   }
   using Version = int32_t (*)();
-  using Registry = nvinfer1::IPluginRegistry* (*)();
+  using Registry = void* (*)();
   auto version = reinterpret_cast<Version>(dlsym(trt, "getInferLibVersion"));
   auto registry = reinterpret_cast<Registry>(dlsym(trt, "getPluginRegistry"));
-  g_finder.get_logger = reinterpret_cast<NvinferLoggerFinder::GetLogger>(dlsym(trt, "getLogger"));
+  auto get_logger = reinterpret_cast<GetLogger>(dlsym(trt, "getLogger"));
   dlclose(trt);  // balances the RTLD_NOLOAD reference; libnvinfer stays loaded
   if (version == nullptr || registry == nullptr) {
     warn(nvinfer + " has no getInferLibVersion / getPluginRegistry: no creator was registered");
@@ -63,16 +85,20 @@ __attribute__((constructor)) void register_on_load() {
     warn("cannot load the plugin library " + path + ": " + dlerror());
     return;
   }
-  using SetFinder = void (*)(nvinfer1::ILoggerFinder*);
-  using Register = int32_t (*)(nvinfer1::IPluginRegistry*, int32_t);
-  auto set_finder = reinterpret_cast<SetFinder>(dlsym(lib, dcnkit::trt::kSetLoggerFinderSymbol));
-  auto register_creators = reinterpret_cast<Register>(dlsym(lib, dcnkit::trt::kRegisterCreatorsSymbol));
+  using SetFinder = void (*)(void*);
+  using Register = int32_t (*)(void*, int32_t);
+  auto set_finder = reinterpret_cast<SetFinder>(dlsym(lib, kSetLoggerFinderSymbol));
+  auto register_creators = reinterpret_cast<Register>(dlsym(lib, kRegisterCreatorsSymbol));
   if (set_finder == nullptr || register_creators == nullptr) {
-    warn(path + " does not export " + dcnkit::trt::kRegisterCreatorsSymbol + " (another version?)");
+    warn(path + " does not export " + kRegisterCreatorsSymbol + " (another version?)");
     return;
   }
-  if (g_finder.get_logger != nullptr) set_finder(&g_finder);
-  register_creators(registry(), version());  // logs what it registered, or why not
+  const int32_t v = version();
+  const int major = v >= 100000 ? v / 10000 : v / 1000;
+  if (get_logger != nullptr) {
+    if (void* finder = logger_finder(major, get_logger)) set_finder(finder);
+  }
+  register_creators(registry(), v);  // logs what it registered, or why not
 }
 
 }  // namespace

@@ -7,19 +7,18 @@
 // into a registry (the loader registers the list itself, in whichever registry it serves). Loading the
 // library does nothing either. Loaders that only dlopen a library take libdcnkit_trt_autoreg.so
 // (trt_autoreg.cpp), which calls dcnkit_trt_register_creators below.
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <memory>
 
 #include "trt_entry_points.h"
+#include "trt_host_abi.h"
 #include "trt_plugin.h"
 
 using namespace nvinfer1;
 
 namespace dcnkit::trt {
-
-extern ILoggerFinder* g_logger_finder;
-
 namespace {
 
 class Creator final : public IPluginCreatorV3One {
@@ -90,13 +89,16 @@ Creators& creators() {
 }  // namespace
 }  // namespace dcnkit::trt
 
+// The finder is kept as an opaque pointer: its layout is that of the running TensorRT (trt_host_abi.h).
 extern "C" __attribute__((visibility("default"))) void setLoggerFinder(ILoggerFinder* finder) {
-  dcnkit::trt::g_logger_finder = finder;
+  dcnkit::trt::set_logger_finder(finder);
 }
 
+// No creator for a TensorRT this library does not serve (one line on stderr says which it found and serves).
 extern "C" __attribute__((visibility("default"))) IPluginCreatorInterface* const* getCreators(int32_t& nbCreators) {
   auto& c = dcnkit::trt::creators();
-  nbCreators = static_cast<int32_t>(c.list.size());
+  const bool served = dcnkit::trt::served_running_major("getCreators offers no plugin creator") != 0;
+  nbCreators = served ? static_cast<int32_t>(c.list.size()) : 0;
   return c.list.data();
 }
 
@@ -104,18 +106,22 @@ extern "C" __attribute__((visibility("default"))) int32_t dcnkit_trt_register_cr
                                                                                       int32_t infer_lib_version) {
   using dcnkit::trt::log;
   using dcnkit::trt::log_error;
-  const int32_t major = infer_lib_version / 10000;
-  if (registry == nullptr || major != NV_TENSORRT_MAJOR) {
-    log_error("dcnkit_trt_register_creators: expected the plugin registry of TensorRT " +
-              std::to_string(NV_TENSORRT_MAJOR) + ".x (the headers this library was built with), got " +
-              (registry == nullptr ? std::string("no registry") : "TensorRT " + std::to_string(infer_lib_version)));
+  // getInferLibVersion(): major * 10000 + ... from 10.0, major * 1000 + ... before.
+  const int32_t major = infer_lib_version >= 100000 ? infer_lib_version / 10000 : infer_lib_version / 1000;
+  if (registry == nullptr || !dcnkit::trt::serves_major(major)) {
+    std::fprintf(stderr, "dcnkit: dcnkit_trt_register_creators: expected the plugin registry of TensorRT %s, got %s; "
+                 "no creator registered\n", dcnkit::trt::served_majors_text().c_str(),
+                 registry == nullptr ? "no registry" : ("getInferLibVersion " + std::to_string(infer_lib_version)).c_str());
     return -1;
   }
+  const auto register_one = [&](IPluginCreatorInterface* c) {
+    return dcnkit::trt::register_creator(major, registry, c, static_cast<IPluginCreatorV3One*>(c)->getPluginNamespace());
+  };
   const auto& all = dcnkit::trt::creators();
   int32_t registered = 0;
   for (IPluginCreatorInterface* c : all.list) {
     auto* v3 = static_cast<IPluginCreatorV3One*>(c);
-    if (registry->registerCreator(*c, v3->getPluginNamespace())) {
+    if (register_one(c)) {
       ++registered;
     } else {
       log_error(std::string("the registry refused the creator ") + v3->getPluginNamespace() + "::" +
@@ -125,7 +131,7 @@ extern "C" __attribute__((visibility("default"))) int32_t dcnkit_trt_register_cr
   }
   for (IPluginCreatorInterface* c : all.tensorrt_own) {
     auto* v3 = static_cast<IPluginCreatorV3One*>(c);
-    if (registry->registerCreator(*c, v3->getPluginNamespace())) {
+    if (register_one(c)) {
       ++registered;
     } else {
       log(ILogger::Severity::kINFO, std::string("not registering ") + v3->getPluginName() + " version " +

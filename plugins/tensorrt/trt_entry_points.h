@@ -18,15 +18,9 @@ nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators);
 
 // Registers every creator with `registry`, the plugin registry of the libnvinfer whose getInferLibVersion() is
 // `infer_lib_version`: those of getCreators, and those of TensorRT's own plugin names that getCreators leaves out
-// (MultiscaleDeformableAttnPlugin_TRT, see trt_creators.cpp). The registry is called through its vtable, so its
-// major version must be that of the headers this library was built with; otherwise nothing is registered and the
-// result is -1. Returns the number of creators registered (a creator of getCreators the registry refuses is
-// logged as an error and skipped; one of TensorRT's names, with an info line: TensorRT's own serves it).
+// (MultiscaleDeformableAttnPlugin_TRT, see trt_creators.cpp). The registry is called through the vtable of
+// `infer_lib_version`'s major (trt_host_abi.h); a major this library does not serve registers nothing (one line on
+// stderr) and the result is -1. Returns the number of creators registered (a creator of getCreators the registry
+// refuses is logged as an error and skipped; one of TensorRT's names, with an info line: TensorRT's own serves it).
 int32_t dcnkit_trt_register_creators(nvinfer1::IPluginRegistry* registry, int32_t infer_lib_version);
 }
-
-namespace dcnkit::trt {
-// The names libdcnkit_trt_autoreg.so looks up (dlsym): in the plugin library, then in libnvinfer.
-constexpr const char* kRegisterCreatorsSymbol = "dcnkit_trt_register_creators";
-constexpr const char* kSetLoggerFinderSymbol = "setLoggerFinder";
-}  // namespace dcnkit::trt

@@ -16,23 +16,6 @@ using namespace nvinfer1;
 
 namespace dcnkit::trt {
 
-// ---------------------------------------------------------------------------------------------
-// Logging (the logger finder is set by setLoggerFinder in trt_creators.cpp)
-
-ILoggerFinder* g_logger_finder = nullptr;
-
-void log(ILogger::Severity severity, const std::string& message) {
-  const std::string line = "dcnkit: " + message;
-  ILogger* logger = g_logger_finder != nullptr ? g_logger_finder->findLogger() : nullptr;
-  if (logger != nullptr) {
-    logger->log(severity, line.c_str());
-  } else {
-    std::fprintf(stderr, "%s\n", line.c_str());
-  }
-}
-
-void log_error(const std::string& message) { log(ILogger::Severity::kERROR, message); }
-
 const char* plugin_namespace(const OpVariant& v) { return std::strcmp(v.domain, kOnnxDomain) == 0 ? kOnnxDomain : ""; }
 
 // ---------------------------------------------------------------------------------------------

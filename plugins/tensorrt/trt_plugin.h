@@ -29,9 +29,14 @@ struct CublasGemm;
 
 namespace dcnkit::trt {
 
-// Logs through the logger TensorRT handed to setLoggerFinder (stderr when there is none).
+// Logs through the logger TensorRT handed to setLoggerFinder, through the running TensorRT's ABI (stderr when there
+// is none, or when this library does not serve the running release) (trt_log.cpp).
 void log(nvinfer1::ILogger::Severity severity, const std::string& message);
 void log_error(const std::string& message);
+void set_logger_finder(void* finder);
+// The running TensorRT's major where this library serves it; else 0, after one line on stderr (once per process)
+// that names the release found, the releases served and `what` follows from it.
+int served_running_major(const char* what);
 
 // The namespace of the kit's own creators ("dcnkit"); mmdeploy's names live in "".
 const char* plugin_namespace(const OpVariant& v);

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import json
+import re
+from pathlib import Path
+
 from dcnkit._lib import find_library, op_defs  # noqa: F401
 
 
@@ -22,20 +26,56 @@ def ort_library() -> str:
     return str(find_library("dcnkit_ort"))
 
 
-def tensorrt_library() -> str:
-    """Absolute path of the TensorRT plugin library (``libdcnkit_trt.so``: IPluginV3 creators, ``getCreators``).
+def tensorrt_library(version: str | None = None) -> str:
+    """Absolute path of the TensorRT plugin library that serves TensorRT ``version`` (``libdcnkit_trt.so``:
+    IPluginV3 creators, ``getCreators``).
 
-    Load it with ``trt.get_plugin_registry().load_library(path)`` or ``trtexec --dynamicPlugins=path``
-    (docs/tensorrt.md). It is built only where CMake finds the TensorRT headers and nvcc; otherwise
+    ``version``: a release such as ``"10.3"`` or ``"11.1.0"``; None: the installed ``tensorrt`` module's (or, without
+    one, the newest release this build serves). One file serves every release from 10.0 to 11.x that the build had
+    headers for: it calls TensorRT's logger and registry through the ABI of the release it finds running
+    (docs/tensorrt.md). A release no library serves (TensorRT 8.x and 9.x have no IPluginV3) is a ValueError naming
+    it and the releases served. Load it with ``trt.get_plugin_registry().load_library(path)`` or ``trtexec
+    --dynamicPlugins=path``. It is built only where CMake finds the TensorRT headers and nvcc; otherwise
     FileNotFoundError says so.
     """
     try:
-        return str(find_library("dcnkit_trt"))
+        path = find_library("dcnkit_trt")
     except FileNotFoundError as e:
         raise FileNotFoundError(
             f"{e} -- libdcnkit_trt.so is built only when CMake finds the TensorRT headers (set TensorRT_ROOT or "
             "TensorRT_INCLUDE_DIR) and nvcc; rebuild dcnkit with them (pip install --no-build-isolation .)"
         ) from None
+    served = tensorrt_releases_served(path)
+    wanted = _tensorrt_version() if version is None else str(version)
+    if wanted is None:
+        return str(path)
+    if not re.fullmatch(r"\d+(\.\d+){0,3}", wanted.strip()):
+        raise ValueError(f"tensorrt_library: version: expected a TensorRT release such as '10.3' or '11.1.0', got "
+                         f"{wanted!r}")
+    major = int(wanted.strip().split(".")[0])
+    if major not in served:
+        span = " and ".join(f"{m}.x" for m in served) or "no release"
+        why = " (TensorRT 8.x and 9.x have no IPluginV3)" if major < 10 else ""
+        raise ValueError(f"tensorrt_library: TensorRT {wanted} is not served{why}: this build's plugin library "
+                         f"serves TensorRT {span}")
+    return str(path)
+
+
+def tensorrt_releases_served(path=None) -> list[int]:
+    """The TensorRT majors the plugin library serves (what it was built with: ``dcnkit_trt.json`` beside it)."""
+    path = Path(path) if path is not None else find_library("dcnkit_trt")
+    manifest = path.with_name("dcnkit_trt.json")
+    if not manifest.is_file():  # a library built before the manifest: the 11.x headers' alone
+        return [11]
+    return sorted(int(m) for m in json.loads(manifest.read_text())["tensorrt_majors"])
+
+
+def _tensorrt_version() -> str | None:
+    try:
+        import tensorrt
+    except Exception:  # noqa: BLE001 - not installed, or a broken install: no version to go by
+        return None
+    return getattr(tensorrt, "__version__", None)
 
 
 def cuda_compiled() -> bool:

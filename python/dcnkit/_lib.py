@@ -97,6 +97,17 @@ def op_output_dims(op_type: str, attrs: list, inputs: list, variadic: list) -> l
     attributes as ``[name, kind, value]`` (kind ``"int"``, ``"float"``, ``"string"``, ``"ints"``, ``"floats"``),
     ``inputs`` its inputs' dims in node order, ``variadic`` empty.
     """
+    return _op_infer(op_type, attrs, inputs, variadic)["outputs"]
+
+
+def op_node(op_type: str, attrs: list, inputs: list) -> dict:
+    """A node of a name of an op (``"<domain>::<op type>"``, ``attrs`` as ``[name, kind, value]`` triples, ``inputs``
+    its inputs' dims in node order, as :func:`op_output_dims` takes them) read and checked as every backend does:
+    ``{"attrs": {canonical name: value}, "outputs": [dims...]}``; ValueError with the core's message."""
+    return _op_infer(op_type, attrs, inputs, [])
+
+
+def _op_infer(op_type: str, attrs: list, inputs: list, variadic: list) -> dict:
     import ctypes
 
     fn = _table_library().dcnkit_op_infer
@@ -113,4 +124,4 @@ def op_output_dims(op_type: str, attrs: list, inputs: list, variadic: list) -> l
     answer = json.loads(buf.value.decode())
     if "error" in answer:
         raise ValueError(answer["error"])
-    return answer["outputs"]
+    return answer

@@ -6,6 +6,8 @@
 #include <NvInferRuntime.h>
 #include <dlfcn.h>
 
+#include "tensorrt_registry_compat.h"
+
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -21,6 +23,9 @@ class StderrLogger final : public ILogger {
 
 class RecordingRegistry final : public IPluginRegistry {
  public:
+  DCNKIT_TEST_REGISTRY_V2_METHODS
+  using IPluginRegistry::registerCreator;
+  using IPluginRegistry::deregisterCreator;
   std::vector<std::string> keys;  // "namespace::name" of the registered creators
   std::vector<IPluginCreatorInterface*> creators;
   std::string reentries;  // registry calls made while the library's entry points ran
@@ -98,7 +103,7 @@ class RecordingRegistry final : public IPluginRegistry {
   }
   IPluginResource* acquirePluginResource(AsciiChar const*, IPluginResource*) noexcept override { return nullptr; }
   int32_t releasePluginResource(AsciiChar const*) noexcept override { return 0; }
-  IPluginCreatorInterface* const* getAllCreatorsRecursive(int32_t* const n) noexcept override {
+  IPluginCreatorInterface* const* getAllCreatorsRecursive(int32_t* const n) noexcept {  // 10.13+: overrides
     return getAllCreators(n);
   }
 };
@@ -108,8 +113,13 @@ StderrLogger g_logger;
 
 }  // namespace
 
+// The release it stands for: that of the headers, or -DDCNKIT_FAKE_INFER_VERSION (a release no build serves).
 extern "C" __attribute__((visibility("default"))) int32_t getInferLibVersion() noexcept {
+#ifdef DCNKIT_FAKE_INFER_VERSION
+  return DCNKIT_FAKE_INFER_VERSION;
+#else
   return NV_TENSORRT_MAJOR * 10000 + NV_TENSORRT_MINOR * 100 + NV_TENSORRT_PATCH;
+#endif
 }
 
 extern "C" __attribute__((visibility("default"))) IPluginRegistry* getPluginRegistry() noexcept { return &g_registry; }

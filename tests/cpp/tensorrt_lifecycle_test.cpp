@@ -4,7 +4,11 @@
 // What it checks comes from its own table of the expected creators, fields and output shapes
 // (tensorrt_lifecycle_cases.h, written from the operator contract, not read from the library's sources) and
 // tensorrt_runtime_checks.h. Build with -rdynamic (the cuBLAS seam).
-// Usage: tensorrt_lifecycle_test /path/to/libdcnkit_trt.so [--nvinfer /path/to/fake/libnvinfer.so.N | --list]
+// Usage: tensorrt_lifecycle_test /path/to/libdcnkit_trt.so [--nvinfer /path/to/fake/libnvinfer.so.N | --list |
+//                                                          --expect-refusal]
+// It compiles against the headers of every TensorRT from 10.0 to 11.x; each build is the host of that release.
+// --expect-refusal: the process runs a TensorRT the library does not serve (a stand-in libnvinfer loaded first, e.g.
+// through LD_PRELOAD): getCreators offers nothing and nothing reaches this host's logger.
 // With --nvinfer the library is first loaded the way IPluginRegistry::loadLibrary loads it, through the fake
 // registry of tests/cpp/fake_nvinfer.cpp, which fails any registry call made from inside the library.
 // Prints one line per failure and "N passed, M failed" last; exits 1 on any failure.
@@ -35,6 +39,7 @@ void check(bool ok, const std::string& what) {
   }
 }
 
+#include "tensorrt_registry_compat.h"
 #include "tensorrt_test_support.h"
 #include "tensorrt_lifecycle_cases.h"
 
@@ -381,6 +386,13 @@ int main(int argc, char** argv) {
 
   int32_t n = 0;
   IPluginCreatorInterface* const* list = get_creators(n);
+  if (argc > 2 && std::string(argv[2]) == "--expect-refusal") {
+    check(n == 0, "getCreators offers no creator to a TensorRT the library does not serve (got " +
+                      std::to_string(n) + ")");
+    check(g_logger.lines.empty(), "nothing is called on the host's logger of a release the library does not serve");
+    std::printf("%d passed, %d failed\n", g_passed, g_failed);
+    return g_failed == 0 ? 0 : 1;
+  }
   if (argc > 2 && std::string(argv[2]) == "--list") {
     // One line per creator: name, version, namespace, then field:type:length (types as PluginFieldType).
     for (int32_t i = 0; i < n; ++i) {

@@ -7,6 +7,9 @@
 // A plugin registry that keeps what is registered and refuses a second creator of one (namespace, name, version).
 class TestRegistry final : public IPluginRegistry {
  public:
+  DCNKIT_TEST_REGISTRY_V2_METHODS
+  using IPluginRegistry::registerCreator;
+  using IPluginRegistry::deregisterCreator;
   std::vector<IPluginCreatorInterface*> creators;
 
   static std::string key(IPluginCreatorInterface& c, const char* ns) {
@@ -44,7 +47,7 @@ class TestRegistry final : public IPluginRegistry {
   bool deregisterCreator(IPluginCreatorInterface const&) noexcept override { return false; }
   IPluginResource* acquirePluginResource(AsciiChar const*, IPluginResource*) noexcept override { return nullptr; }
   int32_t releasePluginResource(AsciiChar const*) noexcept override { return 0; }
-  IPluginCreatorInterface* const* getAllCreatorsRecursive(int32_t* const n) noexcept override {
+  IPluginCreatorInterface* const* getAllCreatorsRecursive(int32_t* const n) noexcept {  // 10.13+: overrides
     return getAllCreators(n);
   }
 };

@@ -94,6 +94,21 @@ struct Op {
                                                            static_cast<float*>(out));
     return static_cast<size_t>(cout * cin_g * kk) * sizeof(float);
   }
+  // The packed weight as the forward's GEMM operand: per convolution group, (Cout/groups) x (kh*kw*Cin/groups).
+  static bool gemm_operand(const OpCall& c, int i, const void* packed, GemmOperand* a) {
+    const Shape* w = c.shapes.in[kWeight];
+    if (i != kWeight || w == nullptr || w->size() != 4 || packed == nullptr) return false;
+    const int64_t groups = attrs_of(c.attrs).groups, cout = (*w)[0];
+    if (groups <= 0 || cout % groups != 0) return false;
+    a->dtype = DType::kFloat32;
+    a->batch = groups;
+    a->rows = cout / groups;
+    a->cols = (*w)[1] * (*w)[2] * (*w)[3];
+    a->ld = a->cols;
+    a->stride = a->rows * a->cols;
+    a->data = packed;
+    return a->rows > 0 && a->cols > 0;
+  }
   static size_t workspace_cpu(const Params& p, Pass pass, const OpTypes& t, const CpuContext& ctx) {
     return pass == Pass::kForward ? deform_conv2d_forward_workspace_cpu(p, t.dtype, ctx)
                                   : deform_conv2d_backward_workspace_cpu(p, t.dtype, ctx);
@@ -124,7 +139,7 @@ struct Op {
       using T = decltype(z);
       return deform_conv2d_forward_cpu<T>(p, in_ptr<T>(b, kInput), in_ptr<T>(b, kOffset), in_ptr<T>(b, kWeight),
                                           in_ptr<T>(b, kBias), in_ptr<T>(b, kMask), out_ptr<T>(b, 0), b.workspace,
-                                          *dev.cpu, static_cast<const T*>(b.packed[kWeight]));
+                                          *dev.cpu, static_cast<const T*>(b.packed[kWeight]), b.gemm_packed[kWeight]);
     });
   }
   static Status backward_cpu(const Params& p, const OpTypes& t, const OpBuffers& b, const OpDevice& dev) {

@@ -2,8 +2,10 @@
 // and PyTorch libraries; python/dcnkit/export/schemas.py and the quantizer's shape walk call it): an op's output dims
 // from its attributes and its inputs' dims (any of its names: a node as a model has it), each a number, a name (a symbolic dim) or unknown. With every input dim known the declaration checks
 // the call (its messages are the core's); otherwise its output rule runs on the dims it has (OpEntry::output_dims).
-#include <cstdlib>
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <string>
@@ -217,8 +219,43 @@ Status variant_node(const OpVariant& v, const Json& attrs, const Json& node_inpu
   return Status::Ok();
 }
 
-// The outputs as JSON dims: numbers, names, null. op_type: an op of the table (the request's attributes canonical,
-// its inputs in canonical order) or "<domain>::<op type>", a variant (see variant_node).
+// A double as JSON (Python's json reads NaN, Infinity and -Infinity).
+std::string json_number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+// The canonical attribute values as a JSON object, in the table's order.
+std::string attrs_json(const OpDef& def, const OpAttrs& a) {
+  std::string out = "{";
+  for (size_t i = 0; i < def.num_attrs && i < a.values.size(); ++i) {
+    const AttrValue& v = a.values[i];
+    out += (i ? ", " : "") + quoted(def.attrs[i].name) + ": ";
+    switch (def.attrs[i].kind) {
+      case AttrKind::kInt: out += std::to_string(v.ints.empty() ? 0 : v.ints[0]); break;
+      case AttrKind::kFloat: out += json_number(v.f); break;
+      case AttrKind::kString: out += quoted(v.s); break;
+      case AttrKind::kInts:
+        out += "[";
+        for (size_t k = 0; k < v.ints.size(); ++k) out += (k ? ", " : "") + std::to_string(v.ints[k]);
+        out += "]";
+        break;
+      case AttrKind::kFloats:
+        out += "[";
+        for (size_t k = 0; k < v.floats.size(); ++k) out += (k ? ", " : "") + json_number(v.floats[k]);
+        out += "]";
+        break;
+    }
+  }
+  return out + "}";
+}
+
+// The outputs as JSON dims: numbers, names, null; for a variant's node also its canonical attributes ("attrs": as
+// every backend reads them). op_type: an op of the table (the request's attributes canonical, its inputs in canonical
+// order) or "<domain>::<op type>", a variant (see variant_node).
 std::string infer(const std::string& op_type, const char* request) {
   const auto error = [](const Status& st) { return "{\"error\": " + quoted(st.message()) + "}"; };
   Parser parser{request};
@@ -260,7 +297,8 @@ std::string infer(const std::string& op_type, const char* request) {
   bool known = true;
   for (const Json* in : inputs) known = known && (in == nullptr || all_known(*in));
   for (const Json* in : variadic) known = known && all_known(*in);
-  std::string out = "{\"outputs\": [";
+  std::string out = "{" + (sep != std::string::npos ? "\"attrs\": " + attrs_json(def, attrs) + ", " : "") +
+                    "\"outputs\": [";
   if (known) {  // every dim known: the declaration checks the call
     Shape storage[kMaxInputs];
     OpShapes shapes;
@@ -279,7 +317,7 @@ std::string infer(const std::string& op_type, const char* request) {
     }
     return out + (def.num_outputs ? "]" : "") + "]}";
   }
-  if (decl->entry.output_dims == nullptr) return "{\"outputs\": null}";
+  if (decl->entry.output_dims == nullptr) return out.substr(0, out.size() - 1) + "null}";
   SymbolicDims arith;
   OpDims d;
   std::vector<std::vector<DimArith::Value>> in_dims(kMaxInputs);

@@ -55,10 +55,9 @@ inline int64_t positions_per(const DeformConv2dParams& p, size_t elem, int64_t b
 }
 
 // Forward tile width: ~kForwardTileBytes of columns, but no narrower than the GEMM's efficient width
-// as long as a tile stays under kMaxForwardTileBytes (the workspace holds one tile per task). When that leaves
-// fewer than two tiles per task (a detector's 20x20 or 10x10 map was one tile at OpenBLAS's preferred width,
-// which left all but one thread idle), the map is cut into as many equal tiles as a multiple of the tasks
-// instead; with more tiles, the tasks take them dynamically as before.
+// as long as a tile stays under kMaxForwardTileBytes (the workspace holds one tile per task); then the map is cut
+// into as many equal tiles as a multiple of the tasks (a detector's 20x20 or 10x10 map was one tile at OpenBLAS's
+// preferred width, which left all but one thread idle), which the tasks take dynamically.
 inline int64_t forward_tile(const DeformConv2dParams& p, size_t elem, const CpuContext& ctx) {
   constexpr int64_t kMaxForwardTileBytes = int64_t(8) << 20;
   static const int64_t bytes = bytes_override("DCNKIT_DCN_TILE_BYTES", kForwardTileBytes);
@@ -68,7 +67,8 @@ inline int64_t forward_tile(const DeformConv2dParams& p, size_t elem, const CpuC
   const int64_t tile = std::max(t, std::min({ctx.gemm_min_n, P, widest}));
   const int64_t tasks = std::max(1, ctx.num_threads);
   const int64_t ntiles = (P + tile - 1) / tile;
-  if (ntiles >= 2 * tasks) return tile;
+  // As many tiles as a multiple of the tasks, of equal widths: a narrow last tile re-reads the whole weight for little
+  // work, and tiles that do not divide among the tasks leave one idle at the end (C256 20x20 in tiles of 64: 7 tiles).
   const int64_t even = (ntiles + tasks - 1) / tasks * tasks;
   constexpr int64_t kNarrowest = 16;  // narrower GEMMs re-read the whole weight for too little work
   return std::max<int64_t>(std::min(kNarrowest, P), (P + even - 1) / even);

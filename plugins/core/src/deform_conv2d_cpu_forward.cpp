@@ -15,7 +15,8 @@ size_t deform_conv2d_forward_workspace_cpu(const DeformConv2dParams& p, DType dt
 template <typename T>
 Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, const T* offset,
                                  const T* weight, const T* bias, const T* mask, T* output,
-                                 void* workspace, const CpuContext& ctx, const T* weight_kc) {
+                                 void* workspace, const CpuContext& ctx, const T* weight_kc,
+                                 const void* weight_packed) {
   const int64_t N = p.batch, P = p.out_spatial();
   if (N == 0 || p.out_channels == 0 || P == 0) return Status::Ok();
   if (elementwise_path()) {
@@ -47,6 +48,7 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
     parallel_for(ctx, Cout, [&](int64_t b, int64_t e) { weight_to_kc(cin_g, K, weight, wt_own, b, e); });
   }
   const T* wt = weight_kc != nullptr ? weight_kc : wt_own;
+  const void* packed = weight_kc != nullptr ? weight_packed : nullptr;
   const PaddedMap map = padded_map(p);
   zero_border(map, x_hwc);  // the images' copies fill the interior only
   const int64_t tile = forward_tile(p, sizeof(T), ctx);
@@ -54,10 +56,13 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
   const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(ctx.num_threads, ntiles));
   std::vector<Status> statuses(static_cast<size_t>(tasks));
   // A map of one tile per task (a detector's 7x7-20x20 stage 4-5 maps): its columns are built by all tasks,
-  // then the GEMM is split by output rows instead of positions, halving (2 tasks) the weight each task packs
-  // for its GEMM; measured 15-20 % faster for 512 channels on 7x7 and 10x10 maps (README, bench_ort_deform_conv).
+  // then the GEMM is split by output rows instead of positions, halving (2 tasks) the weight each task reads (and,
+  // unpacked, packs) for its GEMM; measured 15-20 % faster for 512 channels on 7x7 and 10x10 maps with OpenBLAS,
+  // 7-11 % with the packed weight (docs/performance.md). A packed weight is split at its row blocks.
   constexpr int64_t kMinRowsPerTask = 32;
-  const bool split_rows = ntiles == tasks && tasks > 1 && cout_g >= kMinRowsPerTask * tasks;
+  const int64_t row_unit = packed != nullptr ? kPackedRowBlock : 1;
+  const int64_t row_units = (cout_g + row_unit - 1) / row_unit;
+  const bool split_rows = ntiles == tasks && tasks > 1 && cout_g >= kMinRowsPerTask * tasks && row_units >= tasks;
   for (int64_t n = 0; n < N; ++n) {
     parallel_for(ctx, p.height, [&](int64_t b, int64_t e) {
       to_padded_channels_last(input + n * Cin * HW, map, x_hwc, b, e);
@@ -90,6 +95,8 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
       ga.ldc = P;
       ga.stride_c = cout_g * P;
       ga.batch = G;
+      ga.a_packed = packed;
+      ga.a_row0 = r0;
       return ctx.run_gemm(ga);
     };
     if (split_rows) {
@@ -101,8 +108,9 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
         if (p0 < P) build_columns(im, p0, std::min(tile, P - p0), col_all + p0 * CK);
       });
       parallel_tasks(ctx, tasks, [&](int64_t task) {
-        int64_t r0, r1;
-        split_range(cout_g, tasks, task, &r0, &r1);
+        int64_t u0, u1;
+        split_range(row_units, tasks, task, &u0, &u1);
+        const int64_t r0 = u0 * row_unit, r1 = std::min(cout_g, u1 * row_unit);
         if (r1 > r0) statuses[static_cast<size_t>(task)] = multiply(r0, r1, 0, P, col_all);
       });
       DCNKIT_RETURN_IF_ERROR(first_error(statuses));
@@ -137,10 +145,10 @@ void deform_conv2d_weight_kc_cpu(int64_t out_channels, int64_t in_per_group, int
 
 template Status deform_conv2d_forward_cpu<float>(const DeformConv2dParams&, const float*, const float*, const float*,
                                                  const float*, const float*, float*, void*, const CpuContext&,
-                                                 const float*);
+                                                 const float*, const void*);
 template Status deform_conv2d_forward_cpu<double>(const DeformConv2dParams&, const double*, const double*,
                                                   const double*, const double*, const double*, double*, void*,
-                                                  const CpuContext&, const double*);
+                                                  const CpuContext&, const double*, const void*);
 template void deform_conv2d_weight_kc_cpu<float>(int64_t, int64_t, int64_t, const float*, float*);
 template void deform_conv2d_weight_kc_cpu<double>(int64_t, int64_t, int64_t, const double*, double*);
 

@@ -12,7 +12,24 @@ def cmd_backends(args) -> int:
     print("\nnative libraries:")
     for name, path in native_libraries().items():
         print(f"  {name:<26} {path if path is not None else 'not in this build'}")
+        if name == "libdcnkit_trt.so" and path is not None:
+            print(f"  {'':<26} serves {_tensorrt_served(path)}")
     return 0
+
+
+def _tensorrt_served(path) -> str:
+    """The TensorRT releases the plugin library serves, and whether the installed tensorrt module is one of them."""
+    import dcnkit
+
+    served = " and ".join(f"TensorRT {m}.x" for m in dcnkit.tensorrt_releases_served(path))
+    installed = dcnkit._tensorrt_version()
+    if installed is None:
+        return served
+    try:
+        dcnkit.tensorrt_library(installed)
+    except ValueError:
+        return f"{served}: not the installed TensorRT {installed}"
+    return f"{served}, the installed TensorRT {installed} included"
 
 
 def register(sub) -> None:

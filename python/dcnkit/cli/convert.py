@@ -32,8 +32,8 @@ def register(sub) -> None:
     p.add_argument("--to", required=True, help="target runtime: openvino")
     p.add_argument("-o", "--output", required=True, help="output folder")
     p.add_argument("--deform-conv", default="auto", choices=("auto", "openvino", "kit"),
-                   help="standard DeformConv nodes: auto (default: per node, the faster kernel as measured), "
-                        "openvino (OpenVINO's DeformableConvolution) or kit (the kit's kernel)")
+                   help="standard DeformConv nodes: auto (default) or kit (the kit's kernel, measured the faster), "
+                        "or openvino (OpenVINO's DeformableConvolution)")
     p.add_argument("--fp16-weights", action="store_true", help="store weights as float16 (default: float32, exact)")
     p.add_argument("--overwrite", action="store_true", help="replace the IR in an existing folder")
     p.set_defaults(func=cmd_convert)

@@ -1,5 +1,6 @@
-"""``dcnkit fuse-msda in.onnx -o out.onnx``: an ONNX file exported from Hugging Face transformers' pure-PyTorch
-deformable attention, with each attention's GridSample subgraph replaced by one
+"""``dcnkit fuse-msda in.onnx -o out.onnx``: an ONNX file exported from a pure-PyTorch deformable attention (Hugging
+Face transformers', Ultralytics' RT-DETR; static or dynamic, simplified or not), with each attention's GridSample
+subgraph replaced by one
 ``dcnkit::MultiScaleDeformableAttention`` node (:mod:`dcnkit.export.fuse_msda`); other GridSample nodes stay."""
 from __future__ import annotations
 
@@ -23,7 +24,19 @@ def cmd_fuse_msda(args) -> int:
         model = onnx.load(args.model)
     except Exception as e:  # noqa: BLE001 - not an ONNX file
         raise CliError("model", f"expected an ONNX file, got {args.model!r} ({type(e).__name__}: {e})") from None
-    fused, report = fuse_msda(model, verify=not args.no_verify, node=args.node)
+    shapes = {}
+    for text in args.shape or []:
+        name, _, dims = text.rpartition(":")
+        try:
+            shapes[name] = [int(d) for d in dims.split("x")]
+        except ValueError:
+            raise CliError("--shape", f"expected NAME:DxDx... (e.g. images:1x3x640x640), got {text!r}") from None
+        if not name or any(d < 1 for d in shapes[name]):
+            raise CliError("--shape", f"expected NAME:DxDx... with dims >= 1, got {text!r}")
+    try:
+        fused, report = fuse_msda(model, verify=not args.no_verify, node=args.node, input_shapes=shapes)
+    except ValueError as e:
+        raise CliError("--shape", str(e)) from None
     for line in report.lines():
         print(line)
     if not report.fused:
@@ -38,8 +51,9 @@ def register(sub) -> None:
     """Adds the command to the CLI's subparsers."""
     p = sub.add_parser("fuse-msda", help="replace transformers' GridSample deformable attention by one MSDA node",
                        description="Recognise the GridSample subgraph of each multi-scale deformable attention that "
-                       "Hugging Face transformers' pure-PyTorch code exports to (Deformable DETR, RT-DETR, "
-                       "Mask2Former, RT-DETR v2, D-FINE ...; either torch exporter), check it numerically against "
+                       "Hugging Face transformers' and Ultralytics' pure-PyTorch code exports to (Deformable DETR, "
+                       "RT-DETR, Mask2Former, RT-DETR v2, D-FINE ...; either torch exporter; static or dynamic, "
+                       "simplified or not), check it numerically against "
                        "the fused node on random inputs, and replace it with one dcnkit::MultiScaleDeformableAttention "
                        "node. Other GridSample nodes are left as they are. Exit code 1 when nothing was fused.")
     p.add_argument("model", help="input ONNX file")
@@ -48,6 +62,10 @@ def register(sub) -> None:
                    help="dcnkit: dcnkit::MultiScaleDeformableAttention (default); tensorrt: TensorRT's own "
                    "MultiscaleDeformableAttnPlugin_TRT (domain trt, output per head, then a Reshape), for a file that "
                    "TensorRT builds with its built-in plugin; ONNX Runtime runs both with the kit's library")
+    p.add_argument("--shape", action="append", metavar="NAME:DIMS",
+                   help="the dims to read the attention subgraphs at, for an input with symbolic dims (e.g. "
+                   "images:1x3x640x640; default: batch 1 and the exporter's image size from the file's metadata, "
+                   "else 640); the file keeps its symbolic dims and its level tables follow them")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the numerical check of each candidate in ONNX Runtime (faster; structure only)")
     p.set_defaults(func=cmd_fuse_msda)

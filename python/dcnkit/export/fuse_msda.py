@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from dcnkit.export._fuse_shapes import analysis_copy, has_symbolic_inputs, level_tables
+
 __all__ = ["fuse_msda", "FuseReport"]
 
 _LAYOUT = {"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Split", "Slice", "Gather"}
@@ -31,10 +33,12 @@ class FuseReport:
     fused: list = field(default_factory=list)  # (output tensor, layout "v1" | "v2", levels)
     skipped: list = field(default_factory=list)  # (first GridSample's name, reason)
     grid_samples_left: int = 0
+    node: str = f"dcnkit::{_OP}"  # the node written for each attention
+    tables: str = "constant"  # the level tables: "constant", or "computed" from the maps' shapes at run time
 
     def lines(self) -> list[str]:
-        out = [f"fused {len(self.fused)} deformable attention(s) into {_OP} nodes; {self.grid_samples_left} "
-               "GridSample node(s) left"]
+        out = [f"fused {len(self.fused)} deformable attention(s) into {self.node} nodes ({self.tables} level tables); "
+               f"{self.grid_samples_left} GridSample node(s) left"]
         out += [f"  left as it is ({name}): {why}" for name, why in self.skipped]
         return out
 
@@ -205,8 +209,9 @@ def _same(shape: list, want: list) -> bool:
 _NP = {1: np.float32, 10: np.float16, 11: np.float64}
 
 
-def _replacement(p: dict, names: Any, elem_types: dict, node: str = "dcnkit") -> tuple[list, list]:
-    """(nodes, initializers) computing ``p["out"]`` with one MSDA node from value, locations and weights."""
+def _replacement(p: dict, names: Any, elem_types: dict, node: str = "dcnkit", maps: list | None = None) -> tuple[list, list]:
+    """(nodes, initializers) computing ``p["out"]`` with one MSDA node from value, locations and weights; the level
+    tables constant, or computed from the shapes of the level ``maps`` (the GridSample inputs) where given."""
     from onnx import helper, numpy_helper
 
     from dcnkit.export import _table
@@ -256,8 +261,13 @@ def _replacement(p: dict, names: Any, elem_types: dict, node: str = "dcnkit") ->
             nodes.append(helper.make_node("Concat", lpad, [loc6], axis=3))
             nodes.append(helper.make_node("Concat", wpad, [w5], axis=3))
         loc, weights = loc6, w5
-    shapes = const("spatial_shapes", np.array(levels, dtype=np.int64))
-    starts = const("level_start_index", np.cumsum([0] + [a * b for a, b in levels[:-1]]).astype(np.int64))
+    if maps is None:
+        shapes = const("spatial_shapes", np.array(levels, dtype=np.int64))
+        starts = const("level_start_index", np.cumsum([0] + [a * b for a, b in levels[:-1]]).astype(np.int64))
+    else:
+        t_nodes, t_inits, shapes, starts = level_tables(maps, names)
+        nodes += t_nodes
+        inits += t_inits
     if node == "tensorrt":
         # TensorRT's own plugin (its ONNX parser finds it by op type; ONNX Runtime with the kit's library runs the
         # name in the trt domain): output (N, Lq, M, D), reshaped to the subgraph's (N, Lq, M*D).
@@ -393,10 +403,16 @@ def _drop_dead(model: Any) -> None:
     graph.initializer.extend(inits)
 
 
-def fuse_msda(model: Any, verify: bool = True, node: str = "dcnkit") -> tuple[Any, FuseReport]:
+def fuse_msda(model: Any, verify: bool = True, node: str = "dcnkit",
+              input_shapes: dict | None = None) -> tuple[Any, FuseReport]:
     """``(fused model, report)``: every recognised deformable-attention subgraph of ``model`` (an
     ``onnx.ModelProto``, not changed) replaced by one ``dcnkit::MultiScaleDeformableAttention`` node, or with
-    ``node="tensorrt"`` by TensorRT's own ``MultiscaleDeformableAttnPlugin_TRT`` (domain ``trt``) and a Reshape."""
+    ``node="tensorrt"`` by TensorRT's own ``MultiscaleDeformableAttnPlugin_TRT`` (domain ``trt``) and a Reshape.
+
+    The subgraphs are read from a copy with fixed input dims and constant expressions folded (``input_shapes``:
+    ``{input name: dims}`` for inputs with symbolic dims; default: the exporter's image size, see
+    :mod:`dcnkit.export._fuse_shapes`), so unsimplified and dynamic exports fuse too; a file whose inputs have
+    symbolic dims gets level tables computed from its maps' shapes, and keeps serving every input size."""
     import onnx
 
     if node not in _NODES:
@@ -405,8 +421,13 @@ def fuse_msda(model: Any, verify: bool = True, node: str = "dcnkit") -> tuple[An
     src = model
     model = onnx.ModelProto()
     model.CopyFrom(src)
-    g = _Graph(model)
-    report = FuseReport()
+    g = _Graph(analysis_copy(model, input_shapes))
+    dynamic = has_symbolic_inputs(model)
+    present = {t for n in model.graph.node for t in list(n.input) + list(n.output)}
+    present |= {i.name for i in model.graph.input}
+    types = dict(g.types)
+    report = FuseReport(node=f"trt::{_TRT_OP}" if node == "tensorrt" else f"dcnkit::{_OP}",
+                        tables="computed" if dynamic else "constant")
     counter = [0]
 
     def namer_for(k: int):
@@ -414,20 +435,31 @@ def fuse_msda(model: Any, verify: bool = True, node: str = "dcnkit") -> tuple[An
             return f"dcnkit_fuse_msda_{k}/{tag}"
         return names
 
+    # in the file's order (the analysis copy's optimizer may order nodes otherwise)
+    where = {o: k for k, n in enumerate(model.graph.node) for o in n.output}
+    groups = sorted(_grid_groups(g, report), key=lambda cg: where.get(cg[0].output[0], len(where)))
     replacements = []
-    for concat, grid_nodes in _grid_groups(g, report):
+    for concat, grid_nodes in groups:
         first = grid_nodes[0].name or grid_nodes[0].output[0]
         p, why = _match(g, concat, grid_nodes)
         if p is None:
             report.skipped.append((first, why))
             continue
-        nodes, inits = _replacement(p, namer_for(counter[0]), g.types, node)
+        maps = [n.input[0] for n in grid_nodes]
+        missing = [t for t in [p["value"], p["loc"], p["weights"], p["out"]] + maps if t not in present]
+        if missing:
+            report.skipped.append((first, f"tensor {missing[0]!r} of its subgraph is not in the file as exported"))
+            continue
+        names = namer_for(counter[0])
         counter[0] += 1
+        nodes, inits = _replacement(p, names, types, node)
         if verify:
             why = _verify(g, p, nodes, inits)
             if why:
                 report.skipped.append((first, why))
                 continue
+        if dynamic:
+            nodes, inits = _replacement(p, names, types, node, maps=maps)
         replacements.append((p, nodes, inits))
     for p, nodes, inits in replacements:
         graph = model.graph

@@ -65,6 +65,13 @@ def _level_tables(levels: Sequence[tuple[Any, Any]], device: torch.device) -> tu
         cached = _TABLES.get(key)
         if cached is not None:
             return cached
+    if any(isinstance(n, Tensor) for hw in levels for n in hw):
+        # Sizes that are tensors (a trace of a dynamic-shape export reads feature maps' sizes so): the tables are
+        # computed from them, and the exported graph computes them at run time.
+        shapes = torch.stack([torch.stack([torch.as_tensor(n, device=device).reshape(()) for n in hw])
+                              for hw in levels]).to(torch.int64)
+        areas = shapes[:, 0] * shapes[:, 1]
+        return shapes, torch.cumsum(areas, 0) - areas
     starts, total = [], 0
     for h, w in levels:
         starts.append(total)

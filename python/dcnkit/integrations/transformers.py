@@ -21,11 +21,10 @@ transformers outside :data:`SUPPORTED` are refused, and so is a call site whose 
 from __future__ import annotations
 
 import inspect
-import re
 import types
 from typing import Any
 
-from dcnkit.integrations import _hf_cores
+from dcnkit.integrations import _hf_cores, _versions
 
 __all__ = ["patch", "unpatch", "patched_sites", "SUPPORTED"]
 
@@ -48,27 +47,9 @@ _EXPECTED_PARAMS = {_FN: _FN_PARAMS, _FN_V2: _FN_V2_PARAMS}
 _patched_classes: dict[tuple[type, str], type] = {}
 
 
-def _version_tuple(text: str) -> tuple[int, ...]:
-    """(5, 24, 0) from "5.24.0" (also "5.25.0.dev0", "5.24.0+local": the leading release numbers)."""
-    match = re.match(r"\d+(\.\d+)*", text.strip())
-    return tuple(int(p) for p in match.group(0).split(".")) if match else ()
-
-
 def check_version(version: str | None = None) -> str:
     """Raises ``RuntimeError`` unless transformers' version (or ``version``) is in :data:`SUPPORTED`."""
-    if version is None:
-        try:
-            import transformers
-        except ImportError as e:
-            raise ImportError("dcnkit.integrations.transformers: needs transformers "
-                              f">={SUPPORTED[0]},<{SUPPORTED[1]} (pip install 'dcnkit[transformers]')") from e
-        version = transformers.__version__
-    v = _version_tuple(version)
-    if not _version_tuple(SUPPORTED[0]) <= v < _version_tuple(SUPPORTED[1]):
-        raise RuntimeError(f"dcnkit.integrations.transformers: transformers {version} is not supported: expected "
-                           f">={SUPPORTED[0]},<{SUPPORTED[1]} (its deformable-attention code may differ; the patch "
-                           "is refused rather than risk computing something else)")
-    return version
+    return _versions.check_version("transformers", SUPPORTED, version)
 
 
 def _params(fn: Any) -> tuple[str, ...]:

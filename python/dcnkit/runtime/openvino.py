@@ -18,13 +18,22 @@ Options (``make_runner(path, backend="openvino", ...)``):
                          ``"bf16"`` or ``"f16"``: OpenVINO's ``INFERENCE_PRECISION_HINT`` for its own layers (the
                          kit's operations compute in float32 whatever the hint).
 ``num_threads``          ``INFERENCE_NUM_THREADS`` (default: OpenVINO's choice, every core).
-``deform_conv``          ``"auto"`` (default: the measured per-node rule), ``"openvino"`` (every standard DeformConv
-                         on OpenVINO's op) or ``"kit"`` (every one on the kit's kernel). ``kit_kernels=False`` is
-                         ``"openvino"``.
+``deform_conv``          ``"auto"`` (default) and ``"kit"``: every standard DeformConv the kit can represent on the
+                         kit's kernel (measured the faster one); ``"openvino"``: every one on OpenVINO's op.
+                         ``kit_kernels=False`` is ``"openvino"``.
 ``config``               more OpenVINO properties for ``compile_model`` (a dict).
 
 ``model`` is an ONNX file (path, bytes or ``onnx.ModelProto``), or OpenVINO IR: a ``.xml`` file or a folder written
 by ``dcnkit convert --to openvino`` (:func:`dcnkit.runtime.openvino_convert.convert_to_openvino`).
+
+Two workarounds of OpenVINO 2026.4's CPU plugin (docs/openvino.md, "Errors and int64 tables"):
+
+- :meth:`OpenVINORunner.run` infers with ``start_async()`` + ``wait()``: with one inference thread
+  (``num_threads=1``, or a 1-CPU machine) the synchronous ``infer()`` drops an exception raised inside an extension
+  operation and returns the output buffers as they are.
+- The plugin computes int64 tensors in int32 (wrapping a graph input, saturating a constant). An int64 input whose
+  values do not fit int32 and that only the kit's operations read runs as a constant kept in int64 (a model compiled
+  for those values); one that OpenVINO's own operations read too is refused, naming it.
 """
 from __future__ import annotations
 
@@ -107,6 +116,22 @@ def _np_dtype(ov_type) -> np.dtype:
         return np.dtype("float32")
 
 
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def fits_int32(a: np.ndarray) -> bool:
+    """Whether OpenVINO's CPU plugin passes ``a`` on unchanged: not an int64 / uint64 array with a value outside
+    int32."""
+    if a.dtype not in (np.int64, np.uint64) or a.size == 0:
+        return True
+    return bool(a.min() >= INT32_MIN and a.max() <= INT32_MAX)
+
+
+def is_kit_operation(node) -> bool:
+    """Whether ``node`` (an OpenVINO node) is one of the kit's operations (opset ``dcnkit``)."""
+    return node.get_type_info().version_id == "dcnkit"
+
+
 def _port_infos(ports, names=None) -> list[TensorInfo]:
     out = []
     for i, p in enumerate(ports):
@@ -149,7 +174,7 @@ class OpenVINORunner(Runner):
             self._infos = None
         else:
             ov_model, self._infos, self.rewritten = read_onnx(self.core, model, deform_conv)
-        self.device = device
+        self.device, self.properties, self._model = device, properties, ov_model
         self.compiled = self.core.compile_model(ov_model, device, properties)
         self.request = self.compiled.create_infer_request()
         # A port may carry several tensor names: the model's own output names where it has them.
@@ -167,11 +192,40 @@ class OpenVINORunner(Runner):
 
     def run(self, feeds):
         feeds = self._check_feeds(feeds)
-        res = self.request.infer(feeds)
-        return {name: np.array(res[port]) for name, port in zip(self._outputs, self.compiled.outputs)}
+        wide = {n: a for n, a in feeds.items() if not fits_int32(a)}
+        request = self._pinned_request(wide) if wide else self.request
+        # An input the compiled model no longer has (OpenVINO folded away what it fed) cannot change the result.
+        names = {n for port in request.model_inputs for n in port.get_names()}
+        request.start_async({n: a for n, a in feeds.items() if n not in wide and n in names})
+        request.wait()
+        return {name: np.array(request.get_output_tensor(i).data) for i, name in enumerate(self._outputs)}
+
+    def _pinned_request(self, wide: dict):
+        """An infer request of the model compiled with the int64 inputs ``wide`` as int64 constants of those values
+        (module docstring); ValueError naming an input that one of OpenVINO's own operations reads."""
+        import openvino as ov
+
+        model = self._model.clone()
+        by_name = {p.get_output_tensor(0).get_any_name(): p for p in model.get_parameters()}
+        for name, value in wide.items():
+            param = by_name[name]
+            readers = [i.get_node() for i in param.output(0).get_target_inputs()]
+            if not all(is_kit_operation(r) for r in readers):
+                flat = value.ravel()
+                at = int(np.flatnonzero((flat < INT32_MIN) | (flat > INT32_MAX))[0])
+                raise ValueError(
+                    f"feeds[{name!r}]: expected int64 values in [-2^31, 2^31) on OpenVINO (its CPU plugin computes "
+                    f"int64 in int32, and an operation of OpenVINO's own reads this input), got {int(flat[at])} at "
+                    f"index {np.unravel_index(at, value.shape)}")
+            constant = ov.opset13.constant(value)  # kept int64 by the kit's operations (ov_op.cpp)
+            for reader in param.output(0).get_target_inputs():
+                reader.replace_source_output(constant.output(0))
+            model.remove_parameter(param)
+        model.validate_nodes_and_infer_types()
+        return self.core.compile_model(model, self.device, self.properties).create_infer_request()
 
     def close(self):
-        self.request = self.compiled = None
+        self.request = self.compiled = self._model = None
 
 
 def read_onnx(core, model, deform_conv: str = "auto"):
@@ -208,5 +262,5 @@ def _runner(model, kit_kernels: bool = True, **options) -> OpenVINORunner:
 
 BACKENDS = (Backend("openvino", openvino_reason, _runner),)
 
-__all__ = ["BACKENDS", "DEFAULT_DEVICE", "OpenVINORunner", "compile_config", "extension_library", "ir_path",
-           "openvino_reason", "read_onnx"]
+__all__ = ["BACKENDS", "DEFAULT_DEVICE", "OpenVINORunner", "compile_config", "extension_library", "fits_int32",
+           "ir_path", "is_kit_operation", "openvino_reason", "read_onnx"]

@@ -11,9 +11,8 @@ Two builds exist: ``libdcnkit_ort.so`` (CPU kernels, no CUDA dependency) and ``l
 (CPU + CUDA execution-provider kernels, built when CUDA is); :func:`ort_library` picks one.
 
 Standard ``DeformConv`` nodes (what ``torch.onnx.export`` writes) run on the kit's ``DeformConv2d`` kernel by
-default on the CPU execution provider, node by node where it is measured faster for the node's shape
-(:func:`dcnkit.runtime.ort_rewrite.kit_is_faster`: every map but the smallest): the session is built from an
-in-memory copy of the model with those nodes rewritten (:mod:`dcnkit.runtime.ort_rewrite`; identical semantics, the
+default on the CPU execution provider, every node whatever its shape (measured at most the built-in's time on every
+layer shape, and the border contract of docs/operators.md holds): the session is built from an in-memory copy of the model with those nodes rewritten (:mod:`dcnkit.runtime.ort_rewrite`; identical semantics, the
 file on disk stays standard). On the CUDA execution provider ONNX Runtime's built-in ``DeformConv`` is faster (measured on an H100)
 and is kept (:data:`KIT_DEFORM_CONV_FASTER`, :func:`rewrites_deform_conv`).
 ``ort_session(..., kit_kernels=False)`` keeps ONNX Runtime's built-in ``DeformConv``. ONNX Runtime has that kernel
@@ -145,8 +144,8 @@ def _load_proto(model):
 
 
 # Where the kit's DeformConv2d kernel is measured faster than ONNX Runtime's built-in DeformConv, per execution
-# provider (benchmarks/bench_ort_deform_conv.py, IO binding on the GPU). CPU: faster, per node where the node's shape
-# says so (dcnkit.runtime.ort_rewrite.kit_is_faster; README). CUDA: slower, measured
+# provider (benchmarks/bench_ort_deform_conv.py, IO binding on the GPU). CPU: faster on every layer shape measured
+# (docs/performance.md). CUDA: slower, measured
 # on an NVIDIA H100 on 2026-11-24 with the kernels of that date (1.9x-3.4x the built-in's time, fp32 and fp16): the
 # rewrite stays off on the CUDA EP until the kit's CUDA kernel is measured faster there.
 KIT_DEFORM_CONV_FASTER = {CPU_PROVIDER: True, CUDA_PROVIDER: False}
@@ -163,14 +162,14 @@ def rewrites_deform_conv(providers: list) -> bool:
 def _with_kit_kernels(model, providers: list):
     """``model`` with standard DeformConv nodes on the kit's kernel (bytes), or ``model`` unchanged when
     it has none, when ONNX Runtime's built-in kernel is the faster one on the provider that runs them
-    (:func:`rewrites_deform_conv`), or when the rewrite is not possible (a warning says why). On the CPU EP each
-    node is rewritten only where the kit's kernel is the faster one for its shape (``ort_rewrite.kit_is_faster``)."""
+    (:func:`rewrites_deform_conv`), or when the rewrite is not possible (a warning says why). Every node the kit can
+    represent is rewritten."""
     if not rewrites_deform_conv(providers):
         return model
     proto = _load_proto(model)
     if proto is None:
         return model
-    from dcnkit.runtime.ort_rewrite import count_deform_conv, kit_is_faster, rewrite_deform_conv
+    from dcnkit.runtime.ort_rewrite import count_deform_conv, rewrite_deform_conv
 
     if count_deform_conv(proto) == 0:
         return model
@@ -180,7 +179,7 @@ def _with_kit_kernels(model, providers: list):
         ext.uses_external_data(t) for t in ext._get_all_tensors(proto)
     ):
         ext.load_external_data_for_model(proto, str(Path(os.fspath(model)).resolve().parent))
-    rewritten, n = rewrite_deform_conv(proto, rule=kit_is_faster)
+    rewritten, n = rewrite_deform_conv(proto)
     if n == 0:
         return model
     try:

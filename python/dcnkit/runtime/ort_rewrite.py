@@ -13,46 +13,23 @@ writes. A node is left as it is when the kit cannot represent it: not 2-D, or as
 (``pads[0] != pads[2]`` or ``pads[1] != pads[3]``). Nodes in subgraphs (``If``/``Loop``/``Scan`` bodies) are
 rewritten too.
 
-Which nodes (``ort_session``'s default on the CPU execution provider): each node on the kernel measured faster for its
-shape (:func:`kit_is_faster`): the kit's kernel unless the node's output map is known (ONNX shape inference) to have
-fewer than :data:`KIT_MIN_OUTPUT_POSITIONS` positions, where ONNX Runtime's built-in kernel stays.
-
-The exception to the operator contract this makes (docs/operators.md: offsets or inputs that are NaN or infinite):
-ONNX Runtime's built-in kernel (1.26 and later; before, the kit's library serves standard ``DeformConv`` itself) reads
-a sampling point's neighbours outside the map with weight 0, so an infinite input value next to the map's edge makes
-border outputs that the kit's kernel and torchvision give finite NaN (0 x Inf): a 6x6 map with an Inf at pixel
-(0, 0) and offsets +0.5 / -0.75 has 84 non-finite outputs there against the contract's 18
-(tests/test_ort_border_contract.py). On finite inputs both kernels agree (1e-5). Where the contract matters on every
-node, rewrite them all (``rewrite_deform_conv(model)`` with no rule, then ``ort_session``) or export with
-``standard_ops=False``. The rule stays because the kit's kernel is still slower there (1.1-1.3x the built-in's time
-at C512 10x10 and C1024 8x8, measured in issue 35: docs/onnxruntime_versions.md, with where the time goes).
+Which nodes (``ort_session``'s default on the CPU execution provider): every node the kit can represent, whatever its
+shape. The kit's kernel in ONNX Runtime takes at most ONNX Runtime's built-in ``DeformConv`` time on every measured
+layer shape, from 7x7 to 84x84 maps (docs/performance.md: its weight is packed once per session for its GEMM), and
+keeps the operator contract of docs/operators.md at the map's border (tests/test_ort_border_contract.py): ONNX
+Runtime's built-in kernel (1.26 and later) reads a sampling point's neighbours outside the map with weight 0, so an
+infinite input next to the map's edge makes border outputs NaN (0 x Inf) where the kit's kernel and torchvision give
+finite values.
 """
 from __future__ import annotations
 
 import functools
 from typing import Any
 
-__all__ = ["rewrite_deform_conv", "count_deform_conv", "kit_is_faster", "KIT_MIN_OUTPUT_POSITIONS"]
+__all__ = ["rewrite_deform_conv", "count_deform_conv"]
 
 _STANDARD_DOMAINS = ("", "ai.onnx")
 _STANDARD_OP = "DeformConv"
-
-# The measured rule (benchmarks/bench_ort_deform_conv.py, README "DCNv2 in ONNX Runtime": 2 threads, AMD EPYC Zen 3,
-# 2026-11-25): on DCNv2 layers with output maps of 400 positions (20x20) or more the kit's kernel in ONNX Runtime took
-# 0.79-0.90x the built-in DeformConv's time (1.02x on one, the stride-2 40x40 -> 20x20 layer, 0.90-0.97x in other
-# runs); on the 256-512-channel layers with 49-196 positions (7x7 to 14x14) both are bound by a GEMM of the same size
-# and measured at 0.85-1.15x from run to run, so the built-in stays there.
-KIT_MIN_OUTPUT_POSITIONS = 256
-
-
-def kit_is_faster(out_hw: tuple | None) -> bool:
-    """Whether the kit's kernel is the faster one (CPU execution provider) for a DeformConv node whose output map is
-    ``out_hw`` = (Ho, Wo), or None (or a None size) where it is not known: faster unless the map is known to have
-    fewer than :data:`KIT_MIN_OUTPUT_POSITIONS` positions."""
-    if out_hw is None or any(d is None for d in out_hw):
-        return True
-    ho, wo = out_hw
-    return ho * wo >= KIT_MIN_OUTPUT_POSITIONS
 
 
 @functools.lru_cache(maxsize=None)
@@ -174,7 +151,7 @@ def rewrite_deform_conv(model: Any, rule=None) -> tuple[Any, int]:
     ``model`` (an ``onnx.ModelProto``) is not modified. With no node to rewrite the model itself is returned.
     ``rule``: None rewrites every node the kit can represent; else a callable given each node's output map size
     (Ho, Wo) (None, or a None size, where shape inference does not know it), and only nodes for which it returns
-    True are rewritten (``ort_session`` passes :func:`kit_is_faster`).
+    True are rewritten (``ort_session`` passes none: every node).
     """
     import onnx
 

@@ -20,6 +20,11 @@ and offsets, **but float32 RoIs**:
   input stay float32, with a ``Cast`` to float32 where a converted tensor (a Conv's deltas) enters them and a
   ``Cast`` to the target type where one of their results leaves for a converted node. ONNX's own ``RoiAlign``
   takes its RoIs in the type of its features (its schema), so those follow the features.
+- multi-scale deformable attention's sampling locations and attention weights (the inputs the op table marks
+  ``cast``: the eager op casts them to the value's type) stay float32, and so does the arithmetic that computes them
+  (the same box arithmetic, ``Softmax`` and ``Sigmoid``): a float16 location steps by 1/2048 of the map near its edge, a
+  whole pixel on a 2048-wide level. The kernel takes one floating type, so such a node runs in float32 as a whole
+  (its value cast to float32, its output back to the target type).
 
 Polygraphy's ``ConvertToFp16`` (onnxconverter-common) is not used: it has no bfloat16, and with ``keep_io_types``
 a graph output that later nodes consume feeds them float32, so a model leaves it with mixed float types.
@@ -50,7 +55,8 @@ class ConversionReport:
         text = (f"converted to {self.dtype}: {self.initializers} initializers ({self.clipped} values clipped to the "
                 f"{self.dtype} range), {self.constants} constants, {self.casts} casts inserted")
         if self.kept_float32:
-            text += f"; kept float32 (RoIs, and where the ONNX schema requires it): {', '.join(self.kept_float32)}"
+            text += (f"; kept float32 (RoIs, deformable attention's locations and weights with its node, and where the "
+                     f"ONNX schema requires it): {', '.join(self.kept_float32)}")
         return text
 
 
@@ -111,31 +117,34 @@ def _float32_only(node, opset: dict, target: int) -> tuple[set[int], set[int]]:
     return fixed(list(schema.inputs), len(node.input)), fixed(list(schema.outputs), len(node.output))
 
 
-def _roi_positions() -> tuple[dict[str, int], dict[str, int]]:
-    """Where the RoIs of the plugins' RoI operators are (an input the op table marks ``rois``): (the kit's op type ->
-    node input position, another tool's op type (mmcv's / mmdeploy's names, any domain) -> node input position),
-    from every variant's input order in the op table."""
+def _roi_positions() -> tuple[dict[str, tuple], dict[str, tuple]]:
+    """Where the inputs that stay float32 are, from every variant's input order in the op table: (the kit's op type,
+    another tool's op type (mmcv's / mmdeploy's names, any domain)) -> (RoI input positions, location / weight input
+    positions: the inputs marked ``rois`` and ``cast``)."""
     from dcnkit import op_defs
 
     table = op_defs()
-    kit: dict[str, int] = {}
-    other: dict[str, int] = {}
+    kit: dict[str, tuple] = {}
+    other: dict[str, tuple] = {}
     for op in table["ops"]:
-        r = next((i for i, t in enumerate(op["inputs"]) if t.get("rois")), None)
-        if r is None:
+        rois = {i for i, t in enumerate(op["inputs"]) if t.get("rois")}
+        coords = {i for i, t in enumerate(op["inputs"]) if t.get("cast")}
+        if not rois and not coords:
             continue
         for v in op.get("variants", []):
-            pos = next((i for i, s in enumerate(v["inputs"]) if s["canonical"] == r), None)
-            if pos is not None:
-                (kit if v["domain"] == table["domain"] else other)[v["op_type"]] = pos
+            where = {s["canonical"]: pos for pos, s in enumerate(v["inputs"])}
+            found = ({where[i] for i in rois if i in where}, {where[i] for i in coords if i in where})
+            (kit if v["domain"] == table["domain"] else other)[v["op_type"]] = found
     return kit, other
 
 
-def _roi_input(node, positions: tuple[dict[str, int], dict[str, int]], domain: str) -> set[int]:
-    """{the node's RoI input position} for a RoI operator of the plugins, else an empty set."""
+def _roi_input(node, positions: tuple[dict, dict], domain: str) -> tuple[set[int], set[int]]:
+    """(RoI input positions, location / weight input positions) of a node of the plugins' operators."""
     kit, other = positions
-    pos = kit.get(node.op_type) if node.domain == domain else other.get(node.op_type)
-    return {pos} if pos is not None and pos < len(node.input) else set()
+    found = kit.get(node.op_type) if node.domain == domain else other.get(node.op_type)
+    if found is None:
+        return set(), set()
+    return tuple({p for p in part if p < len(node.input)} for part in found)
 
 
 # Box arithmetic and data movement: the nodes computing RoIs from anchors and deltas (decoding, clipping, scaling,
@@ -158,16 +167,16 @@ def _subgraph_inputs(graph) -> set[str]:
     return names
 
 
-def _roi_region(graph, roi_in: list, floats: set) -> set[int]:
-    """Indices of the nodes (of _BOX_OPS) whose float results reach a RoI input through _BOX_OPS only. A node whose
-    result a sub-graph reads stays out (sub-graphs are converted on their own, reading the target type)."""
+def _roi_region(graph, roi_in: list, floats: set, ops: frozenset = _BOX_OPS) -> set[int]:
+    """Indices of the nodes (of ``ops``) whose float results reach an input of ``roi_in`` through ``ops`` only. A
+    node whose result a sub-graph reads stays out (sub-graphs are converted on their own, reading the target type)."""
     producer = {o: k for k, n in enumerate(graph.node) for o in n.output if o}
     in_subgraphs = _subgraph_inputs(graph)
     stack = [graph.node[k].input[i] for k, positions in enumerate(roi_in) for i in positions]
     region: set[int] = set()
     while stack:
         k = producer.get(stack.pop())
-        if k is None or k in region or graph.node[k].op_type not in _BOX_OPS \
+        if k is None or k in region or graph.node[k].op_type not in ops \
                 or in_subgraphs.intersection(graph.node[k].output):
             continue
         region.add(k)
@@ -199,14 +208,20 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
     floats = _float_names(graph)
     init_names = {t.name for t in graph.initializer}
     out_names = {v.name for v in graph.output}
-    roi_in = [_roi_input(n, *rois) for n in graph.node]
-    region = _roi_region(graph, roi_in, floats)  # float32 nodes computing RoIs
+    roles = [_roi_input(n, *rois) for n in graph.node]
+    roi_in = [r | c for r, c in roles]
+    # float32 nodes computing RoIs, and locations and attention weights (their softmax included)
+    region = _roi_region(graph, [r for r, _ in roles], floats)
+    region |= _roi_region(graph, [c for _, c in roles], floats, _BOX_OPS | {"Softmax", "Sigmoid"})
     region_out = {o for k in region for o in graph.node[k].output if o in floats}
     keep = []
     for k, n in enumerate(graph.node):
         keep_in, keep_out = _float32_only(n, opset, target)
         if k in region:
             keep_in, keep_out = {i for i, x in enumerate(n.input) if x in floats}, set()
+        if roles[k][1]:  # an attention node: float32 as a whole (one floating type in its kernel)
+            keep_in = {i for i, x in enumerate(n.input) if x in floats}
+            keep_out = set(range(len(n.output)))
         keep.append((keep_in | roi_in[k], keep_out))
     # Results of the region read by converted nodes: a Cast to the target type after their producer.
     leaving = {x for (keep_in, _), n in zip(keep, graph.node) for i, x in enumerate(n.input)
@@ -259,6 +274,7 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
 
     inputs32 = {v.name for v in graph.input if v.name in renames}
     body = []
+    cast32: dict[str, str] = {}
     for k, n in enumerate(graph.node):
         for a in n.attribute:  # sub-graphs (If / Loop / Scan bodies): same conversion, their I/O included
             if a.type == a.GRAPH:
@@ -281,10 +297,12 @@ def _convert_graph(graph, opset, dtype, target, report, keep_io_types, top_level
                     report.kept_float32.append(f"{label}: input {i}")
                 if as_is:
                     continue
-                cast = f"{name}__float32_{n.name or n.op_type}_{i}"
-                body.append(helper.make_node("Cast", [renames.get(name, name)], [cast], to=_FLOAT, name=cast))
-                n.input[i] = cast
-                report.casts += 1
+                if name not in cast32:  # one Cast per tensor, shared by every node that reads it in float32
+                    cast32[name] = f"{name}__float32_{n.name or n.op_type}_{i}"
+                    body.append(helper.make_node("Cast", [renames.get(name, name)], [cast32[name]], to=_FLOAT,
+                                                 name=cast32[name]))
+                    report.casts += 1
+                n.input[i] = cast32[name]
             else:
                 n.input[i] = renames.get(name, name)
         after = []

@@ -6,15 +6,21 @@ the test-suite also uses:
 
 - every name of every operator of the op table (the kit's domain, mmdeploy's and mmcv's names, InternImage's
   ``mmdeploy::TRTDCNv3``) through the op's reference with its canonical inputs and attributes
-  (:func:`dcnkit.runtime.reference_ops.declared_ops`), and the classes below where a reference does not take the
-  table's attributes: ``DeformConv2d``, ``QDeformConv2d`` (dequantize -> DeformConv2d -> quantize),
-  ``DeformPSRoIPool``; TensorRT's ``MultiscaleDeformableAttnPlugin_TRT`` in the domains ``nvidia``, ``trt`` and
-  ``TRT`` (output split per head);
-- standard domain: ``DeformConv`` (opset 19) and ``RoiAlign`` (opset 10/16) are replaced too, so a model
-  exported with ``standard_ops=True`` is checked against the same contract as one with custom nodes.
+  (:func:`dcnkit.runtime.reference_ops.declared_ops`; DeformConv2d and DeformPSRoIPool through the adapters of
+  ``NODE_FUNCTIONS``), and the classes below: ``QDeformConv2d`` (dequantize -> DeformConv2d -> quantize);
+  TensorRT's ``MultiscaleDeformableAttnPlugin_TRT`` in the domains ``nvidia``, ``trt`` and ``TRT`` (output split
+  per head);
+- standard domain: ``DeformConv`` (opset 19) and avg ``RoiAlign`` (opset 10/16) are replaced too, so a model
+  exported with ``standard_ops=True`` is checked against the same contract as one with custom nodes; a ``max``
+  RoiAlign is ONNX's own function (not the kit's max), computed by onnx.reference.
 
-No ONNX Runtime and no native kernel is involved (the native library only lends the op table's names), which is
-what makes it a useful partner in a comparison.
+A node of the op table is first read and checked as every backend's kernel reads and checks it (its attributes,
+loose spellings included, and its inputs' shapes: the core's ``dcnkit_op_infer``), so a bad attribute (a sampling
+ratio of 2^30, a kernel of 2^31 - 1) is the same error here as there; the references then bound their own work
+(docs/operators.md, "Bounded work"), so no input makes the runner run for more than seconds.
+
+No ONNX Runtime and no native kernel computes anything here (the native library lends the op table and reads the
+attributes), which is what makes it a useful partner in a comparison.
 
 >>> from dcnkit.runtime.reference_runner import ReferenceRunner
 >>> with ReferenceRunner("model.onnx") as r:
@@ -32,7 +38,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from dcnkit.runtime.base import Backend, Runner, TensorInfo, load_model, value_infos
-from dcnkit.runtime.reference_ops import _attr, _ref, declared_ops
+from dcnkit.runtime.reference_ops import _attr, _ref, check_node, declared_ops
 
 DCNKIT_DOMAIN = "dcnkit"
 
@@ -72,20 +78,26 @@ def _deform_conv(x, offset, weight, bias, mask, stride, padding, dilation):
 
 
 # ------------------------------------------------------------------------------------------------
-# dcnkit domain
+# Ops of the table whose NumPy reference does not take the table's inputs and attributes as they are: every name of
+# them runs through reference_ops.declared_ops with these functions (canonical inputs and attributes)
 # ------------------------------------------------------------------------------------------------
-class DeformConv2d(OpRun):
-    op_domain = DCNKIT_DOMAIN
+def _deform_conv2d_node(input, offset, weight, bias=None, mask=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
+                        groups=1, deformable_groups=1):
+    """DeformConv2d: the reference infers the groups from the shapes, checked against the attributes first."""
+    x, offset, weight, bias, mask = _f32(input, offset, weight, bias, mask)
+    _check_groups("DeformConv2d", x, weight, offset, groups, deformable_groups)
+    return _deform_conv(x, offset, weight, bias, mask, tuple(stride), tuple(padding), tuple(dilation))
 
-    def _run(self, x, offset, weight, bias=None, mask=None, **_):
-        name = "DeformConv2d"
-        x, offset, weight, bias, mask = _f32(x, offset, weight, bias, mask)
-        stride = _pair(_attr(self, "stride", [1, 1]), "stride", name)
-        padding = _pair(_attr(self, "padding", [0, 0]), "padding", name)
-        dilation = _pair(_attr(self, "dilation", [1, 1]), "dilation", name)
-        _check_groups(name, x, weight, offset, int(_attr(self, "groups", 1)),
-                      int(_attr(self, "deformable_groups", 1)))
-        return (_deform_conv(x, offset, weight, bias, mask, stride, padding, dilation),)
+
+def _deform_psroi_pool_node(input, rois, trans=None, spatial_scale=1.0, output_size=7, output_dim=1, group_size=1,
+                            part_size=0, sample_per_part=4, trans_std=0.0, no_trans=0):
+    """DeformPSRoIPool: (output, count); the reference takes no_trans as an absent trans and part_size <= 0 as None."""
+    return _ref().deform_psroi_pool(input, rois, None if no_trans else trans, spatial_scale, output_size, output_dim,
+                                    group_size=group_size, part_size=part_size if part_size > 0 else None,
+                                    sample_per_part=sample_per_part, trans_std=trans_std)
+
+
+NODE_FUNCTIONS = {"deform_conv2d": _deform_conv2d_node, "deform_psroi_pool": _deform_psroi_pool_node}
 
 
 class QDeformConv2d(OpRun):
@@ -120,36 +132,12 @@ class QDeformConv2d(OpRun):
         return (np.clip(q, info.min, info.max).astype(x.dtype),)
 
 
-class DeformPSRoIPool(OpRun):
-    op_domain = DCNKIT_DOMAIN
-
-    def _run(self, x, rois, trans=None, **_):
-        x, rois, trans = _f32(x, rois, trans)
-        no_trans = bool(_attr(self, "no_trans", 0))
-        part_size = int(_attr(self, "part_size", 0))
-        out, count = _ref().deform_psroi_pool(
-            x,
-            rois,
-            None if no_trans else trans,
-            float(_attr(self, "spatial_scale", 1.0)),
-            int(_attr(self, "output_size", 7)),
-            int(_attr(self, "output_dim", 1)),
-            group_size=int(_attr(self, "group_size", 1)),
-            part_size=part_size if part_size > 0 else None,
-            sample_per_part=int(_attr(self, "sample_per_part", 4)),
-            trans_std=float(_attr(self, "trans_std", 0.0)),
-        )
-        out = np.asarray(out).astype(x.dtype, copy=False)
-        count = np.asarray(count).astype(x.dtype, copy=False)
-        n_out = len(self.onnx_node.output)
-        return (out, count) if n_out > 1 else (out,)
-
-
 def _trt_msda(domain: str) -> type:
     """TensorRT's MultiscaleDeformableAttnPlugin_TRT as the torch symbolics that write it name its domain: the
     same computation, output split per head (N, Lq, M, D)."""
 
     def _run(self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights, **_):
+        check_node(self, (value, spatial_shapes, level_start_index, sampling_locations, attention_weights))
         out = _ref().multi_scale_deformable_attn(value, spatial_shapes, level_start_index, sampling_locations,
                                                  attention_weights)
         n, lq = sampling_locations.shape[:2]
@@ -220,6 +208,9 @@ class RoiAlign(OpRun):
             raise ValueError(
                 f"RoiAlign: coordinate_transformation_mode: expected half_pixel or output_half_pixel, got {mode!r}"
             )
+        output_size = (int(_attr(self, "output_height", 1)), int(_attr(self, "output_width", 1)))
+        if str(_attr(self, "mode", "avg")) == "max":
+            return _onnx_max_roi_align(self, X, rois, batch_indices, mode, output_size)
         rois5 = np.concatenate([batch_indices.reshape(-1, 1).astype(rois.dtype), rois.reshape(-1, 4)], axis=1)
         out = _ref().roi_align(
             X,
@@ -231,6 +222,38 @@ class RoiAlign(OpRun):
             pool_mode=str(_attr(self, "mode", "avg")),
         )
         return (np.asarray(out).astype(X.dtype, copy=False),)
+
+
+# Sample evaluations (RoIs x channels x bins x samples) the reference's ONNX max RoiAlign takes at the most: it has no
+# bounded work (neither has ONNX Runtime's kernel), so a larger grid is refused rather than run for minutes.
+MAX_ONNX_MAX_ROI_ALIGN_SAMPLES = 2_000_000
+
+
+def _onnx_max_roi_align(op: OpRun, X, rois, batch_indices, ctm: str, output_size) -> tuple:
+    """ONNX's own ``max`` RoiAlign (the largest of each sample's four weighted corner values, not of the interpolated
+    samples: another function than the kit's max, which the kit never writes as a standard node), as ONNX Runtime
+    computes it: onnx.reference's implementation, after ONNX Runtime's checks (finite RoIs) and a bound on its work."""
+    from onnx.reference.ops.op_roi_align import RoiAlign as OnnxRoiAlign
+
+    if not np.all(np.isfinite(rois)):
+        k, j = np.argwhere(~np.isfinite(rois))[0]
+        raise ValueError(f"RoiAlign: rois[{k}, {j}]: expected a finite value (ONNX Runtime's rule), got {rois[k, j]}")
+    oh, ow = output_size
+    scale, ratio = float(_attr(op, "spatial_scale", 1.0)), int(_attr(op, "sampling_ratio", 0))
+    with np.errstate(all="ignore"):
+        extent = np.maximum(np.abs(rois[:, 2:] - rois[:, :2]).astype(np.float64) * scale, 1.0)
+    grid = np.full(extent.shape, float(ratio)) if ratio > 0 else np.ceil(extent / [ow, oh])
+    work = float(np.sum(grid[:, 0] * grid[:, 1])) * X.shape[1] * oh * ow
+    if work > MAX_ONNX_MAX_ROI_ALIGN_SAMPLES:
+        raise ValueError(f"RoiAlign (max): rois: expected at most {MAX_ONNX_MAX_ROI_ALIGN_SAMPLES} sample evaluations "
+                         f"for the reference's ONNX max RoiAlign (it has no bounded work), got {work:.3g}")
+    if X.shape[2] == 0 or X.shape[3] == 0:  # an empty map: zeros (onnx.reference would index into it)
+        return (np.zeros((rois.shape[0], X.shape[1], oh, ow), X.dtype),)
+    f = np.float64 if X.dtype == np.float64 else np.float32  # 16-bit data: computed in float32, as ONNX Runtime does
+    (y,) = OnnxRoiAlign(op.onnx_node, op.run_params)._run(
+        X.astype(f), rois.astype(f), batch_indices, coordinate_transformation_mode=ctm, mode="max", output_height=oh,
+        output_width=ow, sampling_ratio=ratio, spatial_scale=scale)
+    return (y.astype(X.dtype),)
 
 
 class GatherElements(OpRun):
@@ -257,18 +280,16 @@ class Flatten(OpRun):
         return (x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), int(np.prod(x.shape[axis:], dtype=np.int64))),)
 
 
-# The ops written here: those whose reference does not take the op table's canonical attributes (deform_conv2d infers
-# its groups from the shapes; deform_psroi_pool has no no_trans), the quantized one, TensorRT's per-head attention,
-# the standard-domain replacements and ONNX ops onnx.reference gets wrong. Every other name of the op table:
-# reference_ops.declared_ops.
-CUSTOM_OPS = (DeformConv2d, QDeformConv2d, DeformPSRoIPool, DeformConv, RoiAlign, Flatten, GatherElements) + TRT_MSDA_OPS
+# The ops written here: the quantized one, TensorRT's per-head attention, the standard-domain replacements and ONNX
+# ops onnx.reference gets wrong. Every other name of the op table: reference_ops.declared_ops.
+CUSTOM_OPS = (QDeformConv2d, DeformConv, RoiAlign, Flatten, GatherElements) + TRT_MSDA_OPS
 
 
 def reference_evaluator(model, verbose: int = 0) -> ReferenceEvaluator:
     """An ``onnx.reference.ReferenceEvaluator`` for ``model`` with the kit's op implementations."""
     proto = load_model(model)
     opsets = {o.domain: o.version for o in proto.opset_import}
-    ops = list(CUSTOM_OPS) + list(declared_ops({(c.op_domain, c.__name__) for c in CUSTOM_OPS}))
+    ops = list(CUSTOM_OPS) + list(declared_ops({(c.op_domain, c.__name__) for c in CUSTOM_OPS}, NODE_FUNCTIONS))
     if opsets.get("", opsets.get("ai.onnx", 16)) < 16:
         # RoiAlign's default coordinate mode changed in opset 16.
         class RoiAlignV10(RoiAlign):

@@ -165,7 +165,8 @@ def load_plugins(extra: Sequence = (), log: Callable[[str], None] | None = None)
     """Loads TensorRT's own plugins, the kit's plugin library and ``extra`` libraries (once per process).
 
     Returns the paths loaded. Raises BackendUnavailable without TensorRT, FileNotFoundError for a missing
-    library, RuntimeError when TensorRT refuses one.
+    library, ValueError when the kit's library does not serve the running TensorRT (one line naming both),
+    RuntimeError when TensorRT refuses one.
     """
     require_tensorrt()
     import tensorrt as trt
@@ -179,7 +180,7 @@ def load_plugins(extra: Sequence = (), log: Callable[[str], None] | None = None)
 
     trt.init_libnvinfer_plugins(trt_util.get_trt_logger(), "")
     registry = trt.get_plugin_registry()
-    ours = Path(dcnkit.tensorrt_library())
+    ours = Path(dcnkit.tensorrt_library(getattr(trt, "__version__", None)))  # ValueError: a release it does not serve
     paths = [ours]
     for p in extra or []:
         p = Path(os.fspath(p))

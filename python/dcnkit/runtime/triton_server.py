@@ -36,6 +36,7 @@ import sys
 import sysconfig
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -171,21 +172,55 @@ def server_command(repository, *, host: str = "127.0.0.1", http_port: int = 8000
 STUB_PROGRAM = "triton_python_backend_stub"
 
 
-def process_status(pid: int) -> tuple[str, int | None] | None:
-    """``(state, return code)`` of process ``pid`` from ``/proc``: state ``"Z"`` when it has ended but its parent has
-    not reaped it yet (the return code as ``Popen.returncode`` gives it: negative for a signal), else its running
-    state letter (return code None); None when it is gone."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (field 3, the state, first); None when gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()
+    return text[text.rindex(")") + 2:].split()
+
+
+def _status_of(fields: list[str]) -> tuple[str, int | None]:
     if fields[0] not in ("Z", "X"):
         return fields[0], None
     if len(fields) < 50:  # pragma: no cover - kernels before 3.5 do not show the exit code
         return "Z", None
     status = int(fields[-1])  # the wait status
     return "Z", -(status & 0x7F) if status & 0x7F else status >> 8
+
+
+def process_status(pid: int) -> tuple[str, int | None] | None:
+    """``(state, return code)`` of process ``pid`` from ``/proc``: state ``"Z"`` when it has ended but its parent has
+    not reaped it yet (the return code as ``Popen.returncode`` gives it: negative for a signal), else its running
+    state letter (return code None); None when it is gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else _status_of(fields)
+
+
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot, ``/proc/<pid>/stat`` field 22); None when it is gone.
+    With the pid it names one process: a pid the kernel hands out again has another start time."""
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[19])
+
+
+@dataclass(frozen=True)
+class Child:
+    """A child process of ``tritonserver``: ``(pid, start)`` is its identity; ``state`` "Z" when it has ended and is
+    not reaped (``returncode`` as :func:`process_status` gives it); ``name`` the model instance
+    (``<model>_<group>_<index>``) of a running Python-backend stub of the repository, else None (an ended process
+    has no command line left)."""
+
+    pid: int
+    start: int
+    state: str
+    returncode: int | None
+    name: str | None
+
+    @property
+    def ident(self) -> tuple[int, int]:
+        return self.pid, self.start
 
 
 def describe_exit(returncode: int | None) -> str:
@@ -255,30 +290,44 @@ class TritonServer:
                 except Exception:  # noqa: BLE001 - never stop draining the pipe, or the server blocks on it
                     pass
 
-    def stubs(self) -> dict[str, int]:
-        """The server's running Python-backend stubs of this repository: ``{instance name: pid}``."""
-        found: dict[str, int] = {}
+    def children(self) -> list[Child]:
+        """The server's child processes, ended ones not yet reaped included (Triton leaves a dead stub so)."""
+        found: list[Child] = []
         if self.process is None:
             return found
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-                text = (entry / "stat").read_text()
-            except OSError:
+            fields = _stat_fields(int(entry.name))
+            if fields is None or int(fields[1]) != self.process.pid:
                 continue
-            fields = text[text.rindex(")") + 2:].split()
-            if (fields[0] in ("Z", "X") or int(fields[1]) != self.process.pid or len(argv) < 9
-                    or not argv[0].endswith(STUB_PROGRAM.encode())
-                    or not argv[1].decode(errors="replace").startswith(str(self.repository))):
-                continue
-            name = argv[8].decode(errors="replace")
-            # Model instances only ("<model>_<group>_<index>"): while a model loads, the Python backend also runs a
-            # short-lived stub named after the model alone (its config auto-completion), whose exit is no crash.
-            if re.search(r"_\d+_\d+$", name):
-                found[name] = int(entry.name)
+            state, code = _status_of(fields)
+            name = None
+            if state != "Z":
+                try:
+                    argv = (entry / "cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                name = self._instance_name(argv)
+            found.append(Child(int(entry.name), int(fields[19]), state, code, name))
         return found
+
+    @staticmethod
+    def _instance_name(argv: list[bytes]) -> str | None:
+        """The model instance a stub's command line names: ``argv[8]`` counted from the stub program, which is
+        ``argv[0]``, or ``argv[1]`` for a stub that is a script run by its interpreter."""
+        program = next((i for i, a in enumerate(argv[:2])
+                        if os.path.basename(a.decode(errors="replace")) == STUB_PROGRAM), None)
+        if program is None or len(argv) <= program + 8:
+            return None
+        name = argv[program + 8].decode(errors="replace")
+        # Model instances only ("<model>_<group>_<index>"): while a model loads, the Python backend also runs a
+        # short-lived stub named after the model alone (its config auto-completion), whose exit is no crash.
+        return name if re.search(r"_\d+_\d+$", name) else None
+
+    def stubs(self) -> dict[str, int]:
+        """The server's running Python-backend stubs of this repository: ``{instance name: pid}``."""
+        return {c.name: c.pid for c in self.children() if c.name is not None}
 
     def log_tail(self, n: int = 30) -> str:
         if not self.log_file or not Path(self.log_file).is_file():
@@ -378,6 +427,6 @@ def check_loads(repository, models: Sequence[str] | None = None, timeout: float 
             for m in models if states.get(m, {}).get("state") != "READY"]
 
 
-__all__ = ["PYTRITON_REQUIREMENT", "STUB_PROGRAM", "TritonServer", "backend_directory", "check_loads",
-           "describe_exit", "distribution_dir", "free_port", "process_status", "python_library_dir", "server_command",
+__all__ = ["PYTRITON_REQUIREMENT", "STUB_PROGRAM", "Child", "TritonServer", "backend_directory", "check_loads",
+           "describe_exit", "distribution_dir", "free_port", "process_start", "process_status", "python_library_dir", "server_command",
            "server_command_line", "server_environment", "unavailable_reason"]

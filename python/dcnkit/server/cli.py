@@ -63,6 +63,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="--engine triton: restarts in a row of a backend stub or server that died before the model is "
                         "reported failed and the command exits 3 (default %(default)s; the count starts again after "
                         "60 s of service)")
+    p.add_argument("--health-timeout", type=_nonneg_float, default=None,
+                   help="--engine triton: seconds a health inference may take before the backend stub is taken for "
+                        "hung, killed and recovered; sent only when no inference completed for twice as long "
+                        "(default 5; 0 turns it off)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.add_argument("--no-kit-kernels", dest="kit_kernels", action="store_false",
                    help="ort-*: run standard DeformConv nodes on ONNX Runtime's built-in kernel (default: on the "
@@ -128,10 +132,12 @@ def run_serve(args) -> int:
             return 2
     if args.engine == "triton":
         return _run_serve_triton(args)
-    if args.max_restarts != MAX_RESTARTS:
-        print("dcnkit serve: --max-restarts: expected only with --engine triton (the light server's process is "
-              "restarted by its supervisor, or --workers), got --engine light", file=sys.stderr)
-        return 2
+    for flag, given in (("--max-restarts", args.max_restarts != MAX_RESTARTS),
+                        ("--health-timeout", args.health_timeout is not None)):
+        if given:
+            print(f"dcnkit serve: {flag}: expected only with --engine triton (the light server's process is "
+                  "restarted by its supervisor, or --workers), got --engine light", file=sys.stderr)
+            return 2
     try:
         if args.workers > 1:  # several processes under uvicorn's manager, or this one
             from dcnkit.server.workers import serve_workers
@@ -169,6 +175,7 @@ def _run_serve_triton(args) -> int:
             grpc_port=args.grpc_port, metrics_port=args.metrics_port, graceful_timeout_s=args.graceful_timeout,
             max_batch_size=args.max_batch_size, max_queue_delay_ms=args.max_queue_delay_ms,
             max_queue_size=args.max_queue_size, kit_kernels=args.kit_kernels, max_restarts=args.max_restarts,
+            **({} if args.health_timeout is None else {"health_timeout_s": args.health_timeout}),
         )
     except (FileNotFoundError, ValueError) as e:
         print(f"dcnkit serve: {e}", file=sys.stderr)

@@ -54,16 +54,19 @@ def triton_repository(model, repo_dir, name=None, backend: str = "ort-cpu", *,
 def serve_triton(model, host: str = "127.0.0.1", port: int = 8000, name: str | None = None,
                  backend: str = "ort-cpu", *, grpc_port: int = 8001, metrics_port: int = 8002,
                  graceful_timeout_s: float | None = None, ready_timeout_s: float = 300.0, log=print,
-                 max_restarts: int = MAX_RESTARTS, policy=None, **repository_options) -> int:
+                 max_restarts: int = MAX_RESTARTS, policy=None, health_timeout_s: float | None = None,
+                 **repository_options) -> int:
     """Serves ``model`` on tritonserver until SIGINT/SIGTERM; returns the exit code: 0, or
     :data:`~dcnkit.server.triton_supervisor.EXIT_MODEL_FAILED` when the model kept crashing and was given up on.
 
     The server is supervised (:mod:`dcnkit.server.triton_supervisor`): a backend stub or server that dies is
-    restarted, ``max_restarts`` times in a row at most (``policy``, a ``RestartPolicy``, says more). Raises
+    restarted, ``max_restarts`` times in a row at most (``policy``, a ``RestartPolicy``, says more), and a stub that
+    hangs (no answer to a health inference within ``health_timeout_s``, default 5 s; 0: not looked for) is killed
+    and restarted too. Raises
     :class:`~dcnkit.runtime.base.BackendUnavailable` (one line) when the wheel is not installed or the backend stub
     cannot start here, RuntimeError when the server exits before the model is first ready.
     """
-    from dcnkit.server.triton_supervisor import RestartPolicy, TritonSupervisor
+    from dcnkit.server.triton_supervisor import HEALTH_TIMEOUT_S, RestartPolicy, TritonSupervisor
 
     grace = TRITON_DEFAULT_GRACE_S if graceful_timeout_s is None else graceful_timeout_s
     policy = policy or RestartPolicy(max_restarts=max_restarts)
@@ -78,6 +81,8 @@ def serve_triton(model, host: str = "127.0.0.1", port: int = 8000, name: str | N
             supervisor = TritonSupervisor(repo, model_dir.name, host=host, http_port=port, grpc_port=grpc_port,
                                           metrics_port=metrics_port, exit_timeout_s=max(0, int(round(grace))),
                                           policy=policy, ready_timeout_s=ready_timeout_s,
+                                          health_timeout_s=HEALTH_TIMEOUT_S if health_timeout_s is None
+                                          else health_timeout_s,
                                           log=lambda line: log(line, flush=True))
             try:
                 if not supervisor.start(stop):

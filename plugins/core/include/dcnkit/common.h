@@ -163,7 +163,24 @@ struct GemmArgs {
   int64_t ldc = 0;
   int64_t stride_c = 0;
   int64_t batch = 1;
+  // Optional (CPU): A packed once by the front end's GEMM (a GemmOperand made by it, opaque here), op(A_b) being rows
+  // [a_row0, a_row0 + m) of its matrix b, untransposed; a_row0 a multiple of kPackedRowBlock, a_row0 + m one too or
+  // the last row. `a`, lda and stride_a still describe the same matrix, for a GEMM that does not use it.
+  const void* a_packed = nullptr;
+  int64_t a_row0 = 0;
 };
+
+// A GEMM's left operand that stays the same over many GEMMs (a constant weight): `batch` row-major matrices of
+// rows x cols (row stride ld, matrix stride `stride`, elements), which a CPU front end's GEMM may pack once into its
+// own layout and then take as GemmArgs::a_packed.
+struct GemmOperand {
+  DType dtype = DType::kFloat32;
+  int64_t batch = 1, rows = 0, cols = 0, ld = 0, stride = 0;
+  const void* data = nullptr;
+};
+
+// The row granularity of a packed GemmOperand: a GEMM on it starts at a multiple of this many rows.
+constexpr int64_t kPackedRowBlock = 64;
 
 using GemmFn = Status (*)(void* self, const GemmArgs& args);
 

@@ -75,11 +75,13 @@ size_t deform_conv2d_forward_workspace_cpu(const DeformConv2dParams& p, DType dt
 size_t deform_conv2d_backward_workspace_cpu(const DeformConv2dParams& p, DType dtype, const CpuContext& ctx);
 
 // weight_kc: `weight` already in the launcher's layout (deform_conv2d_weight_kc_cpu), or null (the launcher
-// reorders `weight` on every call).
+// reorders `weight` on every call). weight_packed (with weight_kc): weight_kc packed by the context's GEMM
+// (GemmArgs::a_packed; a GemmOperand of `groups` matrices (Cout/groups) x (kh*kw*Cin/groups)), or null.
 template <typename T>
 Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, const T* offset,
                                  const T* weight, const T* bias, const T* mask, T* output,
-                                 void* workspace, const CpuContext& ctx, const T* weight_kc = nullptr);
+                                 void* workspace, const CpuContext& ctx, const T* weight_kc = nullptr,
+                                 const void* weight_packed = nullptr);
 
 // The weight (Cout, Cin/groups, kh, kw) in the CPU forward's layout (Cout, kh*kw, Cin/groups), into
 // weight_kc (as many elements). A front end whose weight is constant (an ONNX initializer) reorders it once;

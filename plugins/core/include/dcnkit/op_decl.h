@@ -124,6 +124,8 @@ struct OpBuffers {
   void* out[kMaxOutputs] = {};  // every output (an adapter gives scratch for one the model does not want)
   // A constant input already in the launcher's layout (OpEntry::pack, made once per node), or null.
   const void* packed[kMaxInputs] = {};
+  // That input also packed by the front end's CPU GEMM (OpEntry::gemm_operand, GemmArgs::a_packed), or null.
+  const void* gemm_packed[kMaxInputs] = {};
   // Backward only.
   const void* grad_out[kMaxOutputs] = {};  // gradients of the outputs with TensorDef::grad
   void* grad_in[kMaxInputs] = {};          // gradients of the inputs with TensorDef::grad (null: not wanted)
@@ -195,6 +197,9 @@ struct OpEntry {
   // A constant input (an initializer) in the launcher's layout, made once per node by the ONNX Runtime CPU kernels:
   // the bytes written to `out` (null: the size), 0 when the op has no such layout for input i.
   size_t (*pack)(const OpCall& c, int i, const void* data, DType dtype, void* out) = nullptr;
+  // What pack writes for input i (at `packed`) as its launcher's GEMM operand A (GemmOperand), which the front end's
+  // GEMM may pack once more into its own layout (OpBuffers::gemm_packed); false when it is not one.
+  bool (*gemm_operand)(const OpCall& c, int i, const void* packed, GemmOperand* out) = nullptr;
   Status (*outputs)(const OpCall& c, Shape* out) = nullptr;               // checks the call; output shapes
   Status (*output_dims)(const OpCall& c, DimArith& a, OpDims* d) = nullptr;  // symbolic (c.shapes unused)
   size_t (*workspace)(const OpCall& c, Pass pass, const OpTypes& t, const OpDevice& dev) = nullptr;
@@ -243,6 +248,7 @@ inline const AttrDef& attr_def(const OpDecl& op, int i) { return op.def.attrs[i]
 //   static void outputs(const OpCall&, const Params&, Shape*);  output shapes
 //   static Status check(const char* op, const AttrValue*);                 (optional) node attributes
 //   static size_t pack(const OpCall&, int input, const void*, DType, void* out);  (optional) constant inputs
+//   static bool gemm_operand(const OpCall&, int input, const void* packed, GemmOperand*);  (optional, with pack)
 //   static Status output_dims(const OpCall&, DimArith&, OpDims*);         (optional) symbolic output dims
 //   static size_t workspace_cpu(const Params&, Pass, const OpTypes&, const CpuContext&);   (optional, else 0)
 //   static size_t workspace_cuda(const Params&, Pass, const OpTypes&, const CudaContext&); (optional, else 0)
@@ -262,6 +268,10 @@ template <typename Op, typename = void>
 struct HasPack : std::false_type {};
 template <typename Op>
 struct HasPack<Op, std::void_t<decltype(&Op::pack)>> : std::true_type {};
+template <typename Op, typename = void>
+struct HasGemmOperand : std::false_type {};
+template <typename Op>
+struct HasGemmOperand<Op, std::void_t<decltype(&Op::gemm_operand)>> : std::true_type {};
 template <typename Op, typename = void>
 struct HasDims : std::false_type {};
 template <typename Op>
@@ -341,6 +351,7 @@ OpEntry op_entry() {
   OpEntry e;
   if constexpr (d::HasCheck<Op>::value) e.check = &Op::check;
   if constexpr (d::HasPack<Op>::value) e.pack = &Op::pack;
+  if constexpr (d::HasGemmOperand<Op>::value) e.gemm_operand = &Op::gemm_operand;
   e.outputs = &d::outputs<Op>;
   if constexpr (d::HasDims<Op>::value) e.output_dims = &Op::output_dims;
   e.workspace = &d::workspace<Op>;
