@@ -2,159 +2,178 @@
 #include <atomic>
 
 #include "deform_conv2d_cpu_common.h"
+#include "deform_conv2d_cpu_sampling.h"
 #include "deform_conv2d_cpu_test_paths.h"
 
 namespace dcnkit {
 namespace {
 
-// d[q] = sum_c g[c] * x_q[c] for c < n, in a fixed order (blocks of kLanes independent partial sums,
-// which vectorise without reassociation, summed pairwise, then the tail).
-template <typename T>
-__attribute__((always_inline)) inline void dots4(const T* __restrict g, const T* __restrict x0,
-                                                 const T* __restrict x1, const T* __restrict x2,
-                                                 const T* __restrict x3, int64_t n, T d[4]) {
-  constexpr int kLanes = 16;
-  T a0[kLanes] = {}, a1[kLanes] = {}, a2[kLanes] = {}, a3[kLanes] = {};
+// One sampling point's channels c < n, its four neighbours' rows x[q] in the padded copy: with kCol, its
+// column crow[c] = sum_q w[q] x[q][c]; with kGin, gin[q][c] += w[q] * g[c] (the input gradient's rows, in the task's
+// padded buffer; a neighbour outside the map adds to the border, never read back); with kDots, d[q] += sum_c
+// g[c] * x[q][c], in a fixed order (kLanes<T> partial sums per neighbour, summed pairwise, then the tail).
+template <bool kCol, bool kGin, bool kDots, typename T>
+__attribute__((always_inline)) inline void point_channels(const T* const x[4], T* const gin[4],
+                                                          const T* __restrict g, T* __restrict crow,
+                                                          const T w[4], int64_t n, T d[4]) {
+  constexpr int L = kLanes<T>;
+  const T* __restrict x0 = x[0];
+  const T* __restrict x1 = x[1];
+  const T* __restrict x2 = x[2];
+  const T* __restrict x3 = x[3];
+  T* __restrict g0 = gin[0];
+  T* __restrict g1 = gin[1];
+  T* __restrict g2 = gin[2];
+  T* __restrict g3 = gin[3];
+  Vec<T> a0 = {}, a1 = {}, a2 = {}, a3 = {};
   int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      const T gj = g[c + j];
-      a0[j] += gj * x0[c + j];
-      a1[j] += gj * x1[c + j];
-      a2[j] += gj * x2[c + j];
-      a3[j] += gj * x3[c + j];
+  for (; c + L <= n; c += L) {
+    const Vec<T> v0 = vload(x0 + c), v1 = vload(x1 + c), v2 = vload(x2 + c), v3 = vload(x3 + c);
+    if constexpr (kCol) vstore(crow + c, w[0] * v0 + w[1] * v1 + w[2] * v2 + w[3] * v3);
+    if constexpr (kGin || kDots) {
+      const Vec<T> gv = vload(g + c);
+      if constexpr (kDots) {
+        a0 += gv * v0;
+        a1 += gv * v1;
+        a2 += gv * v2;
+        a3 += gv * v3;
+      }
+      if constexpr (kGin) {
+        vstore(g0 + c, vload(g0 + c) + w[0] * gv);
+        vstore(g1 + c, vload(g1 + c) + w[1] * gv);
+        vstore(g2 + c, vload(g2 + c) + w[2] * gv);
+        vstore(g3 + c, vload(g3 + c) + w[3] * gv);
+      }
     }
   }
-  // Lanes summed pairwise (halving steps vectorise; the order is fixed).
-  for (int h = kLanes / 2; h >= 1; h /= 2) {
-    for (int j = 0; j < h; ++j) {
-      a0[j] += a0[j + h];
-      a1[j] += a1[j + h];
-      a2[j] += a2[j + h];
-      a3[j] += a3[j + h];
+  T s0 = T(0), s1 = T(0), s2 = T(0), s3 = T(0);
+  if constexpr (kDots) {
+    if (n >= L) {
+      s0 = pairwise_sum<T>(a0);
+      s1 = pairwise_sum<T>(a1);
+      s2 = pairwise_sum<T>(a2);
+      s3 = pairwise_sum<T>(a3);
     }
   }
-  T s0 = a0[0], s1 = a1[0], s2 = a2[0], s3 = a3[0];
   for (; c < n; ++c) {
-    s0 += g[c] * x0[c];
-    s1 += g[c] * x1[c];
-    s2 += g[c] * x2[c];
-    s3 += g[c] * x3[c];
+    if constexpr (kCol) crow[c] = w[0] * x0[c] + w[1] * x1[c] + w[2] * x2[c] + w[3] * x3[c];
+    if constexpr (kDots) {
+      s0 += g[c] * x0[c];
+      s1 += g[c] * x1[c];
+      s2 += g[c] * x2[c];
+      s3 += g[c] * x3[c];
+    }
+    if constexpr (kGin) {
+      g0[c] += w[0] * g[c];
+      g1[c] += w[1] * g[c];
+      g2[c] += w[2] * g[c];
+      g3[c] += w[3] * g[c];
+    }
   }
-  d[0] += s0;
-  d[1] += s1;
-  d[2] += s2;
-  d[3] += s3;
-}
-
-// dots4 over the neighbours inside the map (ok) only: d[q] += sum_c g[c] * x_q[c]; a neighbour outside the
-// map is not read (its d[q] stays as it is).
-template <typename T>
-__attribute__((always_inline)) inline void dots_taps(const T* __restrict g, const T* const x[4], const bool ok[4],
-                                                     int64_t n, T d[4]) {
-  if (ok[0] && ok[1] && ok[2] && ok[3]) {
-    dots4<T>(g, x[0], x[1], x[2], x[3], n, d);
-    return;
-  }
-  for (int q = 0; q < 4; ++q) {
-    if (!ok[q]) continue;
-    const T* __restrict xq = x[q];
-    T s = T(0);
-    for (int64_t c = 0; c < n; ++c) s += g[c] * xq[c];
-    d[q] += s;
+  if constexpr (kDots) {
+    d[0] += s0;
+    d[1] += s1;
+    d[2] += s2;
+    d[3] += s3;
   }
 }
 
-// One pass over the positions p0+b .. p0+e of a backward chunk (every k, g), each sampling point's
-// taps computed once and its four input rows read once for:
-//   col (if not null): the chunk's columns (rows b..e), as build_columns writes them;
-//   gin (if not null): this task's channels-last grad_input += the scatter of the column gradient;
-//   goff_n / gmask_n (if not null): grad_offset / grad_mask, the group's channel sums (dots4).
-template <typename T>
-__attribute__((always_inline)) inline void backward_pass_impl(const CpuImage<T>& im, const T* gcol, int64_t p0,
+// One pass over the positions p0+b .. p0+e of a backward chunk, block by block (for_blocks: each sampling point
+// computed once, the positions in order) and each point's four rows read once for:
+//   kCol: the chunk's columns (rows b..e), as build_columns writes them;
+//   kGin: this task's padded grad_input += the scatter of the column gradient;
+//   kDots: grad_offset / grad_mask from the group's channel sums d (as deform_conv2d_offset_mask_grad).
+template <bool kCol, bool kGin, bool kDots, typename T>
+__attribute__((always_inline)) inline void backward_pass_with(const PaddedImage<T>& im, const T* gcol, int64_t p0,
                                                               int64_t b, int64_t e, T* col, T* gin, T* goff_n,
                                                               T* gmask_n) {
   const DeformConv2dParams& p = *im.p;
   const int64_t K = p.kernel_size(), Cin = p.in_channels, CK = Cin * K, P = p.out_spatial();
-  const int64_t Gd = p.attrs.deformable_groups, cpg = p.in_per_deformable_group(), cin_g = p.in_per_group();
-  const int64_t KC = K * cin_g;
-  const bool dots = goff_n != nullptr || gmask_n != nullptr;
-  int64_t ho = (p0 + b) / p.out_w, wo = (p0 + b) - ho * p.out_w;
-  for (int64_t t = b; t < e; ++t) {
-    const int64_t pos = p0 + t;
-    const T* grow = gcol + t * CK;
-    T* crow = col ? col + t * CK : nullptr;
-    for (int64_t i = 0, k = 0; i < p.kernel_h; ++i) {
-      for (int64_t j = 0; j < p.kernel_w; ++j, ++k) {
-        for (int64_t g = 0; g < Gd; ++g) {
-          T py, px, m;
-          deform_conv2d_point_at<T, T>(p, im.offset, im.mask, g, k, i, j, ho, wo, pos, &py, &px, &m);
-          const Taps<T> tp = dcn_taps<T>(py, px, p.height, p.width);
-          // As masked_taps.
-          T w[4];
-          for (int q = 0; q < 4; ++q) w[q] = tp.inside ? tp.w[q] * m : T(0);
-          T d[4] = {T(0), T(0), T(0), T(0)};
-          // The group's channels, cut at conv-group borders.
-          for (int64_t cb = g * cpg, cend = (g + 1) * cpg; cb < cend;) {
-            const int64_t gc = cb / cin_g;
-            const int64_t ce = std::min(cend, (gc + 1) * cin_g);
-            const int64_t at = gc * KC + k * cin_g + (cb - gc * cin_g), len = ce - cb;
-            const T* x[4];
-            tap_rows(im.x_hwc + cb, Cin, tp, x);
-            if (crow) blend_taps<T>(crow + at, x, w, tp.ok, len);
-            if (tp.inside) {
-              if (dots) dots_taps<T>(grow + at, x, tp.ok, len, d);
-              if (gin) {
-                const T* __restrict src = grow + at;
-                for (int q = 0; q < 4; ++q) {
-                  const T wq = w[q];
-                  if (!tp.ok[q] || wq == T(0)) continue;
-                  T* __restrict dst = gin + tp.idx[q] * Cin + cb;
-                  for (int64_t c = 0; c < len; ++c) dst[c] += wq * src[c];
-                }
-              }
-            }
-            cb = ce;
+  const int64_t Gd = p.attrs.deformable_groups, cin_g = p.in_per_group(), row = im.map.cols() * Cin;
+  BlockPoints<T> bp;
+  T d[4][kBlockPoints];
+  for_blocks<kDots>(im, p0, b, e, bp, [&](int64_t b0, int64_t n, int64_t kg0, int64_t kg1) __attribute__((always_inline)) {
+    if constexpr (kDots) {
+      for (int q = 0; q < 4; ++q) std::fill(d[q], d[q] + (kg1 - kg0) * n, T(0));
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      const T* grow = gcol + (b0 + t) * CK;
+      T* crow = kCol ? col + (b0 + t) * CK : nullptr;
+      for_points(Gd, kg0, kg1, [&](int64_t kg, int64_t k, int64_t g) __attribute__((always_inline)) {
+        const int64_t pe = (kg - kg0) * n + t;
+        const T* x0 = im.x + bp.at[pe];
+        T* gi0 = kGin ? gin + bp.at[pe] : nullptr;
+        const T w[4] = {bp.w[0][pe], bp.w[1][pe], bp.w[2][pe], bp.w[3][pe]};
+        for_channel_runs(p, g, [&](int64_t cb, int64_t dst, int64_t len) __attribute__((always_inline)) {
+          const int64_t at = dst + k * cin_g;
+          const T* x[4] = {x0 + cb, x0 + cb + Cin, x0 + cb + row, x0 + cb + row + Cin};
+          T* const gi[4] = {kGin ? gi0 + cb : nullptr, kGin ? gi0 + cb + Cin : nullptr,
+                            kGin ? gi0 + cb + row : nullptr, kGin ? gi0 + cb + row + Cin : nullptr};
+          T dt[4] = {T(0), T(0), T(0), T(0)};
+          point_channels<kCol, kGin, kDots, T>(x, gi, grow + at, kCol ? crow + at : nullptr, w, len, dt);
+          if constexpr (kDots) {
+            for (int q = 0; q < 4; ++q) d[q][pe] += dt[q];
           }
-          if (!dots) continue;
-          T gy = T(0), gx = T(0), gm = T(0);
-          if (tp.inside) {
-            // As taps_channel_dots: combine the four channel sums with the tap weights / derivatives.
-            for (int q = 0; q < 4; ++q) {
-              if (!tp.ok[q]) continue;  // d[q] = 0: not read
-              gy += tp.dwy[q] * d[q];
-              gx += tp.dwx[q] * d[q];
-              gm += tp.w[q] * d[q];
-            }
+        });
+      });
+    }
+    if constexpr (kDots) {
+      // As deform_conv2d_offset_mask_grad: the four channel sums combined with the taps' derivatives and weights
+      // (0 for a neighbour outside the map), per point, the block's positions contiguous.
+      for_points(Gd, kg0, kg1, [&](int64_t kg, int64_t k, int64_t g) __attribute__((always_inline)) {
+        const int64_t e0 = (kg - kg0) * n;
+        T* gy = goff_n ? goff_n + (g * 2 * K + 2 * k) * P + p0 + b0 : nullptr;
+        T* gm = gmask_n ? gmask_n + (g * K + k) * P + p0 + b0 : nullptr;
+        for (int64_t t = 0; t < n; ++t) {
+          T sy = T(0), sx = T(0), sm = T(0);
+          for (int q = 0; q < 4; ++q) {
+            sy += bp.dwy[q][e0 + t] * d[q][e0 + t];
+            sx += bp.dwx[q][e0 + t] * d[q][e0 + t];
+            sm += bp.u[q][e0 + t] * d[q][e0 + t];
           }
-          if (goff_n) {
-            goff_n[(g * 2 * K + 2 * k) * P + pos] = gy * m;
-            goff_n[(g * 2 * K + 2 * k + 1) * P + pos] = gx * m;
+          if (gy) {
+            gy[t] = sy * bp.m[e0 + t];
+            gy[P + t] = sx * bp.m[e0 + t];
           }
-          if (gmask_n) gmask_n[(g * K + k) * P + pos] = gm;
+          if (gm) gm[t] = sm;
         }
-      }
+      });
     }
-    if (++wo == p.out_w) {
-      wo = 0;
-      ++ho;
-    }
+  });
+}
+
+// The pass's variant for the gradients asked for (col: grad_weight's columns; gin: grad_input; goff/gmask).
+template <typename T>
+__attribute__((always_inline)) inline void backward_pass_impl(const PaddedImage<T>& im, const T* gcol, int64_t p0,
+                                                              int64_t b, int64_t e, T* col, T* gin, T* goff,
+                                                              T* gmask) {
+  const bool dots = goff != nullptr || gmask != nullptr;
+  const int v = (col ? 4 : 0) + (gin ? 2 : 0) + (dots ? 1 : 0);
+  switch (v) {
+    case 7: return backward_pass_with<true, true, true>(im, gcol, p0, b, e, col, gin, goff, gmask);
+    case 6: return backward_pass_with<true, true, false>(im, gcol, p0, b, e, col, gin, goff, gmask);
+    case 5: return backward_pass_with<true, false, true>(im, gcol, p0, b, e, col, gin, goff, gmask);
+    case 4: return backward_pass_with<true, false, false>(im, gcol, p0, b, e, col, gin, goff, gmask);
+    case 3: return backward_pass_with<false, true, true>(im, gcol, p0, b, e, col, gin, goff, gmask);
+    case 2: return backward_pass_with<false, true, false>(im, gcol, p0, b, e, col, gin, goff, gmask);
+    case 1: return backward_pass_with<false, false, true>(im, gcol, p0, b, e, col, gin, goff, gmask);
+    default: return;
   }
 }
 
-DCNKIT_CPU_CLONES void backward_pass_f32(const CpuImage<float>& im, const float* gcol, int64_t p0, int64_t b,
+DCNKIT_CPU_CLONES void backward_pass_f32(const PaddedImage<float>& im, const float* gcol, int64_t p0, int64_t b,
                                          int64_t e, float* col, float* gin, float* goff, float* gmask) {
   backward_pass_impl<float>(im, gcol, p0, b, e, col, gin, goff, gmask);
 }
-DCNKIT_CPU_CLONES void backward_pass_f64(const CpuImage<double>& im, const double* gcol, int64_t p0, int64_t b,
+DCNKIT_CPU_CLONES void backward_pass_f64(const PaddedImage<double>& im, const double* gcol, int64_t p0, int64_t b,
                                          int64_t e, double* col, double* gin, double* goff, double* gmask) {
   backward_pass_impl<double>(im, gcol, p0, b, e, col, gin, goff, gmask);
 }
-inline void backward_pass(const CpuImage<float>& im, const float* gcol, int64_t p0, int64_t b, int64_t e,
+inline void backward_pass(const PaddedImage<float>& im, const float* gcol, int64_t p0, int64_t b, int64_t e,
                           float* col, float* gin, float* goff, float* gmask) {
   backward_pass_f32(im, gcol, p0, b, e, col, gin, goff, gmask);
 }
-inline void backward_pass(const CpuImage<double>& im, const double* gcol, int64_t p0, int64_t b, int64_t e,
+inline void backward_pass(const PaddedImage<double>& im, const double* gcol, int64_t p0, int64_t b, int64_t e,
                           double* col, double* gin, double* goff, double* gmask) {
   backward_pass_f64(im, gcol, p0, b, e, col, gin, goff, gmask);
 }
@@ -228,7 +247,10 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
                          grad_mask, gcol);
     return Status::Ok();
   }
+  DCNKIT_RETURN_IF_ERROR(check_cpu_sampling_extents("deform_conv2d (backward)", p));
   weight_to_kc(p, weight, wt);
+  const PaddedMap map = padded_map(p);
+  zero_border(map, x_hwc);  // the images' copies fill the interior only
   const int64_t chunk = backward_chunk(p, sizeof(T));
   const int64_t nbt = backward_tasks(ctx);
   const int64_t gin_stride = static_cast<int64_t>(l.x_hwc / sizeof(T));  // between the tasks' buffers
@@ -241,14 +263,15 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
     const T* gout_n = grad_output + n * Cout * P;
     T* goff_n = grad_offset ? grad_offset + n * 2 * Gd * K * P : nullptr;
     T* gmask_n = grad_mask ? grad_mask + n * Gd * K * P : nullptr;
-    parallel_for(ctx, HW, [&](int64_t b, int64_t e) {
-      to_channels_last(input + n * Cin * HW, x_hwc, Cin, HW, b, e);
-      if (grad_input) {
+    parallel_for(ctx, p.height + 3, [&](int64_t b, int64_t e) {
+      to_padded_channels_last(input + n * Cin * HW, map, x_hwc, std::min(b, p.height), std::min(e, p.height));
+      if (grad_input) {  // the tasks' padded buffers, border included, rows [b, e)
+        const int64_t row = map.cols() * Cin;
         for (int64_t task = 0; task < nbt; ++task)
-          std::fill(gin_hwc + task * gin_stride + b * Cin, gin_hwc + task * gin_stride + e * Cin, T(0));
+          std::fill(gin_hwc + task * gin_stride + b * row, gin_hwc + task * gin_stride + e * row, T(0));
       }
     });
-    const CpuImage<T> im{&p, x_hwc, off_n, mask_n};
+    const PaddedImage<T> im{&p, map, x_hwc, off_n, mask_n};
 
     for (int64_t p0 = 0; p0 < P; p0 += chunk) {
       const int64_t pc = std::min(chunk, P - p0);
@@ -327,9 +350,9 @@ Status deform_conv2d_backward_cpu(const DeformConv2dParams& p, const T* grad_out
       // The tasks' buffers summed in task order, to channels-first.
       T* gin_n = grad_input + n * Cin * HW;
       parallel_for(ctx, Cin, [&](int64_t b, int64_t e) {
-        to_channels_first<false>(gin_hwc, gin_n, Cin, HW, b, e);
+        from_padded_channels_last<false>(gin_hwc, map, gin_n, b, e);
         for (int64_t task = 1; task < nbt; ++task) {
-          to_channels_first<true>(gin_hwc + task * gin_stride, gin_n, Cin, HW, b, e);
+          from_padded_channels_last<true>(gin_hwc + task * gin_stride, map, gin_n, b, e);
         }
       });
     }

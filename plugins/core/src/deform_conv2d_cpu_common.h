@@ -81,6 +81,25 @@ inline int64_t backward_chunk(const DeformConv2dParams& p, size_t elem) {
 
 inline size_t bytes_of(int64_t count, size_t elem) { return align_up(static_cast<size_t>(count) * elem); }
 
+// The float launchers' channels-last copy of one image (and of its input gradient), padded with zeros
+// (deform_conv2d_cpu_sampling.h): (H + 3) x (W + 2) pixels of C channels, pixel (y, x) of the map at row y + 1,
+// column x + 1.
+struct PaddedMap {
+  int64_t H = 0, W = 0, C = 0;
+  int64_t cols() const { return W + 2; }
+  int64_t elements() const { return (H + 3) * cols() * C; }
+  // Element offset of pixel (y, x), -1 <= y <= H + 1, -1 <= x <= W.
+  int64_t at(int64_t y, int64_t x) const { return ((y + 1) * cols() + x + 1) * C; }
+};
+
+inline PaddedMap padded_map(const DeformConv2dParams& p) {
+  PaddedMap m;
+  m.H = p.height;
+  m.W = p.width;
+  m.C = p.in_channels;
+  return m;
+}
+
 struct ForwardLayout {
   size_t x_hwc, weight_t, slot, col;
 };
@@ -89,7 +108,7 @@ inline ForwardLayout forward_layout(const DeformConv2dParams& p, DType dtype, co
   const size_t e = dtype_size(dtype);
   const int64_t T = forward_tile(p, e, ctx);
   ForwardLayout l;
-  l.x_hwc = bytes_of(p.in_channels * p.height * p.width, e);  // one image: independent of the batch
+  l.x_hwc = bytes_of(padded_map(p).elements(), e);  // one image: independent of the batch
   l.weight_t = bytes_of(p.out_channels * p.in_per_group() * p.kernel_size(), e);
   l.col = bytes_of(p.in_channels * p.kernel_size() * T, e);
   l.slot = l.col;
@@ -114,7 +133,7 @@ inline BackwardLayout backward_layout(const DeformConv2dParams& p, DType dtype, 
   const int64_t C = backward_chunk(p, e);
   const int64_t wsz = p.out_channels * p.in_per_group() * p.kernel_size();
   BackwardLayout l;
-  l.x_hwc = bytes_of(p.in_channels * p.height * p.width, e);
+  l.x_hwc = bytes_of(padded_map(p).elements(), e);
   l.gin_hwc = static_cast<size_t>(backward_tasks(ctx)) * l.x_hwc;
   l.weight_t = bytes_of(wsz, e);
   l.gweight_t = l.weight_t;
@@ -151,26 +170,6 @@ void to_channels_last(const T* __restrict src, T* __restrict dst, int64_t C, int
   }
 }
 
-// dst (C, HW) = src (HW, C) (kAdd: dst += src) for channels [cb, ce).
-template <bool kAdd, typename T>
-void to_channels_first(const T* __restrict src, T* __restrict dst, int64_t C, int64_t HW, int64_t cb,
-                       int64_t ce) {
-  constexpr int64_t kBlock = 64;
-  for (int64_t b = 0; b < HW; b += kBlock) {
-    const int64_t e = std::min(HW, b + kBlock);
-    for (int64_t c = cb; c < ce; ++c) {
-      T* d = dst + c * HW;
-      for (int64_t q = b; q < e; ++q) {
-        if constexpr (kAdd) {
-          d[q] += src[q * C + c];
-        } else {
-          d[q] = src[q * C + c];
-        }
-      }
-    }
-  }
-}
-
 // Everything the CPU loops need about one image. X: the element of the channels-last map (T, or uint8_t for
 // the quantized forward, deform_conv2d_cpu_quant.cpp), T: of the offsets and mask.
 template <typename T, typename X = T>
@@ -200,23 +199,6 @@ __attribute__((always_inline)) inline void blend4(T* __restrict dst, const T* __
 template <typename T, typename TapsT>
 __attribute__((always_inline)) inline void tap_rows(const T* x, int64_t ld, const TapsT& taps, const T* rows[4]) {
   for (int q = 0; q < 4; ++q) rows[q] = x + taps.idx[q] * ld;
-}
-
-// dst[c] = sum over the neighbours inside the map (ok) of w_q * x_q[c] for c < n: blend4 when all four are
-// inside (the common case); a neighbour outside the map is not read (bilinear.h).
-template <typename T>
-__attribute__((always_inline)) inline void blend_taps(T* __restrict dst, const T* const x[4], const T w[4],
-                                                      const bool ok[4], int64_t n) {
-  if (ok[0] && ok[1] && ok[2] && ok[3]) {
-    blend4<T>(dst, x[0], x[1], x[2], x[3], w[0], w[1], w[2], w[3], n);
-    return;
-  }
-  std::fill(dst, dst + n, T(0));
-  for (int q = 0; q < 4; ++q) {
-    if (!ok[q]) continue;
-    const T* __restrict s = x[q];
-    for (int64_t c = 0; c < n; ++c) dst[c] += w[q] * s[c];
-  }
 }
 
 // Columns of positions [p0, p0 + tn) into col (tn x Cin*K, position-major, see the file comment): the sampling
@@ -255,27 +237,6 @@ __attribute__((always_inline)) inline void build_columns_with(const CpuImage<T, 
       ++ho;
     }
   }
-}
-
-template <typename T>
-__attribute__((always_inline)) inline void build_columns_impl(const CpuImage<T>& im, int64_t p0, int64_t tn, T* __restrict col) {
-  build_columns_with(im, p0, tn, col, [](T* __restrict dst, const T* const rows[4], const SampleTaps<T>& s,
-                                         int64_t n) __attribute__((always_inline)) {
-    blend_taps<T>(dst, rows, s.w, s.ok, n);
-  });
-}
-
-DCNKIT_CPU_CLONES void build_columns_f32(const CpuImage<float>& im, int64_t p0, int64_t tn, float* col) {
-  build_columns_impl<float>(im, p0, tn, col);
-}
-DCNKIT_CPU_CLONES void build_columns_f64(const CpuImage<double>& im, int64_t p0, int64_t tn, double* col) {
-  build_columns_impl<double>(im, p0, tn, col);
-}
-inline void build_columns(const CpuImage<float>& im, int64_t p0, int64_t tn, float* col) {
-  build_columns_f32(im, p0, tn, col);
-}
-inline void build_columns(const CpuImage<double>& im, int64_t p0, int64_t tn, double* col) {
-  build_columns_f64(im, p0, tn, col);
 }
 
 // weight (Cout, Cin_g, K) -> (Cout, K, Cin_g), output channels [cb, ce).

@@ -2,6 +2,7 @@
 #include <atomic>
 
 #include "deform_conv2d_cpu_common.h"
+#include "deform_conv2d_cpu_sampling.h"
 #include "deform_conv2d_cpu_test_paths.h"
 
 namespace dcnkit {
@@ -30,6 +31,7 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
     return deform_conv2d_forward_schedule<T>(p, dtype_of_t<T>(), cuda_schedule_tiling(p), weight, bias != nullptr,
                                              output, columns.data(), ex);
   }
+  DCNKIT_RETURN_IF_ERROR(check_cpu_sampling_extents("deform_conv2d", p));
   const DType dt = dtype_of_t<T>();
   const int64_t K = p.kernel_size(), HW = p.height * p.width, Cin = p.in_channels, CK = Cin * K;
   const int64_t Gd = p.attrs.deformable_groups;
@@ -47,8 +49,8 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
   }
   const T* wt = weight_kc != nullptr ? weight_kc : wt_own;
   const void* packed = weight_kc != nullptr ? weight_packed : nullptr;
-  constexpr int64_t kPixBlock = 256;
-  const int64_t pblocks = (HW + kPixBlock - 1) / kPixBlock;
+  const PaddedMap map = padded_map(p);
+  zero_border(map, x_hwc);  // the images' copies fill the interior only
   const int64_t tile = forward_tile(p, sizeof(T), ctx);
   const int64_t ntiles = (P + tile - 1) / tile;
   const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(ctx.num_threads, ntiles));
@@ -62,13 +64,10 @@ Status deform_conv2d_forward_cpu(const DeformConv2dParams& p, const T* input, co
   const int64_t row_units = (cout_g + row_unit - 1) / row_unit;
   const bool split_rows = ntiles == tasks && tasks > 1 && cout_g >= kMinRowsPerTask * tasks && row_units >= tasks;
   for (int64_t n = 0; n < N; ++n) {
-    parallel_for(ctx, pblocks, [&](int64_t b, int64_t e) {
-      for (int64_t it = b; it < e; ++it) {
-        const int64_t pb = it * kPixBlock;
-        to_channels_last(input + n * Cin * HW, x_hwc, Cin, HW, pb, std::min(HW, pb + kPixBlock));
-      }
+    parallel_for(ctx, p.height, [&](int64_t b, int64_t e) {
+      to_padded_channels_last(input + n * Cin * HW, map, x_hwc, b, e);
     });
-    const CpuImage<T> im{&p, x_hwc, offset + n * 2 * Gd * K * P, mask ? mask + n * Gd * K * P : nullptr};
+    const PaddedImage<T> im{&p, map, x_hwc, offset + n * 2 * Gd * K * P, mask ? mask + n * Gd * K * P : nullptr};
     T* out_n = output + n * Cout * P;
     // Output rows [r0, r1) of every conv group at positions [p0, p0 + tn) from their columns `col`
     // (position-major, row stride CK), the bias written first.

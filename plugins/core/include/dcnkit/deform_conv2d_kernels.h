@@ -62,6 +62,57 @@ DCNKIT_HD SampleTaps<Acc> masked_taps(Acc py, Acc px, Acc m, int64_t H, int64_t 
   return s;
 }
 
+// S_dcn of one sampling point (the rule of dcn_taps) for loops that run over many points at once (the CPU
+// launchers' blocks of positions): no branch, so that such a loop vectorises. The cell's corner (y0, x0) and, per
+// neighbour q in dcn_taps's order, w = m * weight, u = weight and its derivatives dwy, dwx in the point's
+// coordinates: all 0 for a neighbour outside the map and for a point outside (-1, H) x (-1, W) (NaN included),
+// whose corner is (H, -1). The reader keeps a copy of the map with a border of zeros (one pixel left, right and
+// above, two rows below), which holds all four neighbours of every corner so defined: none is outside that copy,
+// a neighbour outside the map reads a zero of the border, never the map, and no read depends on a branch.
+// floor is the truncation corrected downwards (exact on (-1, H) and (-1, W), which fit int32).
+template <typename Acc>
+struct DcnPointTaps {
+  int32_t y0, x0;
+  Acc w[4], u[4], dwy[4], dwx[4];
+};
+
+template <typename Acc>
+DCNKIT_HD DcnPointTaps<Acc> dcn_point_taps(Acc py, Acc px, Acc m, int32_t H, int32_t W) {
+  // & (not &&) and selects: no branch.
+  const bool inside = (py > Acc(-1)) & (py < Acc(H)) & (px > Acc(-1)) & (px < Acc(W));
+  const Acc sy = inside ? py : Acc(0), sx = inside ? px : Acc(0);
+  int32_t y0 = static_cast<int32_t>(sy), x0 = static_cast<int32_t>(sx);
+  y0 -= Acc(y0) > sy ? 1 : 0;
+  x0 -= Acc(x0) > sx ? 1 : 0;
+  const Acc ly = sy - Acc(y0), lx = sx - Acc(x0), hy = Acc(1) - ly, hx = Acc(1) - lx;
+  const bool y0ok = inside & (y0 >= 0), y1ok = inside & (y0 < H - 1), x0ok = x0 >= 0, x1ok = x0 < W - 1;
+  // Per axis, the weights of its two neighbours (0 outside the map) and their derivative signs.
+  const Acc ay0 = y0ok ? hy : Acc(0), ay1 = y1ok ? ly : Acc(0), ax0 = x0ok ? hx : Acc(0), ax1 = x1ok ? lx : Acc(0);
+  const Acc my0 = y0ok ? hy * m : Acc(0), my1 = y1ok ? ly * m : Acc(0);
+  // Derivative signs as converted flags: GCC 12 vectorises these, not the equivalent selects.
+  const Acc sy0 = -Acc(int32_t(y0ok)), sy1 = Acc(int32_t(y1ok)), sx0 = -Acc(int32_t(x0ok)), sx1 = Acc(int32_t(x1ok));
+  DcnPointTaps<Acc> t;
+  t.y0 = inside ? y0 : H;
+  t.x0 = inside ? x0 : -1;
+  t.w[0] = my0 * ax0;
+  t.w[1] = my0 * ax1;
+  t.w[2] = my1 * ax0;
+  t.w[3] = my1 * ax1;
+  t.u[0] = ay0 * ax0;
+  t.u[1] = ay0 * ax1;
+  t.u[2] = ay1 * ax0;
+  t.u[3] = ay1 * ax1;
+  t.dwy[0] = sy0 * ax0;
+  t.dwy[1] = sy0 * ax1;
+  t.dwy[2] = sy1 * ax0;
+  t.dwy[3] = sy1 * ax1;
+  t.dwx[0] = ay0 * sx0;
+  t.dwx[1] = ay0 * sx1;
+  t.dwx[2] = ay1 * sx0;
+  t.dwx[3] = ay1 * sx1;
+  return t;
+}
+
 // Taps of (g, k, pos) with the mask folded in.
 template <typename Acc, typename T>
 DCNKIT_HD SampleTaps<Acc> deform_conv2d_sample_taps(const DeformConv2dParams& p, const T* offset_n,
