@@ -80,19 +80,9 @@ template <typename T, typename R, typename Acc>
 __global__ void __launch_bounds__(kCudaThreads, kRoIMinBlocks)
     deform_psroi_pool_mixed_kernel(DeformPSRoIPoolParams p, const T* input, const R* rois, const R* trans, T* output,
                                    T* count) {
-  const int64_t C = p.channels, H = p.height, W = p.width, D = p.attrs.output_dim;
   const int64_t P = p.attrs.output_size;
-  DCNKIT_CUDA_ELEMENT(i, p.num_rois * D * P * P);
-  const RoIElement e = roi_element(i, D, P, P);
-  const R* roi = rois + e.k * 5;
-  int64_t b = 0;
-  Acc v = Acc(0), cnt = Acc(0);
-  if (roi_batch_index<Acc>(roi, p.batch, &b)) {
-    const PSRoIBin<Acc> r = psroi_bin<Acc>(p, roi, trans, e.k, e.c, e.ph, e.pw);
-    v = psroi_bin_forward<Acc>(input + (b * C + r.channel) * H * W, H, W, r, p.attrs.sample_per_part, &cnt);
-  }
-  output[i] = from_acc<T>(v);
-  if (count != nullptr) count[i] = from_acc<T>(cnt);
+  DCNKIT_CUDA_ELEMENT(i, p.num_rois * p.attrs.output_dim * P * P);
+  psroi_forward_output<Acc>(p, input, rois, trans, i, output, count);
 }
 
 template <typename T>

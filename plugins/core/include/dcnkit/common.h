@@ -24,6 +24,16 @@
 
 namespace dcnkit {
 
+// A value in a per-thread shared-memory slot that the kernels read at each use: volatile on the device (nothing hoisted
+// into registers: the 48-register budget of the RoI kernels), the plain type on the host (the CPU schedule tests).
+#if defined(__CUDA_ARCH__)
+template <typename V>
+using DeviceVolatile = volatile V;
+#else
+template <typename V>
+using DeviceVolatile = V;
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // Limits
 

@@ -198,4 +198,22 @@ DCNKIT_HD void psroi_bin_trans_grad(const T* img, int64_t H, int64_t W, const PS
   *gty = sy * d * trans_std * r.roi_h;
 }
 
+// Output i = (k, ctop, ph, pw) of the forward and its sample count (count may be null); zeros for a RoI outside the
+// batch. R: the RoIs' and trans's type (T, or float32 RoIs beside 16-bit data).
+template <typename Acc, typename T, typename R>
+DCNKIT_HD void psroi_forward_output(const DeformPSRoIPoolParams& p, const T* input, const R* rois, const R* trans,
+                                    int64_t i, T* output, T* count) {
+  const int64_t C = p.channels, H = p.height, W = p.width, P = p.attrs.output_size;
+  const RoIElement e = roi_element(i, p.attrs.output_dim, P, P);
+  const R* roi = rois + e.k * 5;
+  int64_t b = 0;
+  Acc v = Acc(0), cnt = Acc(0);
+  if (roi_batch_index<Acc>(roi, p.batch, &b)) {
+    const PSRoIBin<Acc> r = psroi_bin<Acc>(p, roi, trans, e.k, e.c, e.ph, e.pw);
+    v = psroi_bin_forward<Acc>(input + (b * C + r.channel) * H * W, H, W, r, p.attrs.sample_per_part, &cnt);
+  }
+  output[i] = from_acc<T>(v);
+  if (count != nullptr) count[i] = from_acc<T>(cnt);
+}
+
 }  // namespace dcnkit

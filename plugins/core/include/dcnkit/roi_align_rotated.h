@@ -159,13 +159,8 @@ struct RotatedFrame {
   int32_t yhi;
   AxisIndex H, W;
 };
-#if defined(__CUDA_ARCH__)
 template <typename Acc>
-using RotatedFrameRef = volatile RotatedFrame<Acc>*;
-#else
-template <typename Acc>
-using RotatedFrameRef = RotatedFrame<Acc>*;
-#endif
+using RotatedFrameRef = DeviceVolatile<RotatedFrame<Acc>>*;
 
 // Calls visit(s) (RoIBinSample) for the samples of bin (ph, pw) that land on the map (roi_taps: -1 <= y <= H, -1 <= x
 // <= W), in the order of the full loop (iy outer, ix inner); s.m is 1, or the length of a run of equal samples where

@@ -203,13 +203,8 @@ struct RoIVisitFrame {
   int32_t yhi, xlo, xhi;
   AxisIndex H, W;
 };
-#if defined(__CUDA_ARCH__)
 template <typename Acc>
-using RoIFrameRef = volatile RoIVisitFrame<Acc>*;
-#else
-template <typename Acc>
-using RoIFrameRef = RoIVisitFrame<Acc>*;
-#endif
+using RoIFrameRef = DeviceVolatile<RoIVisitFrame<Acc>>*;
 
 template <typename F>
 struct RoIFrameAxisY {

@@ -448,13 +448,8 @@ DCNKIT_HD void roi_visit_forward_items(const P& p, const RoIPlanHead<Acc>& h, in
   const int64_t C = p.channels;
   const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w, bins = oh * ow;
   T* out = output + (k * C + c0) * bins;
-#if defined(__CUDA_ARCH__)
-  const volatile RoIPlanHead<Acc>& hv = h;  // read from shared memory at each use (registers: roi_plan_fill)
-  using Box = const volatile RoIAlignBox<Acc>;
-#else
-  const RoIPlanHead<Acc>& hv = h;
-  using Box = const RoIAlignBox<Acc>;
-#endif
+  const DeviceVolatile<RoIPlanHead<Acc>>& hv = h;  // the block's head, read from shared memory at each use
+  using Box = const DeviceVolatile<RoIAlignBox<Acc>>;
   roi_block_bins(static_cast<int32_t>(nc), static_cast<int32_t>(oh), static_cast<int32_t>(ow), tid, step,
                  [&](int32_t c, int32_t ph, int32_t pw) {
                    Acc v = Acc(0);
@@ -478,13 +473,8 @@ DCNKIT_HD void roi_visit_backward_items(const P& p, const RoIPlanHead<Acc>& h, i
   const int64_t C = p.channels;
   const int64_t oh = p.attrs.pooled_h, ow = p.attrs.pooled_w, bins = oh * ow;
   const T* go = grad_output + (k * C + c0) * bins;
-#if defined(__CUDA_ARCH__)
-  const volatile RoIPlanHead<Acc>& hv = h;  // read from shared memory at each use (registers: roi_plan_fill)
-  using Box = const volatile RoIAlignBox<Acc>;
-#else
-  const RoIPlanHead<Acc>& hv = h;
-  using Box = const RoIAlignBox<Acc>;
-#endif
+  const DeviceVolatile<RoIPlanHead<Acc>>& hv = h;  // the block's head, read from shared memory at each use
+  using Box = const DeviceVolatile<RoIAlignBox<Acc>>;
   roi_block_bins(static_cast<int32_t>(nc), static_cast<int32_t>(oh), static_cast<int32_t>(ow), tid, step,
                  [&](int32_t c, int32_t ph, int32_t pw) {
                    const Acc g = to_acc<Acc>(go[c * bins + int64_t(ph) * ow + pw]);
