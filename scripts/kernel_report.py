@@ -343,7 +343,7 @@ def analyse(kernel: Kernel, instrs) -> None:
 
 
 def sass_rules(kernel: Kernel) -> dict[str, int]:
-    """The SASS rules' counters of one instantiation (GPU-DESIGN.md section 7, issue 48): loops holding a CALL or a
+    """The SASS rules' counters of one instantiation (docs/performance.md, issue 48): loops holding a CALL or a
     64-bit int<->float conversion (each loop once; a loop nested in another counts in both), registers over the
     budget, a stack frame, spills."""
     return {"loops": len(kernel.bad_loops), "registers": int(kernel.registers > MAX_REGISTERS),
@@ -487,7 +487,7 @@ def violation_table(kernels: list[Kernel]) -> str:
         d["instantiations"] += 1
         for key, n in sass_rules(k).items():
             d[key] += n
-    rows = [f"SASS rules (sm_90; GPU-DESIGN.md section 7): per kernel, over its instantiations",
+    rows = [f"SASS rules (sm_90; docs/performance.md): per kernel, over its instantiations",
             "| kernel | instantiations | loops with CALL / 64-bit conversion | registers > "
             f"{MAX_REGISTERS} | stack | spill | violations |", "|" + "---|" * 7]
     total = {"loops": 0, "registers": 0, "stack": 0, "spill": 0}

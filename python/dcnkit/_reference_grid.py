@@ -25,6 +25,7 @@ import numpy as np
 # Axes of at most this many samples are evaluated whole (explicit grids are at most 1024).
 WHOLE_AXIS = 4096
 # An adaptive grid of 2^62 samples or more per axis (or a non-finite one) is empty, as in the kernels.
+MAX_GRID_SAMPLES = 2**31 - 1  # samples per bin and axis at the most
 MAX_GRID = 2.0**62
 
 
@@ -34,13 +35,14 @@ def acc_type(x) -> type:
 
 
 def grid_size(extent, pooled: int, sampling_ratio: int, f: type = np.float64) -> int:
-    """Samples per bin along one axis: the fixed ratio, or ceil(extent / pooled) in precision ``f``; an adaptive
-    grid whose size is not a positive finite number (below 2^62) is empty."""
+    """Samples per bin along one axis: the fixed ratio, or ceil(extent / pooled) in precision ``f``, at most
+    2^31 - 1 (the kernels' kMaxGridSamples: torchvision's and mmcv's grid size is an int); an adaptive grid whose
+    size is not a positive finite number (below 2^62) is empty."""
     if sampling_ratio > 0:
         return int(sampling_ratio)
     with np.errstate(all="ignore"):
         g = np.ceil(f(extent) / f(pooled))
-    return int(g) if (g > 0 and g < MAX_GRID) else 0
+    return min(int(g), MAX_GRID_SAMPLES) if (g > 0 and g < MAX_GRID) else 0
 
 
 def window(g: int, position, lo: float, hi: float, f: type = np.float64) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-// Arithmetic that the SASS rules of GPU-DESIGN.md section 7 allow inside a kernel's loops, with the host's results:
+// Arithmetic that the SASS rules (docs/performance.md) allow inside a kernel's loops, with the host's results:
 // no CALL (the slow paths of division and of 64-bit integer division) and no 64-bit integer <-> floating-point
 // conversion (I2F.S64, F2I.S64 and their unsigned and double forms). scripts/kernel_report.py checks the SASS.
 //

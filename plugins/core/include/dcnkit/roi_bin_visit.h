@@ -16,7 +16,7 @@
 // keeps the work bounded; below the cap every sample inside is visited one by one. Sample indices are 32-bit
 // (kMaxGridSamples).
 //
-// Registers (GPU-DESIGN.md section 7: 48 per thread): the visit keeps the values that do not change within its loops
+// Registers (the SASS rules: 48 per thread): the visit keeps the values that do not change within its loops
 // (the two axes, the index ranges, the map's size) in a frame that a kernel puts in shared memory, one per thread,
 // read at each use through a volatile pointer; a visitor sees each sample as its two axes' taps (RoIBinSample) and
 // keeps an arg-max as the sample's indices, whose taps are recomputed after the visit.
