@@ -23,7 +23,8 @@ namespace dcnkit {
 constexpr int kCudaThreads = 256;
 
 // Blocks of 256 threads per SM the sampling and RoI kernels are built for (their __launch_bounds__): ptxas then keeps
-// them within 48 registers (65536 / (5 x 256) = 51, allocated in steps of 8), the SASS rules' budget (docs/performance.md).
+// them within 48 registers (65536 / (5 x 256) = 51, allocated in steps of 8), the SASS rules' budget
+// (docs/performance.md).
 #ifndef DCNKIT_ROI_MIN_BLOCKS
 #define DCNKIT_ROI_MIN_BLOCKS 5
 #endif

@@ -49,8 +49,8 @@ inline LaunchDims stride_launch(const char* kernel, int64_t n, int64_t threads =
 }
 
 // A 1-D launch of one thread per element of [0, n): ceil(n / threads) blocks and no stride loop, so that an element's
-// work (a RoI's head: divisions, conversions) is in no loop of the kernel (the SASS rules, docs/performance.md). check_launch
-// refuses more than 2^31 - 1 blocks (n beyond about 5.5e11 elements of 256 threads).
+// work (a RoI's head: divisions, conversions) is in no loop of the kernel (the SASS rules, docs/performance.md).
+// check_launch refuses more than 2^31 - 1 blocks (n beyond about 5.5e11 elements of 256 threads).
 inline LaunchDims element_launch(const char* kernel, int64_t n, int64_t threads = 256) {
   LaunchDims d;
   d.kernel = kernel;
