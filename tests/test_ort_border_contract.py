@@ -72,3 +72,28 @@ def test_on_finite_inputs_both_kernels_agree():
     kit = ort_session(rewrite_deform_conv(model)[0], providers=CPU).run(None, feeds)[0]
     default = ort_session(model, providers=CPU).run(None, feeds)[0]
     np.testing.assert_allclose(default, kit, rtol=1e-5, atol=1e-5)
+
+
+def test_an_infinite_mask_on_a_point_half_off_the_map_follows_the_reference():
+    """A neighbour outside the map is not part of the sum, whatever the mask: an infinite mask on a point whose
+    cell straddles the border gives what the reference gives (+-Inf from the neighbours on the map), not the NaN of an
+    infinite weight times the zero that stands for the outside."""
+    import torch
+
+    import dcnkit
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 2, 5, 5)).astype(np.float32)
+    offset = np.zeros((1, 18, 5, 5), np.float32)
+    offset[:, 0::2], offset[:, 1::2] = 0.25, -0.5  # every point off the grid lines: four neighbours of weight > 0
+    mask = rng.uniform(0.5, 1.0, (1, 9, 5, 5)).astype(np.float32)
+    mask[0, 4, 0, 0] = -np.inf  # the centre point of output (0, 0): x = -0.5, its left neighbours are off the map
+    mask[0, 0, 2, 2] = np.inf  # a point inside: all four neighbours on the map
+    w = rng.uniform(0.1, 1.0, (3, 2, 3, 3)).astype(np.float32)  # one sign: the Infs of a column do not cancel
+    x = np.abs(x) + 0.1
+    want = ref.deform_conv2d(x, offset, w, None, padding=(1, 1), mask=mask)
+    assert np.isinf(want[0, :, 0, 0]).all() and np.isinf(want[0, :, 2, 2]).all()
+    got = dcnkit.ops.deform_conv2d(torch.from_numpy(x), torch.from_numpy(offset), torch.from_numpy(w), None,
+                                   padding=1, mask=torch.from_numpy(mask)).numpy()
+    np.testing.assert_array_equal(got, np.where(np.isfinite(want), got, want))  # the same Infs, signs included
+    np.testing.assert_allclose(got[np.isfinite(want)], want[np.isfinite(want)], rtol=1e-5, atol=1e-5)

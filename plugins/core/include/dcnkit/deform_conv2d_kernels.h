@@ -94,10 +94,12 @@ DCNKIT_HD DcnPointTaps<Acc> dcn_point_taps(Acc py, Acc px, Acc m, int32_t H, int
   DcnPointTaps<Acc> t;
   t.y0 = inside ? y0 : H;
   t.x0 = inside ? x0 : -1;
-  t.w[0] = my0 * ax0;
-  t.w[1] = my0 * ax1;
-  t.w[2] = my1 * ax0;
-  t.w[3] = my1 * ax1;
+  // A neighbour outside the map weighs exactly 0, whatever the mask (an infinite mask times its 0 would be NaN): it is
+  // not part of the sum, as in masked_taps, where it is not read.
+  t.w[0] = (y0ok & x0ok) ? my0 * ax0 : Acc(0);
+  t.w[1] = (y0ok & x1ok) ? my0 * ax1 : Acc(0);
+  t.w[2] = (y1ok & x0ok) ? my1 * ax0 : Acc(0);
+  t.w[3] = (y1ok & x1ok) ? my1 * ax1 : Acc(0);
   t.u[0] = ay0 * ax0;
   t.u[1] = ay0 * ax1;
   t.u[2] = ay1 * ax0;
