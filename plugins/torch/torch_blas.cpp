@@ -109,9 +109,14 @@ std::string cpu_gemm_in_use() {
 }
 
 // Packing a weight costs about as much as a GEMM over ~150-250 of its columns (the weight copied twice, on the calling
-// thread): a call with fewer GEMM columns (output positions) per weight row keeps libtorch's BLAS. Measured
-// (docs/performance.md, issue 46 item 6), packed / BLAS: 0.81-0.87x at 196 columns (C256, C512 14x14), 1.1x at 100
-// (C512 10x10), 1.0x at 256 with a 1024-channel weight, 1.3-1.7x at 49-128 (C512-2048 7x7, C1024 8x8 N2).
+// thread): a call with fewer GEMM columns (output positions) per weight row keeps libtorch's BLAS, and a weight of
+// over 4M elements (a 3x3 weight of over 680 channels), whose copies leave the caches, needs 128 columns more.
+// Measured (docs/performance.md, issue 46 item 6), dcnkit / conv2d packed against BLAS: 1.46x / 1.91x at 196 columns
+// (C256 14x14), 1.74x / 2.28x (C512 14x14), 2.08x / 2.22x at 100 (C512 10x10), 1.71x / 1.62x at 256 with C1024
+// (16x16), 1.58x / 2.64x at 400 (C1024 20x20); at 49-128 (C512-2048 7x7, C1024 8x8 N2) packing cost 1.3-2.1x.
+constexpr int64_t kLargeOperand = int64_t(1) << 22;
+constexpr int64_t kLargeOperandExtraColumns = 128;
+
 int64_t pack_min_columns() {
   static const int64_t n = [] {
     const char* v = std::getenv("DCNKIT_PACK_MIN_COLUMNS");
@@ -136,7 +141,8 @@ bool pack_cpu_operands(const OpEntry& e, const OpCall& c, DType dtype, OpBuffers
     const int in = static_cast<int>(i);
     GemmOperand a;
     if (b->in[i] == nullptr || !e.gemm_operand(c, in, b->in[i], &a) || a.rows * a.batch <= 0 ||
-        out_elems / (a.rows * a.batch) < pack_min_columns()) {
+        out_elems / (a.rows * a.batch) <
+            pack_min_columns() + (a.batch * a.rows * a.cols > kLargeOperand ? kLargeOperandExtraColumns : 0)) {
       continue;  // not a GEMM operand (the dims alone are read), or too few columns to repay the packing
     }
     const size_t bytes = e.pack(c, in, b->in[i], dtype, nullptr);
