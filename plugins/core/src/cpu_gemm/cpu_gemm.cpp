@@ -38,6 +38,18 @@ std::shared_ptr<const void> cpu_gemm_pack(const GemmOperand& a) {
   return onednn_pack(a);
 }
 
+std::shared_ptr<const void> cpu_gemm_pack_bf16(const GemmOperand& a) {
+  if (onednn_packed_unavailable().empty()) {
+    if (auto p = onednn_pack_bf16(a)) return p;
+    static std::once_flag once;
+    std::call_once(once, [] {
+      std::fprintf(stderr, "dcnkit: oneDNN %s has no bfloat16 matmul on this CPU: the DCN GEMM runs in float32\n",
+                   onednn_packed_version().c_str());
+    });
+  }
+  return cpu_gemm_pack(a);
+}
+
 Status cpu_gemm(void* self, const GemmArgs& g) {
   if (g.a_packed != nullptr) {
     auto& p = *const_cast<OneDnnPackedA*>(static_cast<const OneDnnPackedA*>(g.a_packed));
