@@ -30,10 +30,14 @@ BF16_MIN_DIFF = 1e-4
 F32_RTOL = 1e-4
 
 
+def _onednn3_installed() -> bool:
+    return any(os.path.exists(os.path.join(d, "lib", "libdnnl.so.3")) for d in (sys.prefix, sys.base_prefix))
+
+
 def _bf16_reason() -> str | None:
     if not cpu_has_bf16(ov.Core()):
         return "OpenVINO lists no BF16 for this CPU (needs AVX-512 BF16 or AMX): the bf16 mode runs in float32"
-    if not any(os.path.exists(os.path.join(d, "lib", "libdnnl.so.3")) for d in (sys.prefix, sys.base_prefix)):
+    if not _onednn3_installed():
         return "oneDNN 3.x is not installed here (pip install onednn-cpu-gomp): no packed GEMM, bf16 or float32"
     return None
 
@@ -137,3 +141,30 @@ def test_bad_gemm_precisions_are_named(tmp_path):
                                         r"\"bf16\", got \"half\""):
         request.start_async({k: d[k] for k in ("x", "offset", "mask")})
         request.wait()
+
+
+_CHILD = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import test_openvino_bf16 as t
+d, _ = t._case(t.CASES[0])
+model = t._model(t.CASES[0], d)
+precision, got = t._run(model, {i.name: d[i.name] for i in model.graph.input}, dcn_gemm_precision="bf16")
+print(precision, t._rel(got, t._torchvision_f32(d, t.CASES[0])))
+"""
+
+
+@pytest.mark.skipif(not _onednn3_installed(), reason="oneDNN 3.x is not installed here (pip install onednn-cpu-gomp)")
+def test_where_onednn_has_no_bf16_matmul_the_gemm_stays_float32_and_says_so():
+    """oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA) has only its reference bf16 matmul: the node keeps the float32 GEMM
+    and prints one line."""
+    import subprocess
+
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2")
+    p = subprocess.run([sys.executable, "-c", _CHILD, os.path.dirname(__file__)], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if "no bfloat16 matmul" in ln]
+    assert len(lines) == 1 and "the DCN GEMM runs in float32" in lines[0], p.stderr
+    precision, err = p.stdout.split()[-2:]
+    assert precision == "bf16" and float(err) < F32_RTOL  # asked for, and computed in float32
