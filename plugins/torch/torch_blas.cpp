@@ -1,10 +1,12 @@
-// The CPU GEMM of the torch ops: straight through the BLAS that libtorch_cpu exports (Fortran sgemm_ / dgemm_),
-// ATen's GEMM where those symbols are absent (torch_common.h: fast_cpu_context).
+// The CPU GEMM of the torch ops: a float32 weight packed per call for oneDNN's matmul (packed_gemm.h) where oneDNN
+// 3.x loads, else straight through the BLAS that libtorch_cpu exports (Fortran sgemm_ / dgemm_), ATen's GEMM where
+// those symbols are absent (torch_common.h: fast_cpu_context, pack_cpu_operands).
 #include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdlib>
 
+#include "dcnkit/packed_gemm.h"
 #include "torch_common.h"
 
 namespace dcnkit::torch_binding {
@@ -47,6 +49,9 @@ const Blas& blas() {
 bool fits_int(int64_t v) { return v >= 0 && v <= 0x7fffffff; }
 
 Status blas_gemm(void* aten_self, const GemmArgs& g) {
+  bool done = false;
+  DCNKIT_RETURN_IF_ERROR(packed_gemm_run(g, &done));
+  if (done) return Status::Ok();
   const Blas& b = blas();
   const bool f32 = g.dtype == DType::kFloat32 && b.sgemm;
   const bool f64 = g.dtype == DType::kFloat64 && b.dgemm;
@@ -80,10 +85,53 @@ Status blas_gemm(void* aten_self, const GemmArgs& g) {
 
 }  // namespace
 
-CpuContext fast_cpu_context() {
+CpuContext fast_cpu_context(bool packed) {
   CpuContext ctx = cpu_context();  // gemm_self stays ATen's options, for the fallback
   ctx.gemm = &blas_gemm;
+  if (packed) ctx.gemm_min_n = kPackedGemmMinN;
   return ctx;
 }
 
+namespace {
+
+bool packing_off() {
+  static const bool off = std::getenv("DCNKIT_NO_PACKED_GEMM") != nullptr;
+  return off;
+}
+
+}  // namespace
+
+std::string cpu_gemm_in_use() {
+  if (packing_off()) return "libtorch BLAS (DCNKIT_NO_PACKED_GEMM is set)";
+  if (packed_gemm_available()) return "oneDNN " + packed_gemm_version();
+  return "libtorch BLAS (" + packed_gemm_unavailable() + ")";
+}
+
+bool pack_cpu_operands(const OpEntry& e, const OpCall& c, DType dtype, OpBuffers* b, CpuPacks* packs) {
+  // MKL's sgemm packs its operand on every call too: packing it once per call for oneDNN costs a reorder of the
+  // weight and buys oneDNN's faster kernels on every tile (docs/performance.md, issue 46 item 6).
+  if (packing_off() || e.pack == nullptr || e.gemm_operand == nullptr || dtype != DType::kFloat32 || !packed_gemm_available())
+    return false;
+  bool any = false;
+  for (size_t i = 0; i < kMaxInputs; ++i) {
+    if (b->in[i] == nullptr) continue;
+    const size_t bytes = e.pack(c, static_cast<int>(i), b->in[i], dtype, nullptr);
+    if (bytes == 0) continue;
+    packs->layout[i].resize(bytes);
+    e.pack(c, static_cast<int>(i), b->in[i], dtype, packs->layout[i].data());
+    GemmOperand a;
+    if (!e.gemm_operand(c, static_cast<int>(i), packs->layout[i].data(), &a)) continue;
+    packs->gemm[i] = packed_gemm_pack(a);
+    if (packs->gemm[i] == nullptr) continue;
+    b->packed[i] = packs->layout[i].data();
+    b->gemm_packed[i] = packs->gemm[i].get();
+    any = true;
+  }
+  return any;
+}
+
 }  // namespace dcnkit::torch_binding
+
+TORCH_LIBRARY_FRAGMENT(dcnkit, m) {
+  m.def("_cpu_gemm() -> str", [] { return dcnkit::torch_binding::cpu_gemm_in_use(); });
+}

@@ -8,11 +8,14 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dcnkit/common.h"
 #include "dcnkit/context.h"
+#include "dcnkit/op_decl.h"
 
 #ifdef DCNKIT_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -106,8 +109,20 @@ Status aten_gemm(void* device_options, const GemmArgs& g);
 
 // ATen's intra-op thread pool and GEMM.
 CpuContext cpu_context();
-// The same with the GEMM straight through the BLAS libtorch_cpu exports (torch_blas.cpp): the ops' CPU context.
-CpuContext fast_cpu_context();
+// The same with the GEMM straight through the BLAS libtorch_cpu exports, and oneDNN's on packed operands
+// (torch_blas.cpp): the ops' CPU context; `packed`: the call has a packed operand (its tiles widened for it).
+CpuContext fast_cpu_context(bool packed = false);
+
+// The float32 inputs of a CPU call that its launcher takes in its own layout as a GEMM operand (OpEntry::pack,
+// gemm_operand: DeformConv2d's weight), packed for oneDNN's matmul for this call, into `packs` (which must outlive
+// the call) and b->packed / gemm_packed; false when nothing was packed (oneDNN 3.x absent, DCNKIT_NO_PACKED_GEMM set).
+struct CpuPacks {
+  std::vector<char> layout[kMaxInputs];
+  std::shared_ptr<const void> gemm[kMaxInputs];
+};
+bool pack_cpu_operands(const OpEntry& e, const OpCall& c, DType dtype, OpBuffers* b, CpuPacks* packs);
+// What pack_cpu_operands packs for: "oneDNN <version> (<library>)", or "libtorch BLAS (<why not>)".
+std::string cpu_gemm_in_use();
 
 // Workspace of `bytes` bytes on the device of `like` (kept alive by the returned tensor).
 inline at::Tensor workspace_for(const at::Tensor& like, size_t bytes) {

@@ -255,7 +255,9 @@ void on_device(const Registered& r, const at::Tensor& x, const OpCall& call, con
   if (x.is_cpu()) {
     TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, r.name,
                      ": input: expected float32 or float64 inside the CPU kernel, got ", x.scalar_type());
-    const CpuContext cpu = fast_cpu_context();
+    CpuPacks packs;
+    const bool packed = pass == Pass::kForward && pack_cpu_operands(e, call, types.dtype, b, &packs);
+    const CpuContext cpu = fast_cpu_context(packed);
     OpDevice dev;
     dev.cpu = &cpu;
     const size_t bytes = e.workspace ? e.workspace(call, pass, types, dev) : 0;

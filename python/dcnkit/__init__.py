@@ -89,6 +89,17 @@ def cuda_compiled() -> bool:
     return bool(torch.ops.dcnkit._cuda_compiled())
 
 
+def torch_cpu_gemm() -> str:
+    """The GEMM the PyTorch operators' float32 CPU forward runs DeformConv2d's weight on: ``"oneDNN <version>
+    (<library>)"`` (the weight packed once per call for oneDNN's matmul), or ``"libtorch BLAS (<why>)"`` where oneDNN
+    3.x does not load (pip install onednn-cpu-gomp) or ``DCNKIT_NO_PACKED_GEMM`` is set. Needs torch."""
+    import torch
+
+    from dcnkit import ops  # noqa: F401  (loads the library)
+
+    return str(torch.ops.dcnkit._cpu_gemm())
+
+
 # The PyTorch side (``dcnkit.ops``: torch.ops.dcnkit.*; the exporters' registrations) loads with torch and
 # never before it: at once when torch is already imported, else right after something imports torch. So
 # deployment (dcnkit.runtime, dcnkit.server, `dcnkit run|compare|bench|serve` on ONNX Runtime) does not pay

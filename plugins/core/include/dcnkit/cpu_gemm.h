@@ -6,7 +6,8 @@
 //     oneDNN 3.x loads (onednn_lib.h). Chosen by measurement (docs/performance.md): on the deformable convolutions'
 //     GEMMs it ran 1.1-2.1x OpenBLAS's and MKL's speed, whose sgemm packs the weight on every call.
 //   - Everything else, and everything where oneDNN 3.x is absent: OpenBLAS (openblas_gemm.h).
-// Built into those libraries only (plugins/core/src/cpu_gemm/), never into the core: the torch path uses ATen's GEMM.
+// Built into those libraries only (plugins/core/src/cpu_gemm/), never into the core; the PyTorch library takes the
+// packed part alone (packed_gemm.h) beside libtorch's BLAS.
 #pragma once
 
 #include <cstdint>

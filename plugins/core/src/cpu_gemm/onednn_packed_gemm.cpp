@@ -1,7 +1,8 @@
 // The packed-operand GEMM of cpu_gemm.h on oneDNN 3.x's matmul, loaded at run time (onednn_lib.h).
 //
 // C (rows of A x n) = A B^T is computed as oneDNN's dst (n x 64) = src (n x k) * weights (k x 64) per block of 64 rows
-// of A (kPackedRowBlock): the blocks are reordered once, at packing, into the layout oneDNN's matmul asks for (its
+// of A (kPackedRowBlock; an A of fewer rows is one block of its rows rounded up to 16, so that a 32-channel weight does
+// not run half its products on zeros): the blocks are reordered once, at packing, into the layout oneDNN's matmul asks for (its
 // brgemm kernels' blocked weights; the last block zero-padded to 64 rows), and every GEMM then reads them as they are.
 // dst is written to a per-thread buffer and transposed into C (alpha, beta applied there): oneDNN's fast kernels write
 // only a row-major dst. One primitive per (n, ldb, transposition of B) and operand, made at its first use and kept;
@@ -138,8 +139,9 @@ struct Aligned {
 struct OneDnnPackedA {
   dnnl_data_type_t type = dnnl_f32;  // of the packed blocks and the matmul's src (f32 or bf16)
   int64_t batch = 0, rows = 0, cols = 0, blocks = 0;
+  int64_t block_rows = kPackedRowBlock;  // rows per block: kPackedRowBlock, or all the rows rounded up to 16
   size_t block_bytes = 0;
-  Desc weights;  // one block: (cols x 64) in the matmul's own layout
+  Desc weights;  // one block: (cols x block_rows) in the matmul's own layout
   std::unique_ptr<Aligned> data;  // batch x blocks blocks
   std::mutex mutex;
   std::map<std::tuple<int64_t, int64_t, bool>, std::unique_ptr<Matmul>> matmuls;  // by (n, ldb, trans_b)
@@ -167,7 +169,7 @@ const Matmul* OneDnnPackedA::matmul(int64_t n, int64_t ldb, bool trans_b) {
            ok(a.dnnl_reorder_primitive_desc_create(&rpd.h, m.b_f32.h, a.engine, m.src.h, a.engine, nullptr)) &&
            !is_reference(rpd.h) && ok(a.dnnl_primitive_create(&m.to_bf16.h, rpd.h));
   }
-  const dnnl_dims_t dst_dims = {n, kPackedRowBlock};
+  const dnnl_dims_t dst_dims = {n, block_rows};
   Attr attr;
   PrimDesc pd;
   if (!made || !ok(a.dnnl_memory_desc_create_with_tag(&m.dst.h, 2, dst_dims, dnnl_f32, dnnl_ab)) ||
@@ -208,12 +210,14 @@ std::shared_ptr<OneDnnPackedA> pack_as(const GemmOperand& op, dnnl_data_type_t t
   p->batch = op.batch;
   p->rows = op.rows;
   p->cols = op.cols;
-  p->blocks = (op.rows + kPackedRowBlock - 1) / kPackedRowBlock;
+  p->block_rows = std::min<int64_t>(kPackedRowBlock, (op.rows + 15) / 16 * 16);
+  p->blocks = (op.rows + p->block_rows - 1) / p->block_rows;
+  const int64_t br = p->block_rows;
   OneDnnOnThisThread single;
   // The weights layout the matmul asks for (format "any"), for one block; the same for every n (checked by the
   // primitive made with it at each n: a layout it cannot take makes no primitive, and the GEMM falls back).
   Desc src_any, w_any, dst_any;
-  const dnnl_dims_t src_dims = {1, op.cols}, w_dims = {op.cols, kPackedRowBlock}, dst_dims = {1, kPackedRowBlock};
+  const dnnl_dims_t src_dims = {1, op.cols}, w_dims = {op.cols, br}, dst_dims = {1, br};
   PrimDesc pd;
   if (!ok(a.dnnl_memory_desc_create_with_tag(&src_any.h, 2, src_dims, type, dnnl_ab)) ||
       !ok(a.dnnl_memory_desc_create_with_tag(&w_any.h, 2, w_dims, type, dnnl_format_tag_any)) ||
@@ -225,18 +229,18 @@ std::shared_ptr<OneDnnPackedA> pack_as(const GemmOperand& op, dnnl_data_type_t t
   }
   p->block_bytes = (a.dnnl_memory_desc_get_size(p->weights.h) + 63) / 64 * 64;
   p->data = std::make_unique<Aligned>(p->block_bytes * static_cast<size_t>(p->batch * p->blocks));
-  // Each block as a (cols x 64) matrix: the block's rows of A, zero-padded to 64, read transposed.
+  // Each block as a (cols x block_rows) matrix: the block's rows of A, zero-padded, read transposed.
   Desc user;
   PrimDesc rpd;
   Prim reorder;
   Stream stream;
-  if (p->data->p == nullptr || !strided(op.cols, kPackedRowBlock, 1, op.cols, &user) ||
+  if (p->data->p == nullptr || !strided(op.cols, br, 1, op.cols, &user) ||
       !ok(a.dnnl_reorder_primitive_desc_create(&rpd.h, user.h, a.engine, p->weights.h, a.engine, nullptr)) ||
       !ok(a.dnnl_primitive_create(&reorder.h, rpd.h)) ||
       !ok(a.dnnl_stream_create(&stream.h, a.engine, dnnl_stream_default_flags))) {
     return nullptr;
   }
-  std::vector<float> rows(static_cast<size_t>(kPackedRowBlock * op.cols));
+  std::vector<float> rows(static_cast<size_t>(br * op.cols));
   Mem from, to;
   if (!ok(a.dnnl_memory_create(&from.h, user.h, a.engine, rows.data())) ||
       !ok(a.dnnl_memory_create(&to.h, p->weights.h, a.engine, p->data->p))) {
@@ -246,7 +250,7 @@ std::shared_ptr<OneDnnPackedA> pack_as(const GemmOperand& op, dnnl_data_type_t t
   for (int64_t b = 0; b < op.batch; ++b) {
     for (int64_t blk = 0; blk < p->blocks; ++blk) {
       std::fill(rows.begin(), rows.end(), 0.f);
-      const int64_t r0 = blk * kPackedRowBlock, r1 = std::min(op.rows, r0 + kPackedRowBlock);
+      const int64_t r0 = blk * br, r1 = std::min(op.rows, r0 + br);
       for (int64_t r = r0; r < r1; ++r) {
         const float* row = src + b * op.stride + r * op.ld;
         std::copy(row, row + op.cols, rows.data() + (r - r0) * op.cols);
@@ -267,8 +271,6 @@ std::shared_ptr<OneDnnPackedA> onednn_pack(const GemmOperand& op) { return pack_
 
 std::shared_ptr<OneDnnPackedA> onednn_pack_bf16(const GemmOperand& op) { return pack_as(op, dnnl_bf16); }
 
-bool onednn_packed_bf16(const OneDnnPackedA& p) { return p.type == dnnl_bf16; }
-
 bool onednn_packed_fits(const OneDnnPackedA& p, const GemmArgs& g) {
   return g.dtype == DType::kFloat32 && !g.trans_a && g.batch == p.batch && g.k == p.cols && g.m > 0 && g.n > 0 &&
          g.a_row0 >= 0 && g.a_row0 % kPackedRowBlock == 0 && g.a_row0 + g.m <= p.rows &&
@@ -284,7 +286,8 @@ Status onednn_packed_gemm(OneDnnPackedA& p, const GemmArgs& g, bool* done) {
   thread_local std::vector<float> dst;
   thread_local std::vector<char> scratch;
   thread_local std::vector<uint16_t> b_bf16;  // bf16: B converted
-  if (dst.size() < static_cast<size_t>(g.n * kPackedRowBlock)) dst.resize(static_cast<size_t>(g.n * kPackedRowBlock));
+  const int64_t br = p.block_rows;
+  if (dst.size() < static_cast<size_t>(g.n * br)) dst.resize(static_cast<size_t>(g.n * br));
   if (scratch.size() < mm->scratch + 64) scratch.resize(mm->scratch + 64);
   void* scratch_p = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t(63));
   const bool bf16 = p.type == dnnl_bf16;
@@ -308,7 +311,7 @@ Status onednn_packed_gemm(OneDnnPackedA& p, const GemmArgs& g, bool* done) {
     }
     args.push_back({DNNL_ARG_SCRATCHPAD, pad.h});
   }
-  const int64_t blk0 = g.a_row0 / kPackedRowBlock;
+  const int64_t blk0 = g.a_row0 / br;
   for (int64_t b = 0; b < g.batch; ++b) {
     const float* bb = static_cast<const float*>(g.b) + b * g.stride_b;
     float* c = static_cast<float*>(g.c) + b * g.stride_c;
@@ -321,13 +324,13 @@ Status onednn_packed_gemm(OneDnnPackedA& p, const GemmArgs& g, bool* done) {
     } else if (!ok(a.dnnl_memory_set_data_handle(src.h, const_cast<float*>(bb)))) {
       return dnnl_error("set_data_handle");
     }
-    for (int64_t r = 0; r < g.m; r += kPackedRowBlock) {
-      if (!ok(a.dnnl_memory_set_data_handle(w.h, const_cast<char*>(p.block(b, blk0 + r / kPackedRowBlock)))) ||
+    for (int64_t r = 0; r < g.m; r += br) {
+      if (!ok(a.dnnl_memory_set_data_handle(w.h, const_cast<char*>(p.block(b, blk0 + r / br)))) ||
           !ok(a.dnnl_primitive_execute(mm->prim.h, stream.h, static_cast<int>(args.size()), args.data()))) {
         return dnnl_error("matmul execution");
       }
-      // dst (n x 64) -> rows [r, r + 64) of C (ldc), transposed.
-      const int64_t rows = std::min(kPackedRowBlock, g.m - r);
+      // dst (n x block_rows) -> rows [r, r + block_rows) of C (ldc), transposed.
+      const int64_t rows = std::min(br, g.m - r);
       constexpr int64_t kCols = 16;
       for (int64_t j0 = 0; j0 < g.n; j0 += kCols) {
         const int64_t j1 = std::min(g.n, j0 + kCols);
@@ -335,9 +338,9 @@ Status onednn_packed_gemm(OneDnnPackedA& p, const GemmArgs& g, bool* done) {
           float* crow = c + (r + i) * g.ldc;
           const float* d = dst.data() + i;
           if (g.beta == 0.f) {
-            for (int64_t j = j0; j < j1; ++j) crow[j] = g.alpha * d[j * kPackedRowBlock];
+            for (int64_t j = j0; j < j1; ++j) crow[j] = g.alpha * d[j * br];
           } else {
-            for (int64_t j = j0; j < j1; ++j) crow[j] = g.alpha * d[j * kPackedRowBlock] + g.beta * crow[j];
+            for (int64_t j = j0; j < j1; ++j) crow[j] = g.alpha * d[j * br] + g.beta * crow[j];
           }
         }
       }
@@ -354,7 +357,6 @@ std::string onednn_packed_unavailable() { return "this library was built without
 std::string onednn_packed_version() { return ""; }
 std::shared_ptr<OneDnnPackedA> onednn_pack(const GemmOperand&) { return nullptr; }
 std::shared_ptr<OneDnnPackedA> onednn_pack_bf16(const GemmOperand&) { return nullptr; }
-bool onednn_packed_bf16(const OneDnnPackedA&) { return false; }
 bool onednn_packed_fits(const OneDnnPackedA&, const GemmArgs&) { return false; }
 Status onednn_packed_gemm(OneDnnPackedA&, const GemmArgs&, bool* done) {
   *done = false;
