@@ -16,10 +16,11 @@ from test_deform_conv2d import make_inputs, ref, run
 
 HAS_ONEDNN = dcnkit.torch_cpu_gemm().startswith("oneDNN")
 
-# (n, cin, h, w, cout, groups): cout/groups of 8 (one 16-row block), 48, 70 (64 + a padded block of 6), 65 per
-# group, 256 on 20x20 (two tiles: rows split over the tasks), 512 on 7x7.
-SHAPES = [(2, 8, 9, 7, 8, 1), (1, 16, 12, 12, 48, 1), (2, 24, 10, 11, 70, 1), (1, 20, 8, 8, 130, 2),
-          (1, 32, 20, 20, 256, 1), (2, 16, 7, 7, 512, 1)]
+# (n, cin, h, w, cout, groups), each with at least 192 output positions (DCNKIT_PACK_MIN_COLUMNS' default: fewer
+# keep libtorch's BLAS): cout/groups of 8 (one 16-row block), 48, 70 (64 + a padded block of 6), 65 per group, 256 on
+# 20x20 (two tiles: rows split over the tasks), 512 on 7x7 x 4.
+SHAPES = [(2, 8, 12, 10, 8, 1), (1, 16, 16, 16, 48, 1), (2, 24, 12, 12, 70, 1), (1, 20, 14, 14, 130, 2),
+          (1, 32, 20, 20, 256, 1), (4, 16, 7, 7, 512, 1)]
 
 
 @pytest.mark.skipif(not HAS_ONEDNN, reason=f"no packed GEMM: {dcnkit.torch_cpu_gemm()}")
@@ -28,9 +29,21 @@ SHAPES = [(2, 8, 9, 7, 8, 1), (1, 16, 12, 12, 48, 1), (2, 24, 10, 11, 70, 1), (1
 def test_packed_forward_matches_reference(shape, modulated):
     n, cin, h, w, cout, groups = shape
     a = make_inputs(n, cin, h, w, cout, groups=groups, modulated=modulated, dtype=torch.float32, seed=cout)
+    before = torch.ops.dcnkit._cpu_gemm_packed_calls()
     y = run(a)
+    assert torch.ops.dcnkit._cpu_gemm_packed_calls() == before + 1  # the packed GEMM ran
     r = ref(a)
     np.testing.assert_allclose(y.double().numpy(), r, rtol=1e-5, atol=1e-5 * np.abs(r).max())
+
+
+def test_few_columns_and_float64_keep_blas():
+    before = torch.ops.dcnkit._cpu_gemm_packed_calls()
+    for dtype in (torch.float32, torch.float64):
+        a = make_inputs(1, 16, 12, 15, 64, dtype=dtype)  # 180 output positions per weight row
+        np.testing.assert_allclose(run(a).double().numpy(), ref(a), rtol=1e-5, atol=1e-5 * np.abs(ref(a)).max())
+    a = make_inputs(1, 16, 16, 16, 64, dtype=torch.float64)
+    np.testing.assert_allclose(run(a).numpy(), ref(a), rtol=1e-10, atol=1e-10 * np.abs(ref(a)).max())
+    assert torch.ops.dcnkit._cpu_gemm_packed_calls() == before
 
 
 def test_cpu_gemm_names_what_runs():

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 #include "dcnkit/packed_gemm.h"
@@ -107,26 +108,57 @@ std::string cpu_gemm_in_use() {
   return "libtorch BLAS (" + packed_gemm_unavailable() + ")";
 }
 
+// Packing a weight costs about as much as a GEMM over ~150-250 of its columns (the weight copied twice, on the calling
+// thread): a call with fewer GEMM columns (output positions) per weight row keeps libtorch's BLAS, and a weight of
+// over 4M elements (a 3x3 weight of over 680 channels), whose copies leave the caches, needs 128 columns more.
+// Measured (docs/performance.md, issue 46 item 6), dcnkit / conv2d packed against BLAS: 1.46x / 1.91x at 196 columns
+// (C256 14x14), 1.74x / 2.28x (C512 14x14), 2.08x / 2.22x at 100 (C512 10x10), 1.71x / 1.62x at 256 with C1024
+// (16x16), 1.58x / 2.64x at 400 (C1024 20x20); at 49-128 (C512-2048 7x7, C1024 8x8 N2) packing cost 1.3-2.1x.
+constexpr int64_t kLargeOperand = int64_t(1) << 22;
+constexpr int64_t kLargeOperandExtraColumns = 128;
+
+int64_t pack_min_columns() {
+  static const int64_t n = [] {
+    const char* v = std::getenv("DCNKIT_PACK_MIN_COLUMNS");
+    return v != nullptr ? std::atoll(v) : int64_t(192);
+  }();
+  return n;
+}
+
+std::atomic<int64_t> packed_calls{0};
+
 bool pack_cpu_operands(const OpEntry& e, const OpCall& c, DType dtype, OpBuffers* b, CpuPacks* packs) {
-  // MKL's sgemm packs its operand on every call too: packing it once per call for oneDNN costs a reorder of the
-  // weight and buys oneDNN's faster kernels on every tile (docs/performance.md, issue 46 item 6).
-  if (packing_off() || e.pack == nullptr || e.gemm_operand == nullptr || dtype != DType::kFloat32 || !packed_gemm_available())
+  if (packing_off() || e.pack == nullptr || e.gemm_operand == nullptr || e.outputs == nullptr ||
+      dtype != DType::kFloat32 || !packed_gemm_available()) {
     return false;
+  }
+  Shape out[kMaxOutputs];
+  if (!e.outputs(c, out).ok() || out[0].empty()) return false;
+  int64_t out_elems = 1;
+  for (int64_t d : out[0]) out_elems *= d;
   bool any = false;
   for (size_t i = 0; i < kMaxInputs; ++i) {
-    if (b->in[i] == nullptr) continue;
-    const size_t bytes = e.pack(c, static_cast<int>(i), b->in[i], dtype, nullptr);
-    if (bytes == 0) continue;
-    packs->layout[i].resize(bytes);
-    e.pack(c, static_cast<int>(i), b->in[i], dtype, packs->layout[i].data());
+    const int in = static_cast<int>(i);
     GemmOperand a;
-    if (!e.gemm_operand(c, static_cast<int>(i), packs->layout[i].data(), &a)) continue;
-    packs->gemm[i] = packed_gemm_pack(a);
+    if (b->in[i] == nullptr || !e.gemm_operand(c, in, b->in[i], &a) || a.rows * a.batch <= 0 ||
+        out_elems / (a.rows * a.batch) <
+            pack_min_columns() + (a.batch * a.rows * a.cols > kLargeOperand ? kLargeOperandExtraColumns : 0)) {
+      continue;  // not a GEMM operand (the dims alone are read), or too few columns to repay the packing
+    }
+    const size_t bytes = e.pack(c, in, b->in[i], dtype, nullptr);
+    if (bytes == 0) continue;
+    // The launcher's layout in a buffer this thread keeps from call to call (see packed_gemm_pack's per_call).
+    thread_local std::vector<char> layout[kMaxInputs];
+    if (layout[i].size() < bytes) layout[i].resize(bytes);
+    e.pack(c, in, b->in[i], dtype, layout[i].data());
+    if (!e.gemm_operand(c, in, layout[i].data(), &a)) continue;
+    packs->gemm[i] = packed_gemm_pack(a, true);
     if (packs->gemm[i] == nullptr) continue;
-    b->packed[i] = packs->layout[i].data();
+    b->packed[i] = layout[i].data();
     b->gemm_packed[i] = packs->gemm[i].get();
     any = true;
   }
+  if (any) packed_calls.fetch_add(1, std::memory_order_relaxed);
   return any;
 }
 
@@ -134,4 +166,6 @@ bool pack_cpu_operands(const OpEntry& e, const OpCall& c, DType dtype, OpBuffers
 
 TORCH_LIBRARY_FRAGMENT(dcnkit, m) {
   m.def("_cpu_gemm() -> str", [] { return dcnkit::torch_binding::cpu_gemm_in_use(); });
+  // How many CPU calls so far ran on a weight packed for them (tests).
+  m.def("_cpu_gemm_packed_calls() -> int", [] { return dcnkit::torch_binding::packed_calls.load(); });
 }

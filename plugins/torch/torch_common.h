@@ -8,6 +8,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -115,12 +116,16 @@ CpuContext fast_cpu_context(bool packed = false);
 
 // The float32 inputs of a CPU call that its launcher takes in its own layout as a GEMM operand (OpEntry::pack,
 // gemm_operand: DeformConv2d's weight), packed for oneDNN's matmul for this call, into `packs` (which must outlive
-// the call) and b->packed / gemm_packed; false when nothing was packed (oneDNN 3.x absent, DCNKIT_NO_PACKED_GEMM set).
+// the call; the launcher's layout stays in the calling thread's buffer, valid until its next call) and b->packed /
+// gemm_packed, where the call has at least DCNKIT_PACK_MIN_COLUMNS (192; 320 for a weight of over 4M elements)
+// output positions per weight row; false when
+// nothing was packed (oneDNN 3.x absent, DCNKIT_NO_PACKED_GEMM set, too few columns).
 struct CpuPacks {
-  std::vector<char> layout[kMaxInputs];
   std::shared_ptr<const void> gemm[kMaxInputs];
 };
 bool pack_cpu_operands(const OpEntry& e, const OpCall& c, DType dtype, OpBuffers* b, CpuPacks* packs);
+// The calls pack_cpu_operands packed for, so far.
+extern std::atomic<int64_t> packed_calls;
 // What pack_cpu_operands packs for: "oneDNN <version> (<library>)", or "libtorch BLAS (<why not>)".
 std::string cpu_gemm_in_use();
 

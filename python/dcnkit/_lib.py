@@ -61,10 +61,14 @@ def native_libraries() -> dict[str, Path | None]:
 
 @functools.lru_cache(maxsize=None)
 def _table_library():
-    """A native library with the op table (the ONNX Runtime library, else the PyTorch one), loaded once."""
+    """A native library with the op table, loaded once: the PyTorch one where torch is imported (it is loaded there
+    anyway; the ONNX Runtime library would bring OpenBLAS and its threads into a training process), else the ONNX
+    Runtime one (a deployment without torch), else the other."""
     import ctypes
+    import sys
 
-    for stem in ("dcnkit_ort", "dcnkit_torch"):
+    stems = ("dcnkit_torch", "dcnkit_ort") if "torch" in sys.modules else ("dcnkit_ort", "dcnkit_torch")
+    for stem in stems:
         try:
             path = find_library(stem)
         except FileNotFoundError:

@@ -15,8 +15,9 @@ namespace dcnkit {
 constexpr int64_t kPackedGemmMinN = 64;
 
 // `a` (float32) packed for packed_gemm_run (GemmArgs::a_packed); null where oneDNN 3.x is not loaded or cannot take it.
-// `a.data` is read during the call only.
-std::shared_ptr<const void> packed_gemm_pack(const GemmOperand& a);
+// `a.data` is read during the call only. per_call: an operand packed for one call (a training weight), into memory
+// the calling thread reuses from one such packing to the next.
+std::shared_ptr<const void> packed_gemm_pack(const GemmOperand& a, bool per_call = false);
 
 // `a` (float32) packed as bfloat16 for packed_gemm_run, which then runs oneDNN's bf16 matmul (each call's B rounded to
 // bf16 by a oneDNN reorder, float32 accumulation and C); null where oneDNN 3.x is not loaded or has no bf16 matmul

@@ -130,7 +130,8 @@ bool is_reference(const_dnnl_primitive_desc_t pd) {
 // 64-byte aligned bytes.
 struct Aligned {
   void* p = nullptr;
-  explicit Aligned(size_t bytes) { p = std::aligned_alloc(64, (bytes + 63) / 64 * 64); }
+  size_t bytes = 0;
+  explicit Aligned(size_t n) : bytes((n + 63) / 64 * 64) { p = std::aligned_alloc(64, bytes); }
   ~Aligned() { std::free(p); }
 };
 
@@ -142,7 +143,7 @@ struct OneDnnPackedA {
   int64_t block_rows = kPackedRowBlock;  // rows per block: kPackedRowBlock, or all the rows rounded up to 16
   size_t block_bytes = 0;
   Desc weights;  // one block: (cols x block_rows) in the matmul's own layout
-  std::unique_ptr<Aligned> data;  // batch x blocks blocks
+  std::shared_ptr<Aligned> data;  // batch x blocks blocks
   std::mutex mutex;
   std::map<std::tuple<int64_t, int64_t, bool>, std::unique_ptr<Matmul>> matmuls;  // by (n, ldb, trans_b)
 
@@ -198,8 +199,8 @@ std::string onednn_packed_version() {
 namespace {
 
 // `op` packed with blocks of `type` (f32 or bf16); null where oneDNN makes no matmul for it (or only its reference
-// implementation, for bf16).
-std::shared_ptr<OneDnnPackedA> pack_as(const GemmOperand& op, dnnl_data_type_t type) {
+// implementation, for bf16). `reuse`: onednn_pack's.
+std::shared_ptr<OneDnnPackedA> pack_as(const GemmOperand& op, dnnl_data_type_t type, bool reuse) {
   const Api& a = api();
   if (!a.error.empty() || op.dtype != DType::kFloat32 || op.batch <= 0 || op.rows <= 0 || op.cols <= 0 ||
       op.ld < op.cols || op.data == nullptr) {
@@ -228,7 +229,16 @@ std::shared_ptr<OneDnnPackedA> pack_as(const GemmOperand& op, dnnl_data_type_t t
     return nullptr;
   }
   p->block_bytes = (a.dnnl_memory_desc_get_size(p->weights.h) + 63) / 64 * 64;
-  p->data = std::make_unique<Aligned>(p->block_bytes * static_cast<size_t>(p->batch * p->blocks));
+  const size_t bytes = p->block_bytes * static_cast<size_t>(p->batch * p->blocks);
+  // With reuse, the thread's previous buffer when no packed operand holds it any more: a weight packed on every call
+  // then writes to memory already mapped (a fresh allocation over glibc's mmap threshold faults in every page).
+  thread_local std::shared_ptr<Aligned> spare;
+  if (reuse && spare && spare.use_count() == 1 && spare->bytes >= bytes) {
+    p->data = spare;
+  } else {
+    p->data = std::make_shared<Aligned>(bytes);
+    if (reuse) spare = p->data;
+  }
   // Each block as a (cols x block_rows) matrix: the block's rows of A, zero-padded, read transposed.
   Desc user;
   PrimDesc rpd;
@@ -267,9 +277,11 @@ std::shared_ptr<OneDnnPackedA> pack_as(const GemmOperand& op, dnnl_data_type_t t
 
 }  // namespace
 
-std::shared_ptr<OneDnnPackedA> onednn_pack(const GemmOperand& op) { return pack_as(op, dnnl_f32); }
+std::shared_ptr<OneDnnPackedA> onednn_pack(const GemmOperand& op, bool reuse) {
+  return pack_as(op, dnnl_f32, reuse);
+}
 
-std::shared_ptr<OneDnnPackedA> onednn_pack_bf16(const GemmOperand& op) { return pack_as(op, dnnl_bf16); }
+std::shared_ptr<OneDnnPackedA> onednn_pack_bf16(const GemmOperand& op) { return pack_as(op, dnnl_bf16, false); }
 
 bool onednn_packed_fits(const OneDnnPackedA& p, const GemmArgs& g) {
   return g.dtype == DType::kFloat32 && !g.trans_a && g.batch == p.batch && g.k == p.cols && g.m > 0 && g.n > 0 &&
@@ -355,7 +367,7 @@ Status onednn_packed_gemm(OneDnnPackedA& p, const GemmArgs& g, bool* done) {
 struct OneDnnPackedA {};
 std::string onednn_packed_unavailable() { return "this library was built without oneDNN 3.x's headers"; }
 std::string onednn_packed_version() { return ""; }
-std::shared_ptr<OneDnnPackedA> onednn_pack(const GemmOperand&) { return nullptr; }
+std::shared_ptr<OneDnnPackedA> onednn_pack(const GemmOperand&, bool) { return nullptr; }
 std::shared_ptr<OneDnnPackedA> onednn_pack_bf16(const GemmOperand&) { return nullptr; }
 bool onednn_packed_fits(const OneDnnPackedA&, const GemmArgs&) { return false; }
 Status onednn_packed_gemm(OneDnnPackedA&, const GemmArgs&, bool* done) {

@@ -14,8 +14,10 @@ struct OneDnnPackedA;  // a GemmOperand's row blocks in oneDNN matmul's weights 
 std::string onednn_packed_unavailable();
 std::string onednn_packed_version();
 
-// `a` packed (float32 only); null where oneDNN is unusable or makes no matmul for it.
-std::shared_ptr<OneDnnPackedA> onednn_pack(const GemmOperand& a);
+// `a` packed (float32 only); null where oneDNN is unusable or makes no matmul for it. With `reuse`, into the
+// calling thread's buffer of its previous `reuse` packing where no packed operand holds it any more (a weight packed
+// on every call), which the thread then keeps.
+std::shared_ptr<OneDnnPackedA> onednn_pack(const GemmOperand& a, bool reuse = false);
 
 // `a` (float32) packed as bfloat16 for oneDNN's bf16 matmul (B converted to bf16 per GEMM, float32 accumulation and
 // C); null where oneDNN is unusable or has no bf16 matmul but its reference one on this CPU.

@@ -5,9 +5,9 @@
 
 namespace dcnkit {
 
-std::shared_ptr<const void> packed_gemm_pack(const GemmOperand& a) {
+std::shared_ptr<const void> packed_gemm_pack(const GemmOperand& a, bool per_call) {
   if (!packed_gemm_available()) return nullptr;
-  return onednn_pack(a);
+  return onednn_pack(a, per_call);
 }
 
 std::shared_ptr<const void> packed_gemm_pack_bf16(const GemmOperand& a) {
