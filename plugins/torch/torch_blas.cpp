@@ -111,9 +111,9 @@ std::string cpu_gemm_in_use() {
 // Packing a weight costs about as much as a GEMM over ~150-250 of its columns (the weight copied twice, on the calling
 // thread): a call with fewer GEMM columns (output positions) per weight row keeps libtorch's BLAS, and a weight of
 // over 4M elements (a 3x3 weight of over 680 channels), whose copies leave the caches, needs 128 columns more.
-// Measured (docs/performance.md, issue 46 item 6), dcnkit / conv2d packed against BLAS: 1.46x / 1.91x at 196 columns
-// (C256 14x14), 1.74x / 2.28x (C512 14x14), 2.08x / 2.22x at 100 (C512 10x10), 1.71x / 1.62x at 256 with C1024
-// (16x16), 1.58x / 2.64x at 400 (C1024 20x20); at 49-128 (C512-2048 7x7, C1024 8x8 N2) packing cost 1.3-2.1x.
+// Measured (docs/performance.md, issue 46 item 6), forward packed against MKL's sgemm: slower below ~150 positions
+// (C512 7x7: 5.4 / 3.0 ms; C1024 8x8 N2: 49.8 / 38.2 ms) and with a 1024-channel weight at 256 (62.6 / 57.9 ms), faster
+// from ~200 (C512 14x14: 9.7 / 11.6 ms; C1024 20x20: 77.8 / 118.6 ms).
 constexpr int64_t kLargeOperand = int64_t(1) << 22;
 constexpr int64_t kLargeOperandExtraColumns = 128;
 
