@@ -2,6 +2,9 @@
 // A (M x K) packed once, then timed on one thread:
 //   oneDNN  3.x matmul, A reordered once into the layout it asks for per block of 64 rows (dcnkit/cpu_gemm.h's GEMM),
 //           dst (N x 64) per block transposed into C;
+//   oneDNN-bf16  the same with A packed as bfloat16 and B converted to bfloat16 in every call (timed with it), f32
+//           accumulation and dst (the kit's bf16 GEMM, issue 46 item 5);
+//   oneDNN-fpmath-bf16  the float32 matmul with the fpmath_mode bf16 attribute (oneDNN may down-convert inside);
 //   MKL     cblas_sgemm_pack (A) + cblas_sgemm_compute, sequential threading layer.
 // Each library is loaded with dlopen from the paths given; one that does not load is reported and skipped.
 //   cpu_gemm_packed REPEAT LIBDNNL LIBMKL_RT M,N,K ...   ->  one line per shape and library:
@@ -13,7 +16,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -41,8 +46,17 @@ double rel_err(const std::vector<float>& c, const std::vector<double>& want) {
 
 #define SYM(h, f) reinterpret_cast<decltype(&::f)>(dlsym(h, #f))
 
-void onednn(void* h, int repeat, int M, int N, int K, const std::vector<float>& A, const std::vector<float>& B,
-            const std::vector<double>& want) {
+// float32 -> bfloat16, rounded to nearest even (finite values).
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+enum class Mode { kF32, kBf16, kFpmathBf16 };
+
+void onednn(void* h, Mode mode, int repeat, int M, int N, int K, const std::vector<float>& A,
+            const std::vector<float>& B, const std::vector<double>& want) {
   auto omp_set = reinterpret_cast<void (*)(int)>(dlsym(h, "omp_set_num_threads"));
   if (omp_set) omp_set(1);
   auto md_tag = SYM(h, dnnl_memory_desc_create_with_tag);
@@ -64,13 +78,26 @@ void onednn(void* h, int repeat, int M, int N, int K, const std::vector<float>& 
   constexpr int R = 64;
   const int blocks = (M + R - 1) / R;
   const dnnl_dims_t sd = {N, K}, wd = {K, R}, dd = {N, R}, ud = {K, R}, us = {1, K};
+  const dnnl_data_type_t in_type = mode == Mode::kBf16 ? dnnl_bf16 : dnnl_f32;
+  const char* name = mode == Mode::kF32 ? "oneDNN" : mode == Mode::kBf16 ? "oneDNN-bf16" : "oneDNN-fpmath-bf16";
   dnnl_memory_desc_t src, w_any, dst, user;
-  md_tag(&src, 2, sd, dnnl_f32, dnnl_ab);
-  md_tag(&w_any, 2, wd, dnnl_f32, dnnl_format_tag_any);
+  md_tag(&src, 2, sd, in_type, dnnl_ab);
+  md_tag(&w_any, 2, wd, in_type, dnnl_format_tag_any);
   md_tag(&dst, 2, dd, dnnl_f32, dnnl_ab);
   md_strides(&user, 2, ud, dnnl_f32, us);
+  dnnl_primitive_attr_t attr = nullptr;
+  if (mode == Mode::kFpmathBf16) {
+    SYM(h, dnnl_primitive_attr_create)(&attr);
+    SYM(h, dnnl_primitive_attr_set_fpmath_mode)(attr, dnnl_fpmath_mode_bf16);
+  }
   dnnl_primitive_desc_t pd, rpd;
-  mm_pd(&pd, eng, src, w_any, nullptr, dst, nullptr);
+  if (mm_pd(&pd, eng, src, w_any, nullptr, dst, attr) != dnnl_success) {
+    std::printf("%s skipped oneDNN makes no such matmul here\n", name);
+    return;
+  }
+  const char* impl = nullptr;
+  SYM(h, dnnl_primitive_desc_query)(pd, dnnl_query_impl_info_str, 0, &impl);
+  std::fprintf(stderr, "%s %dx%dx%d: %s\n", name, M, N, K, impl ? impl : "?");
   const_dnnl_memory_desc_t wmd = query_md(pd, dnnl_query_weights_md, 0);
   const size_t wbytes = md_size(wmd);
   std::vector<float> packed(wbytes / 4 * blocks + 16), rows(static_cast<size_t>(R) * K), d(static_cast<size_t>(N) * R);
@@ -89,10 +116,12 @@ void onednn(void* h, int repeat, int M, int N, int K, const std::vector<float>& 
     const dnnl_exec_arg_t args[] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
     exec(re, st, 2, args);
   }
-  mem_create(&s, src, eng, const_cast<float*>(B.data()));
+  std::vector<uint16_t> b16(mode == Mode::kBf16 ? B.size() : 0);
+  mem_create(&s, src, eng, mode == Mode::kBf16 ? static_cast<void*>(b16.data()) : const_cast<float*>(B.data()));
   mem_create(&w, wmd, eng, packed.data());
   mem_create(&o, dst, eng, d.data());
   const double ms = fastest(repeat, [&] {
+    for (size_t i = 0; i < b16.size(); ++i) b16[i] = to_bf16(B[i]);
     for (int b = 0; b < blocks; ++b) {
       set_handle(w, packed.data() + wbytes / 4 * b);
       const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, s}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, o}};
@@ -101,7 +130,7 @@ void onednn(void* h, int repeat, int M, int N, int K, const std::vector<float>& 
         for (int n = 0; n < N; ++n) C[static_cast<size_t>(b * R + r) * N + n] = d[static_cast<size_t>(n) * R + r];
     }
   });
-  std::printf("oneDNN %d %d %d %.4f %.2e\n", M, N, K, ms, rel_err(C, want));
+  std::printf("%s %d %d %d %.4f %.2e\n", name, M, N, K, ms, rel_err(C, want));
 }
 
 void mkl(void* h, int repeat, int M, int N, int K, const std::vector<float>& A, const std::vector<float>& B,
@@ -154,7 +183,9 @@ int main(int argc, char** argv) {
         for (int k = 0; k < K; ++k) acc += double(A[static_cast<size_t>(m) * K + k]) * B[static_cast<size_t>(n) * K + k];
         want[static_cast<size_t>(m) * N + n] = acc;
       }
-    if (dnnl) onednn(dnnl, repeat, M, N, K, A, B, want);
+    if (dnnl) {
+      for (Mode mode : {Mode::kF32, Mode::kBf16, Mode::kFpmathBf16}) onednn(dnnl, mode, repeat, M, N, K, A, B, want);
+    }
     if (mkl_rt) mkl(mkl_rt, repeat, M, N, K, A, B, want);
     std::fflush(stdout);
   }

@@ -52,10 +52,12 @@ def test_bench_openvino_quick(tmp_path):
         pytest.skip(reason)
     stdout, res = _run("bench_openvino", tmp_path, "--models", "resnet50", "--bf16")
     (row,) = res
-    assert row["case"] == "ResNet-50-DCN 224" and set(row["ms"]) == {"ov native", "ov kit", "ort kit", "ov kit bf16"}
+    assert row["case"] == "ResNet-50-DCN 224" and set(row["ms"]) == {"ov native", "ov kit", "ort kit", "ov kit bf16",
+                                                                   "ov kit bf16 f32 gemm"}
     assert row["ratio_vs_ort_kit"]["ort kit"] == 1.0 and all(v > 0 for v in row["ms"].values())
     assert "differs from ort kit" not in stdout  # the float32 sides compute the same logits (1e-3)
     assert "ov kit bf16 output output: max |diff|" in stdout  # bf16's agreement is reported, not asserted
+    assert "ov kit bf16 f32 gemm output output: max |diff|" in stdout
 
 
 def test_bench_ort_deform_conv_quick(tmp_path):

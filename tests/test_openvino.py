@@ -184,8 +184,9 @@ def test_bad_input_names_the_argument(tmp_path):
 
 @pytest.mark.parametrize("precision, rtol", [("bf16", 3e-2), ("f16", 5e-3)])
 def test_reduced_precision_hints_within_their_tolerance(precision, rtol, tmp_path):
-    """OpenVINO's own layers in bf16 / f16 (where the CPU has them; f32 elsewhere), the kit's in float32: a DCN block
-    with a convolution before it stays within ``rtol`` of eager float32, relative to the output's scale."""
+    """OpenVINO's own layers in bf16 / f16 (where the CPU has them; f32 elsewhere), the kit's in float32 but for the
+    DCN GEMM in bf16 with the bf16 hint (tests/test_openvino_bf16.py): a DCN block with a convolution before it stays
+    within ``rtol`` of eager float32, relative to the output's scale."""
     import torch
 
     from dcnkit.export import to_onnx

@@ -210,9 +210,11 @@ std::shared_ptr<const std::vector<char>> KitOpBase::packed(int i, const void* da
   if (e.pack == nullptr || data == nullptr || i < 0 || static_cast<size_t>(i) >= constant_.size() || !constant_[i]) {
     return nullptr;
   }
+  bool bf16 = false;
+  if (!gemm_bf16(&bf16).ok()) bf16 = false;  // run_f32 reports a bad value before packing
   std::lock_guard<std::mutex> lock(packed_mutex_);
   std::shared_ptr<const Packed>& slot = packed_[i];
-  if (!slot || slot->source != data || slot->shape != shape) {
+  if (!slot || slot->source != data || slot->shape != shape || slot->gemm_bf16 != bf16) {
     OpShapes shapes;
     shapes.in[i] = &shape;
     const OpCall call = op_call(attrs_, shapes);
@@ -223,11 +225,33 @@ std::shared_ptr<const std::vector<char>> KitOpBase::packed(int i, const void* da
     if (p->data.empty()) return nullptr;
     e.pack(call, i, data, DType::kFloat32, p->data.data());
     GemmOperand a;
-    if (e.gemm_operand && e.gemm_operand(call, i, p->data.data(), &a)) p->gemm = cpu_gemm_pack(a);
+    p->gemm_bf16 = bf16;
+    if (e.gemm_operand && e.gemm_operand(call, i, p->data.data(), &a)) {
+      p->gemm = bf16 ? cpu_gemm_pack_bf16(a) : cpu_gemm_pack(a);
+    }
     slot = std::move(p);
   }
   if (gemm != nullptr) *gemm = slot->gemm;
   return std::shared_ptr<const std::vector<char>>(slot, &slot->data);
+}
+
+Status KitOpBase::gemm_bf16(bool* bf16) const {
+  *bf16 = false;
+  const ov::RTMap& rt = get_rt_info();
+  const auto it = rt.find(kGemmPrecision);
+  if (it == rt.end()) return Status::Ok();
+  std::string value;
+  try {
+    value = it->second.as<std::string>();
+  } catch (const std::exception&) {
+    value = std::string("a value of type ") + it->second.type_info().name();
+  }
+  if (value != "f32" && value != "bf16") {
+    return Status::Invalid(std::string("rt_info ") + kGemmPrecision + ": expected \"f32\" or \"bf16\", got \"" + value +
+                           "\"");
+  }
+  *bf16 = value == "bf16";
+  return Status::Ok();
 }
 
 bool KitOpBase::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {

@@ -27,6 +27,11 @@ namespace dcnkit::ov_ext {
 constexpr const char* kOpset = "dcnkit";  // the IR opset (version) of every kit operation
 // Operators the library can serve (KitOp<0> .. KitOp<kMaxOps - 1>); the table has fewer.
 constexpr int kMaxOps = 32;
+// The rt_info entry by which the OpenVINO backend tells a node the precision of its GEMM, from the precision the model
+// is compiled with (python/dcnkit/runtime/openvino.py): "f32" (also where absent) or "bf16" (the constant weight packed
+// as bfloat16 for oneDNN's bf16 matmul, cpu_gemm_pack_bf16). Set before compile_model; the CPU plugin's copy of the
+// model keeps a node's rt_info.
+constexpr const char* kGemmPrecision = "dcnkit_gemm_precision";
 
 // The kit's own variant (domain "dcnkit", canonical names and input order) of an op.
 const OpVariant& canonical_variant(const OpDecl& op);
@@ -56,6 +61,8 @@ class KitOpBase : public ov::op::Op {
   // With it, `gemm` is set to the same packed once more by the CPU GEMM (cpu_gemm_pack; null where it does not pack).
   std::shared_ptr<const std::vector<char>> packed(int i, const void* data, const Shape& shape,
                                                   std::shared_ptr<const void>* gemm = nullptr) const;
+  // Whether the rt_info entry kGemmPrecision asks for a bf16 GEMM; an error naming it for a value not "f32" / "bf16".
+  Status gemm_bf16(bool* bf16) const;
 
  protected:
   explicit KitOpBase(int index);
@@ -78,6 +85,7 @@ class KitOpBase : public ov::op::Op {
     Shape shape;
     std::vector<char> data;
     std::shared_ptr<const void> gemm;  // data packed by the CPU GEMM, or null
+    bool gemm_bf16 = false;            // packed by cpu_gemm_pack_bf16
   };
   mutable std::mutex packed_mutex_;
   mutable std::shared_ptr<const Packed> packed_[kMaxInputs];

@@ -137,6 +137,8 @@ Status run_f32(const KitOpBase& op, ov::TensorVector& outputs, const ov::TensorV
     }
   }
   if (empty) return Status::Ok();
+  bool bf16 = false;
+  DCNKIT_RETURN_IF_ERROR(op.gemm_bf16(&bf16));  // a bad rt_info value is an error, not float32 in silence
   std::shared_ptr<const std::vector<char>> packed[kMaxInputs];
   std::shared_ptr<const void> gemm_packed[kMaxInputs];
   CpuContext cpu = cpu_context();

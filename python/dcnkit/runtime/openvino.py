@@ -15,8 +15,14 @@ Options (``make_runner(path, backend="openvino", ...)``):
                          compiles for another device only where OpenVINO falls back to the CPU for them (``AUTO``,
                          ``HETERO:GPU,CPU``).
 ``inference_precision``  ``"f32"`` (default: exact on every CPU, also where OpenVINO would pick bf16 on its own),
-                         ``"bf16"`` or ``"f16"``: OpenVINO's ``INFERENCE_PRECISION_HINT`` for its own layers (the
-                         kit's operations compute in float32 whatever the hint).
+                         ``"bf16"`` or ``"f16"``: OpenVINO's ``INFERENCE_PRECISION_HINT`` for its own layers. The
+                         kit's operations compute in float32, but for the DCN GEMM with bf16 (next option).
+``dcn_gemm_precision``   the precision of the GEMM of the kit's ``DeformConv2d`` nodes (and of the standard
+                         ``DeformConv`` nodes rewritten to them): ``None`` (default) follows the model's, ``"bf16"``
+                         where ``inference_precision="bf16"`` on a CPU that OpenVINO lists with BF16, else ``"f32"``;
+                         ``"f32"`` or ``"bf16"`` as asked. bf16: the constant weight packed once as bfloat16 for
+                         oneDNN's bf16 matmul, the sampled columns rounded to bfloat16, float32 accumulation and
+                         output (docs/openvino.md, "Reduced precision").
 ``num_threads``          ``INFERENCE_NUM_THREADS`` (default: OpenVINO's choice, every core).
 ``deform_conv``          ``"auto"`` (default) and ``"kit"``: every standard DeformConv the kit can represent on the
                          kit's kernel (measured the faster one); ``"openvino"``: every one on OpenVINO's op.
@@ -48,6 +54,9 @@ from dcnkit.runtime.base import Backend, BackendUnavailable, Runner, TensorInfo,
 DEFAULT_DEVICE = "CPU"
 PRECISIONS = ("f32", "bf16", "f16")
 DEFORM_CONV_CHOICES = ("auto", "openvino", "kit")
+GEMM_PRECISIONS = ("f32", "bf16")
+# The rt_info entry by which the extension's DeformConv2d node learns its GEMM's precision (plugins/openvino/ov_op.h).
+GEMM_PRECISION_KEY = "dcnkit_gemm_precision"
 EXTENSION_LIBRARY = "libdcnkit_ov.so"
 
 
@@ -109,6 +118,33 @@ def compile_config(device: str, inference_precision: str, num_threads, config) -
     return out
 
 
+def cpu_has_bf16(core) -> bool:
+    """Whether OpenVINO lists BF16 among the CPU's optimization capabilities (AVX-512 BF16 or AMX)."""
+    try:
+        return "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    except Exception:  # noqa: BLE001 - no CPU plugin
+        return False
+
+
+def resolve_gemm_precision(core, device: str, inference_precision: str, asked: str | None) -> str:
+    """The precision of the kit's DCN GEMM: ``asked``, or bf16 where a CPU with BF16 compiles the model in bf16."""
+    if asked is not None:
+        return asked
+    cpu = device.upper().startswith("CPU")
+    return "bf16" if inference_precision == "bf16" and cpu and cpu_has_bf16(core) else "f32"
+
+
+def tell_gemm_precision(model, precision: str) -> int:
+    """Sets the rt_info entry ``GEMM_PRECISION_KEY`` of every kit ``DeformConv2d`` node of ``model`` (an
+    ``ov.Model``, before ``compile_model``) to ``precision``; returns how many nodes were told."""
+    told = 0
+    for op in model.get_ops():
+        if is_kit_operation(op) and op.get_type_name() == "DeformConv2d":
+            op.get_rt_info()[GEMM_PRECISION_KEY] = precision
+            told += 1
+    return told
+
+
 def _np_dtype(ov_type) -> np.dtype:
     try:
         return np.dtype(ov_type.to_dtype())
@@ -146,7 +182,8 @@ class OpenVINORunner(Runner):
     name = "openvino"
 
     def __init__(self, model, device: str = DEFAULT_DEVICE, kit_kernels: bool = True, inference_precision: str = "f32",
-                 num_threads: int | None = None, deform_conv: str | None = None, config: dict | None = None):
+                 num_threads: int | None = None, deform_conv: str | None = None, config: dict | None = None,
+                 dcn_gemm_precision: str | None = None):
         reason = openvino_reason()
         if reason:
             raise BackendUnavailable(f"openvino: {reason}")
@@ -154,6 +191,8 @@ class OpenVINORunner(Runner):
             raise ValueError(f"device: expected an OpenVINO device name such as 'CPU', got {device!r}")
         deform_conv = deform_conv if deform_conv is not None else ("auto" if kit_kernels else "openvino")
         _check_choice("deform_conv", deform_conv, DEFORM_CONV_CHOICES)
+        if dcn_gemm_precision is not None:
+            _check_choice("dcn_gemm_precision", dcn_gemm_precision, GEMM_PRECISIONS)
         properties = compile_config(device, inference_precision, num_threads, config)
         import openvino as ov
 
@@ -174,6 +213,9 @@ class OpenVINORunner(Runner):
             self._infos = None
         else:
             ov_model, self._infos, self.rewritten = read_onnx(self.core, model, deform_conv)
+        self.gemm_precision = resolve_gemm_precision(self.core, device, inference_precision, dcn_gemm_precision)
+        if self.gemm_precision != "f32" or dcn_gemm_precision is not None:
+            tell_gemm_precision(ov_model, self.gemm_precision)
         self.device, self.properties, self._model = device, properties, ov_model
         self.compiled = self.core.compile_model(ov_model, device, properties)
         self.request = self.compiled.create_infer_request()
@@ -262,5 +304,6 @@ def _runner(model, kit_kernels: bool = True, **options) -> OpenVINORunner:
 
 BACKENDS = (Backend("openvino", openvino_reason, _runner),)
 
-__all__ = ["BACKENDS", "DEFAULT_DEVICE", "OpenVINORunner", "compile_config", "extension_library", "fits_int32",
+__all__ = ["BACKENDS", "DEFAULT_DEVICE", "GEMM_PRECISION_KEY", "OpenVINORunner", "compile_config", "cpu_has_bf16",
+           "extension_library", "fits_int32", "resolve_gemm_precision", "tell_gemm_precision",
            "ir_path", "is_kit_operation", "openvino_reason", "read_onnx"]

@@ -23,6 +23,11 @@ namespace dcnkit {
 // read during the call only.
 std::shared_ptr<const void> cpu_gemm_pack(const GemmOperand& a);
 
+// `a` (float32) packed for a bfloat16 GEMM: oneDNN's bf16 matmul on A rounded to bf16 once, each call's B rounded to
+// bf16 (to nearest even), float32 accumulation and C (the OpenVINO backend's bf16 mode). Where oneDNN has no bf16
+// matmul on this CPU but its reference one, what cpu_gemm_pack(a) gives, with one line on stderr saying so.
+std::shared_ptr<const void> cpu_gemm_pack_bf16(const GemmOperand& a);
+
 // GemmFn: oneDNN on a_packed where it is set and the call fits it, else OpenBLAS. `self` is unused.
 Status cpu_gemm(void* self, const GemmArgs& g);
 

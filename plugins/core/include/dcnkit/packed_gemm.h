@@ -19,6 +19,11 @@ constexpr int64_t kPackedGemmMinN = 64;
 // the calling thread reuses from one such packing to the next.
 std::shared_ptr<const void> packed_gemm_pack(const GemmOperand& a, bool per_call = false);
 
+// `a` (float32) packed as bfloat16 for packed_gemm_run, which then runs oneDNN's bf16 matmul (each call's B rounded to
+// bf16 by a oneDNN reorder, float32 accumulation and C); null where oneDNN 3.x is not loaded or has no bf16 matmul
+// on this CPU but its reference one.
+std::shared_ptr<const void> packed_gemm_pack_bf16(const GemmOperand& a);
+
 // Runs `g` on g.a_packed (made by packed_gemm_pack) where it is set and the call fits it; *done false (and Ok)
 // otherwise, and the caller runs `g` on its own GEMM.
 Status packed_gemm_run(const GemmArgs& g, bool* done);

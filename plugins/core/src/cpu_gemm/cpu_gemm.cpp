@@ -31,6 +31,18 @@ std::shared_ptr<const void> cpu_gemm_pack(const GemmOperand& a) {
   return packed_gemm_pack(a);
 }
 
+std::shared_ptr<const void> cpu_gemm_pack_bf16(const GemmOperand& a) {
+  if (packed_gemm_available()) {
+    if (auto p = packed_gemm_pack_bf16(a)) return p;
+    static std::once_flag once;
+    std::call_once(once, [] {
+      std::fprintf(stderr, "dcnkit: oneDNN %s has no bfloat16 matmul on this CPU: the DCN GEMM runs in float32\n",
+                   packed_gemm_version().c_str());
+    });
+  }
+  return cpu_gemm_pack(a);
+}
+
 Status cpu_gemm(void* self, const GemmArgs& g) {
   bool done = false;
   DCNKIT_RETURN_IF_ERROR(packed_gemm_run(g, &done));

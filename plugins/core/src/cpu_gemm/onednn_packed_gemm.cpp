@@ -8,12 +8,17 @@
 // only a row-major dst. One primitive per (n, ldb, transposition of B) and operand, made at its first use and kept;
 // every primitive is made and run with oneDNN's OpenMP team at 1 on the calling thread, and its scratchpad is the
 // thread's own (user scratchpad mode), so threads may run one primitive at once.
+// bfloat16 (onednn_pack_bf16): the blocks are packed as bf16, and each GEMM's B is converted to a dense bf16 (n x k)
+// copy by a oneDNN reorder (per thread) before the bf16 matmul, which accumulates and writes dst in float32.
 #include "onednn_packed_gemm.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "dcnkit/onednn_lib.h"
@@ -36,7 +41,7 @@ namespace {
   X(dnnl_primitive_desc_query_md) X(dnnl_primitive_desc_destroy) X(dnnl_primitive_create)                     \
   X(dnnl_primitive_destroy) X(dnnl_primitive_execute) X(dnnl_memory_create) X(dnnl_memory_set_data_handle)    \
   X(dnnl_memory_destroy) X(dnnl_primitive_attr_create) X(dnnl_primitive_attr_destroy)                         \
-  X(dnnl_primitive_attr_set_scratchpad_mode)
+  X(dnnl_primitive_attr_set_scratchpad_mode) X(dnnl_primitive_desc_query)
 
 struct Api {
 #define DCNKIT_DNNL_MEMBER(f) decltype(&::f) f = nullptr;
@@ -98,18 +103,29 @@ bool ok(dnnl_status_t s) { return s == dnnl_success; }
 
 Status dnnl_error(const char* what) { return Status::Internal(std::string("oneDNN: ") + what + " failed"); }
 
-// A 2-D f32 memory descriptor with explicit strides.
-bool strided(dnnl_dim_t rows, dnnl_dim_t cols, dnnl_dim_t row_stride, dnnl_dim_t col_stride, Desc* d) {
+// A 2-D memory descriptor (f32 unless told) with explicit strides.
+bool strided(dnnl_dim_t rows, dnnl_dim_t cols, dnnl_dim_t row_stride, dnnl_dim_t col_stride, Desc* d,
+             dnnl_data_type_t type = dnnl_f32) {
   const dnnl_dims_t dims = {rows, cols};
   const dnnl_dims_t strides = {row_stride, col_stride};
-  return ok(api().dnnl_memory_desc_create_with_strides(&d->h, 2, dims, dnnl_f32, strides));
+  return ok(api().dnnl_memory_desc_create_with_strides(&d->h, 2, dims, type, strides));
 }
 
 struct Matmul {
   Prim prim;
   Desc src, dst;
   size_t scratch = 0;
+  // bf16 weights: B (f32, as given) -> src (dense bf16 n x k), and B's own descriptor.
+  Prim to_bf16;
+  Desc b_f32;
 };
+
+// Whether a primitive descriptor is oneDNN's reference (scalar) implementation: slower than OpenBLAS by far.
+bool is_reference(const_dnnl_primitive_desc_t pd) {
+  const char* impl = nullptr;
+  return !ok(api().dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl)) || impl == nullptr ||
+         std::string(impl).rfind("ref", 0) == 0;
+}
 
 // 64-byte aligned bytes.
 struct Aligned {
@@ -122,6 +138,7 @@ struct Aligned {
 }  // namespace
 
 struct OneDnnPackedA {
+  dnnl_data_type_t type = dnnl_f32;  // of the packed blocks and the matmul's src (f32 or bf16)
   int64_t batch = 0, rows = 0, cols = 0, blocks = 0;
   int64_t block_rows = kPackedRowBlock;  // rows per block: kPackedRowBlock, or all the rows rounded up to 16
   size_t block_bytes = 0;
@@ -145,7 +162,14 @@ const Matmul* OneDnnPackedA::matmul(int64_t n, int64_t ldb, bool trans_b) {
   Matmul& m = *slot;
   const Api& a = api();
   OneDnnOnThisThread single;  // the kernels chosen for one thread
-  const bool made = trans_b ? strided(n, cols, ldb, 1, &m.src) : strided(n, cols, 1, ldb, &m.src);
+  bool made = trans_b ? strided(n, cols, ldb, 1, &m.src) : strided(n, cols, 1, ldb, &m.src);
+  if (made && type == dnnl_bf16) {
+    std::swap(m.src.h, m.b_f32.h);
+    PrimDesc rpd;
+    made = strided(n, cols, cols, 1, &m.src, dnnl_bf16) &&
+           ok(a.dnnl_reorder_primitive_desc_create(&rpd.h, m.b_f32.h, a.engine, m.src.h, a.engine, nullptr)) &&
+           !is_reference(rpd.h) && ok(a.dnnl_primitive_create(&m.to_bf16.h, rpd.h));
+  }
   const dnnl_dims_t dst_dims = {n, block_rows};
   Attr attr;
   PrimDesc pd;
@@ -153,7 +177,7 @@ const Matmul* OneDnnPackedA::matmul(int64_t n, int64_t ldb, bool trans_b) {
       !ok(a.dnnl_primitive_attr_create(&attr.h)) ||
       !ok(a.dnnl_primitive_attr_set_scratchpad_mode(attr.h, dnnl_scratchpad_mode_user)) ||
       !ok(a.dnnl_matmul_primitive_desc_create(&pd.h, a.engine, m.src.h, weights.h, nullptr, m.dst.h, attr.h)) ||
-      !ok(a.dnnl_primitive_create(&m.prim.h, pd.h))) {
+      (type == dnnl_bf16 && is_reference(pd.h)) || !ok(a.dnnl_primitive_create(&m.prim.h, pd.h))) {
     if (m.prim.h) a.dnnl_primitive_destroy(m.prim.h);
     m.prim.h = nullptr;
     return nullptr;
@@ -172,13 +196,18 @@ std::string onednn_packed_version() {
   return std::to_string(l.major) + "." + std::to_string(l.minor) + "." + std::to_string(l.patch) + " (" + l.path + ")";
 }
 
-std::shared_ptr<OneDnnPackedA> onednn_pack(const GemmOperand& op, bool reuse) {
+namespace {
+
+// `op` packed with blocks of `type` (f32 or bf16); null where oneDNN makes no matmul for it (or only its reference
+// implementation, for bf16). `reuse`: onednn_pack's.
+std::shared_ptr<OneDnnPackedA> pack_as(const GemmOperand& op, dnnl_data_type_t type, bool reuse) {
   const Api& a = api();
   if (!a.error.empty() || op.dtype != DType::kFloat32 || op.batch <= 0 || op.rows <= 0 || op.cols <= 0 ||
       op.ld < op.cols || op.data == nullptr) {
     return nullptr;
   }
   auto p = std::make_shared<OneDnnPackedA>();
+  p->type = type;
   p->batch = op.batch;
   p->rows = op.rows;
   p->cols = op.cols;
@@ -191,10 +220,11 @@ std::shared_ptr<OneDnnPackedA> onednn_pack(const GemmOperand& op, bool reuse) {
   Desc src_any, w_any, dst_any;
   const dnnl_dims_t src_dims = {1, op.cols}, w_dims = {op.cols, br}, dst_dims = {1, br};
   PrimDesc pd;
-  if (!ok(a.dnnl_memory_desc_create_with_tag(&src_any.h, 2, src_dims, dnnl_f32, dnnl_ab)) ||
-      !ok(a.dnnl_memory_desc_create_with_tag(&w_any.h, 2, w_dims, dnnl_f32, dnnl_format_tag_any)) ||
+  if (!ok(a.dnnl_memory_desc_create_with_tag(&src_any.h, 2, src_dims, type, dnnl_ab)) ||
+      !ok(a.dnnl_memory_desc_create_with_tag(&w_any.h, 2, w_dims, type, dnnl_format_tag_any)) ||
       !ok(a.dnnl_memory_desc_create_with_tag(&dst_any.h, 2, dst_dims, dnnl_f32, dnnl_ab)) ||
       !ok(a.dnnl_matmul_primitive_desc_create(&pd.h, a.engine, src_any.h, w_any.h, nullptr, dst_any.h, nullptr)) ||
+      (type == dnnl_bf16 && is_reference(pd.h)) ||
       !ok(a.dnnl_memory_desc_clone(&p->weights.h, a.dnnl_primitive_desc_query_md(pd.h, dnnl_query_weights_md, 0)))) {
     return nullptr;
   }
@@ -245,6 +275,14 @@ std::shared_ptr<OneDnnPackedA> onednn_pack(const GemmOperand& op, bool reuse) {
   return p;
 }
 
+}  // namespace
+
+std::shared_ptr<OneDnnPackedA> onednn_pack(const GemmOperand& op, bool reuse) {
+  return pack_as(op, dnnl_f32, reuse);
+}
+
+std::shared_ptr<OneDnnPackedA> onednn_pack_bf16(const GemmOperand& op) { return pack_as(op, dnnl_bf16, false); }
+
 bool onednn_packed_fits(const OneDnnPackedA& p, const GemmArgs& g) {
   return g.dtype == DType::kFloat32 && !g.trans_a && g.batch == p.batch && g.k == p.cols && g.m > 0 && g.n > 0 &&
          g.a_row0 >= 0 && g.a_row0 % kPackedRowBlock == 0 && g.a_row0 + g.m <= p.rows &&
@@ -259,14 +297,18 @@ Status onednn_packed_gemm(OneDnnPackedA& p, const GemmArgs& g, bool* done) {
   OneDnnOnThisThread single;
   thread_local std::vector<float> dst;
   thread_local std::vector<char> scratch;
+  thread_local std::vector<uint16_t> b_bf16;  // bf16: B converted
   const int64_t br = p.block_rows;
   if (dst.size() < static_cast<size_t>(g.n * br)) dst.resize(static_cast<size_t>(g.n * br));
   if (scratch.size() < mm->scratch + 64) scratch.resize(mm->scratch + 64);
   void* scratch_p = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t(63));
+  const bool bf16 = p.type == dnnl_bf16;
+  if (bf16 && b_bf16.size() < static_cast<size_t>(g.n * g.k)) b_bf16.resize(static_cast<size_t>(g.n * g.k));
   Stream stream;
-  Mem src, w, out, pad;
+  Mem src, w, out, pad, b_f32;
   if (!ok(a.dnnl_stream_create(&stream.h, a.engine, dnnl_stream_default_flags)) ||
-      !ok(a.dnnl_memory_create(&src.h, mm->src.h, a.engine, DNNL_MEMORY_NONE)) ||
+      !ok(a.dnnl_memory_create(&src.h, mm->src.h, a.engine, bf16 ? b_bf16.data() : DNNL_MEMORY_NONE)) ||
+      (bf16 && !ok(a.dnnl_memory_create(&b_f32.h, mm->b_f32.h, a.engine, DNNL_MEMORY_NONE))) ||
       !ok(a.dnnl_memory_create(&w.h, p.weights.h, a.engine, DNNL_MEMORY_NONE)) ||
       !ok(a.dnnl_memory_create(&out.h, mm->dst.h, a.engine, dst.data()))) {
     return dnnl_error("memory creation");
@@ -285,7 +327,15 @@ Status onednn_packed_gemm(OneDnnPackedA& p, const GemmArgs& g, bool* done) {
   for (int64_t b = 0; b < g.batch; ++b) {
     const float* bb = static_cast<const float*>(g.b) + b * g.stride_b;
     float* c = static_cast<float*>(g.c) + b * g.stride_c;
-    if (!ok(a.dnnl_memory_set_data_handle(src.h, const_cast<float*>(bb)))) return dnnl_error("set_data_handle");
+    if (bf16) {
+      const dnnl_exec_arg_t convert[] = {{DNNL_ARG_FROM, b_f32.h}, {DNNL_ARG_TO, src.h}};
+      if (!ok(a.dnnl_memory_set_data_handle(b_f32.h, const_cast<float*>(bb))) ||
+          !ok(a.dnnl_primitive_execute(mm->to_bf16.h, stream.h, 2, convert))) {
+        return dnnl_error("bf16 conversion of B");
+      }
+    } else if (!ok(a.dnnl_memory_set_data_handle(src.h, const_cast<float*>(bb)))) {
+      return dnnl_error("set_data_handle");
+    }
     for (int64_t r = 0; r < g.m; r += br) {
       if (!ok(a.dnnl_memory_set_data_handle(w.h, const_cast<char*>(p.block(b, blk0 + r / br)))) ||
           !ok(a.dnnl_primitive_execute(mm->prim.h, stream.h, static_cast<int>(args.size()), args.data()))) {
@@ -318,6 +368,7 @@ struct OneDnnPackedA {};
 std::string onednn_packed_unavailable() { return "this library was built without oneDNN 3.x's headers"; }
 std::string onednn_packed_version() { return ""; }
 std::shared_ptr<OneDnnPackedA> onednn_pack(const GemmOperand&, bool) { return nullptr; }
+std::shared_ptr<OneDnnPackedA> onednn_pack_bf16(const GemmOperand&) { return nullptr; }
 bool onednn_packed_fits(const OneDnnPackedA&, const GemmArgs&) { return false; }
 Status onednn_packed_gemm(OneDnnPackedA&, const GemmArgs&, bool* done) {
   *done = false;

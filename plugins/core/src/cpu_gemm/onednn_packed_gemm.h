@@ -19,6 +19,10 @@ std::string onednn_packed_version();
 // on every call), which the thread then keeps.
 std::shared_ptr<OneDnnPackedA> onednn_pack(const GemmOperand& a, bool reuse = false);
 
+// `a` (float32) packed as bfloat16 for oneDNN's bf16 matmul (B converted to bf16 per GEMM, float32 accumulation and
+// C); null where oneDNN is unusable or has no bf16 matmul but its reference one on this CPU.
+std::shared_ptr<OneDnnPackedA> onednn_pack_bf16(const GemmOperand& a);
+
 // Whether the GEMM `g` (with g.a_packed == &p) fits what was packed (GemmArgs::a_packed's rules).
 bool onednn_packed_fits(const OneDnnPackedA& p, const GemmArgs& g);
 

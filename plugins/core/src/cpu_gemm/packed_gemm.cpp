@@ -10,6 +10,11 @@ std::shared_ptr<const void> packed_gemm_pack(const GemmOperand& a, bool per_call
   return onednn_pack(a, per_call);
 }
 
+std::shared_ptr<const void> packed_gemm_pack_bf16(const GemmOperand& a) {
+  if (!packed_gemm_available()) return nullptr;
+  return onednn_pack_bf16(a);
+}
+
 Status packed_gemm_run(const GemmArgs& g, bool* done) {
   *done = false;
   if (g.a_packed == nullptr) return Status::Ok();
