@@ -112,8 +112,8 @@ std::string cpu_gemm_in_use() {
 // thread): a call with fewer GEMM columns (output positions) per weight row keeps libtorch's BLAS, and a weight of
 // over 4M elements (a 3x3 weight of over 680 channels), whose copies leave the caches, needs 128 columns more.
 // Measured (docs/performance.md, issue 46 item 6), forward packed against MKL's sgemm: slower below ~150 positions
-// (C512 7x7: 5.4 / 3.0 ms; C1024 8x8 N2: 49.8 / 38.2 ms) and with a 1024-channel weight at 256 (62.6 / 57.9 ms), faster
-// from ~200 (C512 14x14: 9.7 / 11.6 ms; C1024 20x20: 77.8 / 118.6 ms).
+// (C512 7x7: 5.7 / 3.0 ms; C1024 8x8 N2: 48.7 / 28.4 ms) and with a 1024-channel weight at 256 (60.9 / 47.9 ms), faster
+// from ~200 (C512 14x14: 9.3 / 11.5 ms; C1024 20x20: 76.9 / 107.9 ms).
 constexpr int64_t kLargeOperand = int64_t(1) << 22;
 constexpr int64_t kLargeOperandExtraColumns = 128;
 
