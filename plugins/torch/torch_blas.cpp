@@ -108,15 +108,11 @@ std::string cpu_gemm_in_use() {
   return "libtorch BLAS (" + packed_gemm_unavailable() + ")";
 }
 
-// Packing a weight costs about as much as a GEMM over ~150-250 of its columns (the weight copied twice, on the calling
-// thread): a call with fewer GEMM columns (output positions) per weight row keeps libtorch's BLAS, and a weight of
-// over 4M elements (a 3x3 weight of over 680 channels), whose copies leave the caches, needs 128 columns more.
-// Measured (docs/performance.md, issue 46 item 6), forward packed against MKL's sgemm: slower below ~150 positions
-// (C512 7x7: 5.7 / 3.0 ms; C1024 8x8 N2: 48.7 / 28.4 ms) and with a 1024-channel weight at 256 (60.9 / 47.9 ms), faster
-// from ~200 (C512 14x14: 9.3 / 11.5 ms; C1024 20x20: 76.9 / 107.9 ms).
-constexpr int64_t kLargeOperand = int64_t(1) << 22;
-constexpr int64_t kLargeOperandExtraColumns = 128;
-
+// Packing a weight costs about as much as a GEMM over ~150 of its columns (the weight copied twice, on the calling
+// thread): a call with fewer GEMM columns (output positions) per weight row keeps libtorch's BLAS. Measured
+// (docs/performance.md, issue 46 item 6), forward packed / MKL sgemm: slower at 49-128 positions (C512 7x7: 5.3 /
+// 2.8 ms; C1024 8x8 N2: 29.8 / 19.1 ms), even at 100 (C512 10x10), faster from 196 (C512 14x14: 8.0 / 11.0 ms;
+// C2048 14x14: 140 / 197 ms) but for C1024 16x16 (41.5 / 38.1 ms), where MKL's tiles suit the map.
 int64_t pack_min_columns() {
   static const int64_t n = [] {
     const char* v = std::getenv("DCNKIT_PACK_MIN_COLUMNS");
@@ -141,8 +137,7 @@ bool pack_cpu_operands(const OpEntry& e, const OpCall& c, DType dtype, OpBuffers
     const int in = static_cast<int>(i);
     GemmOperand a;
     if (b->in[i] == nullptr || !e.gemm_operand(c, in, b->in[i], &a) || a.rows * a.batch <= 0 ||
-        out_elems / (a.rows * a.batch) <
-            pack_min_columns() + (a.batch * a.rows * a.cols > kLargeOperand ? kLargeOperandExtraColumns : 0)) {
+        out_elems / (a.rows * a.batch) < pack_min_columns()) {
       continue;  // not a GEMM operand (the dims alone are read), or too few columns to repay the packing
     }
     const size_t bytes = e.pack(c, in, b->in[i], dtype, nullptr);

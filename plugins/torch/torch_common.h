@@ -117,8 +117,7 @@ CpuContext fast_cpu_context(bool packed = false);
 // The float32 inputs of a CPU call that its launcher takes in its own layout as a GEMM operand (OpEntry::pack,
 // gemm_operand: DeformConv2d's weight), packed for oneDNN's matmul for this call, into `packs` (which must outlive
 // the call; the launcher's layout stays in the calling thread's buffer, valid until its next call) and b->packed /
-// gemm_packed, where the call has at least DCNKIT_PACK_MIN_COLUMNS (192; 320 for a weight of over 4M elements)
-// output positions per weight row; false when
+// gemm_packed, where the call has at least DCNKIT_PACK_MIN_COLUMNS (192) output positions per weight row; false when
 // nothing was packed (oneDNN 3.x absent, DCNKIT_NO_PACKED_GEMM set, too few columns).
 struct CpuPacks {
   std::shared_ptr<const void> gemm[kMaxInputs];

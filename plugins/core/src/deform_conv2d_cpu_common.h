@@ -242,9 +242,11 @@ __attribute__((always_inline)) inline void build_columns_with(const CpuImage<T, 
 // weight (Cout, Cin_g, K) -> (Cout, K, Cin_g), output channels [cb, ce).
 template <typename T>
 void weight_to_kc(int64_t cin_g, int64_t K, const T* w, T* wt, int64_t cb, int64_t ce) {
+  // Written in order, read with a stride of K: writing with a stride of cin_g instead sends the K streams of a wide
+  // weight to addresses 4 KB apart (1024 channels), one cache set, and ran at 2.5 ns per element.
   for (int64_t co = cb; co < ce; ++co)
-    for (int64_t c = 0; c < cin_g; ++c)
-      for (int64_t k = 0; k < K; ++k) wt[(co * K + k) * cin_g + c] = w[(co * cin_g + c) * K + k];
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t c = 0; c < cin_g; ++c) wt[(co * K + k) * cin_g + c] = w[(co * cin_g + c) * K + k];
 }
 
 template <typename T>
@@ -255,9 +257,9 @@ void weight_to_kc(const DeformConv2dParams& p, const T* w, T* wt) {
 template <typename T>
 void weight_from_kc(const DeformConv2dParams& p, const T* wt, T* w) {
   const int64_t K = p.kernel_size(), cin_g = p.in_per_group();
-  for (int64_t co = 0; co < p.out_channels; ++co)
-    for (int64_t c = 0; c < cin_g; ++c)
-      for (int64_t k = 0; k < K; ++k) w[(co * cin_g + c) * K + k] = wt[(co * K + k) * cin_g + c];
+  for (int64_t co = 0; co < p.out_channels; ++co)  // read in order (see weight_to_kc)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t c = 0; c < cin_g; ++c) w[(co * cin_g + c) * K + k] = wt[(co * K + k) * cin_g + c];
 }
 
 inline Status first_error(const std::vector<Status>& v) {
