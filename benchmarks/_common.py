@@ -53,20 +53,26 @@ def add_common_args(ap, repeat: int = 15) -> None:
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
 
 
+# ``ort_session(..., session_config=NO_SPIN)``: ONNX Runtime's idle intra-op threads block instead of spinning, so that
+# sessions (and PyTorch) timed in turn in one process do not rob each other's cores.
+NO_SPIN = {"session.intra_op.allow_spinning": "0"}
+
+
 def add_no_spin_arg(ap) -> None:
-    ap.add_argument("--no-spin", action="store_true",
-                    help="idle threads block instead of spinning: ONNX Runtime's (session.intra_op.allow_spinning=0) "
-                    "and OpenMP's (OMP_WAIT_POLICY=PASSIVE, for torch); for runs under a real-time policy "
-                    "(chrt -f 1) on a shared machine, where one session's spinning pool starves the next")
+    ap.add_argument("--spin", action="store_true",
+                    help="let idle threads spin (ONNX Runtime's default and OpenMP's); by default they block "
+                    "(session.intra_op.allow_spinning=0, OMP_WAIT_POLICY=PASSIVE), so that sessions timed in turn "
+                    "do not rob each other's cores")
+    ap.add_argument("--no-spin", action="store_true", help="the default (kept for the documented commands)")
 
 
 def no_spin_options(args) -> dict:
-    """With ``--no-spin``: sets OMP_WAIT_POLICY (call before torch is imported) and returns the ``ort_session``
-    keyword that turns ONNX Runtime's spinning off; else {}."""
-    if not getattr(args, "no_spin", False):
+    """Unless ``--spin``: sets OMP_WAIT_POLICY=PASSIVE (call before torch is imported) and returns the
+    ``ort_session`` keyword that turns ONNX Runtime's spinning off; with ``--spin``, {}."""
+    if getattr(args, "spin", False):
         return {}
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    return {"session_config": {"session.intra_op.allow_spinning": "0"}}
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return {"session_config": dict(NO_SPIN)}
 
 
 def resolve_device(args) -> str:

@@ -80,7 +80,7 @@ def main(argv=None):
     x = held_out[:1]
     tmp = tempfile.mkdtemp(prefix="dcnkit-int8-")
     opts = dict(providers=["CPUExecutionProvider"], intra_op_num_threads=args.threads, inter_op_num_threads=1,
-                log_severity_level=3)  # ONNX Runtime's notes on the TorchScript files' CastLike nodes
+                log_severity_level=3, session_config=C.NO_SPIN)  # ONNX Runtime's notes on the TorchScript files' CastLike nodes
     factory = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_resnet50_dcn.py:resnet50_dcn_model")
     files = {f"ResNet-50-DCN {w}": p for w, p in onnx_writers.write_all(
         factory, (1, 3, size, size), tmp, writers, quick=args.quick).items()}
@@ -138,7 +138,8 @@ def _layers(args) -> dict:
     from dcnkit.runtime import ort_session
     from dcnkit.runtime.quantize_qdeform import quantize_weight_per_channel
 
-    opts = dict(providers=["CPUExecutionProvider"], intra_op_num_threads=args.threads, inter_op_num_threads=1)
+    opts = dict(providers=["CPUExecutionProvider"], intra_op_num_threads=args.threads, inter_op_num_threads=1,
+                session_config=C.NO_SPIN)
     fns, rows, out = {}, [], {}
     for n, c, h, w, stride in (QUICK_SHAPES if args.quick else SHAPES):
         d = _inputs(n, c, h, w, stride)

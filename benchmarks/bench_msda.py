@@ -111,7 +111,7 @@ def main(argv=None) -> dict:
     ms_fb = C.interleaved({"dcnkit": fwd_bwd(fused), "grid_sample": fwd_bwd(gs)}, args.repeat, args.warmup, sync)
 
     # ONNX Runtime: the fused node vs GridSample nodes (CPU execution provider).
-    opts = dict(intra_op_num_threads=args.threads, inter_op_num_threads=1)
+    opts = dict(intra_op_num_threads=args.threads, inter_op_num_threads=1, session_config=C.NO_SPIN)
     feeds = {"value": value.cpu().numpy(), "locations": loc.cpu().numpy(), "weights": attn.cpu().numpy()}
     cpu_args = tuple(torch.from_numpy(v) for v in feeds.values())
     sessions = {}

@@ -85,7 +85,7 @@ def _sides(path, threads, names):
         "ov native": lambda: make_runner(path, "openvino", deform_conv="openvino", **ov),
         "ov kit": lambda: make_runner(path, "openvino", **ov),
         "ort kit": lambda: make_runner(path, "ort-cpu", intra_op_num_threads=threads, inter_op_num_threads=1,
-                                       session_config={"session.intra_op.allow_spinning": "0"}),
+                                       session_config=C.NO_SPIN),
         "ov kit bf16": lambda: make_runner(path, "openvino", inference_precision="bf16", **ov),
         "ov kit bf16 f32 gemm": lambda: make_runner(path, "openvino", inference_precision="bf16",
                                                     dcn_gemm_precision="f32", **ov),

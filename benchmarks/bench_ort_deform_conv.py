@@ -3,7 +3,7 @@
 
     python benchmarks/bench_ort_deform_conv.py [--device cpu|cuda] [--threads 2] [--repeat 15] [--json out.json]
                                                [--shape N,C,H,W[,STRIDE] ...] [--set default|acceptance|detectors]
-                                               [--no-spin]
+                                               [--spin]
 
 docs/performance.md's tables: ``python benchmarks/bench_ort_deform_conv.py --device cpu --no-spin --repeat 20 --set
 acceptance`` (issue 46's acceptance layers) and ``... --set detectors`` (the stage 3-5 layers of ResNet-50/101-DCN and

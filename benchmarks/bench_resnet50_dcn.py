@@ -84,7 +84,7 @@ def main(argv=None):
     del sess_probe
 
     providers = C.ort_providers(device, tf32=True)  # whole-model runtime as deployed (TF32 on, like cuDNN's)
-    opts = dict(intra_op_num_threads=args.threads, inter_op_num_threads=1)
+    opts = dict(intra_op_num_threads=args.threads, inter_op_num_threads=1, session_config=C.NO_SPIN)
     builtin = ort_session(path, providers=providers, kit_kernels=False, **opts)
     kit = ort_session(path, providers=providers, **opts)
 

@@ -58,7 +58,7 @@ def main(argv=None) -> dict:
     path = ex.export_head(head, features, rois, Path(tempfile.mkdtemp()) / "rfcn_head.onnx")
     nodes = ex.psroi_nodes(path)
     sess = ort_session(str(path), providers=["CPUExecutionProvider"], intra_op_num_threads=args.threads,
-                       inter_op_num_threads=1)
+                       inter_op_num_threads=1, session_config=C.NO_SPIN)
     feeds = {"features": features.numpy(), "rois": rois.numpy()}
     with torch.inference_mode():
         want = head(features, rois)

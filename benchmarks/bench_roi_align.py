@@ -108,7 +108,7 @@ def main(argv=None) -> dict:
 
     # ONNX Runtime sessions (their inputs prepared once, outside the timing).
     providers = C.ort_providers(dev)
-    opts = dict(intra_op_num_threads=args.threads, inter_op_num_threads=1)
+    opts = dict(intra_op_num_threads=args.threads, inter_op_num_threads=1, session_config=C.NO_SPIN)
     kit_bytes, std_bytes = _ort_models(C_, P, S, SR)
     kit_sess = ort_session(kit_bytes, providers=providers, **opts)
     std_sess = ort_session(std_bytes, providers=providers, **opts)

@@ -3,7 +3,7 @@
 the kit's library vs the plain export on plain ONNX Runtime) and in eager PyTorch, in one run.
 
     python benchmarks/bench_transformers.py [--families deformable_detr,rt_detr,mask2former] [--size default]
-        [--threads 2] [--rounds 10] [--json out.json] [--no-spin]
+        [--threads 2] [--rounds 10] [--json out.json] [--spin]
 
 Each family is built from its config (random weights, no download; examples/hf_models.py) at its default size on a
 320x320 image (``--size small``: the tests' narrow models on 96x96). Both files are exported with the dynamo exporter
@@ -100,7 +100,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.quick:
         args.families, args.size, args.rounds, args.warmup = "deformable_detr", "small", 1, 0
-    no_spin = C.no_spin_options(args) or {"session_config": {"session.intra_op.allow_spinning": "0"}}
+    no_spin = C.no_spin_options(args) or {"session_config": {"session.intra_op.allow_spinning": "1"}}
 
     import numpy as np
     import onnxruntime as ort
